@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what Anvil needs from Debian's archive. Idempotent: packages already
+# present are not fetched again, so running it twice costs a second.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libdnnl-dev                       # oneDNN: matrix products (AMX bf16 where present)
+  libopenmpi-dev openmpi-bin        # MPI: distributed training
+  libtomlplusplus-dev               # toml++: configuration files
+  nlohmann-json3-dev                # JSON: metrics, checkpoints' metadata
+  libpcre2-dev                      # PCRE2: tokenizer pre-splitting
+  libgtest-dev libgmock-dev         # GoogleTest
+  libbenchmark-dev                  # Google Benchmark
+  clang-format
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi

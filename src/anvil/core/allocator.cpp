@@ -1,0 +1,124 @@
+#include "anvil/core/allocator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "anvil/core/error.h"
+
+namespace anvil {
+
+namespace {
+double now_us() {
+  using namespace std::chrono;
+  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+}
+std::string human_bytes(size_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  return detail::concat(static_cast<double>(static_cast<int64_t>(v * 10)) / 10, " ", units[u]);
+}
+}  // namespace
+
+const char* category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::parameters: return "parameters";
+    case MemCategory::gradients: return "gradients";
+    case MemCategory::optimizer_state: return "optimizer_state";
+    case MemCategory::activations: return "activations";
+    case MemCategory::communication: return "communication";
+    case MemCategory::workspace: return "workspace";
+  }
+  return "?";
+}
+
+TrackingAllocator::TrackingAllocator() : start_us_(now_us()) {}
+
+TrackingAllocator& TrackingAllocator::instance() {
+  static TrackingAllocator a;
+  return a;
+}
+
+void* TrackingAllocator::allocate(size_t bytes, MemCategory category, std::string_view tag) {
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    std::lock_guard lock(mutex_);
+    throw Error(detail::concat("out of memory allocating ", human_bytes(bytes), " for '", tag, "' (",
+                               category_name(category), ") with ", human_bytes(stats_.live_total),
+                               " already live; lower the batch size or sequence length, or use "
+                               "activation checkpointing"));
+  }
+  std::lock_guard lock(mutex_);
+  const int c = static_cast<int>(category);
+  stats_.live[c] += bytes;
+  stats_.live_total += bytes;
+  stats_.peak[c] = std::max(stats_.peak[c], stats_.live[c]);
+  stats_.peak_total = std::max(stats_.peak_total, stats_.live_total);
+  ++stats_.num_allocs;
+  live_.emplace(p, LiveAllocation{bytes, category, std::string(tag)});
+  if (timeline_on_)
+    timeline_.push_back({now_us() - start_us_, true, category, bytes, std::string(tag), stats_.live_total});
+  return p;
+}
+
+void TrackingAllocator::deallocate(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(ptr);
+    ANVIL_ASSERT(it != live_.end(), "freeing a pointer the tracking allocator does not own");
+    const LiveAllocation& a = it->second;
+    const int c = static_cast<int>(a.category);
+    stats_.live[c] -= a.bytes;
+    stats_.live_total -= a.bytes;
+    if (timeline_on_)
+      timeline_.push_back({now_us() - start_us_, false, a.category, a.bytes, a.tag, stats_.live_total});
+    live_.erase(it);
+  }
+  std::free(ptr);
+}
+
+MemStats TrackingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+size_t TrackingAllocator::live_bytes(MemCategory c) const { return stats().live[static_cast<int>(c)]; }
+size_t TrackingAllocator::peak_bytes(MemCategory c) const { return stats().peak[static_cast<int>(c)]; }
+size_t TrackingAllocator::live_total() const { return stats().live_total; }
+size_t TrackingAllocator::peak_total() const { return stats().peak_total; }
+
+void TrackingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak = stats_.live;
+  stats_.peak_total = stats_.live_total;
+}
+
+void TrackingAllocator::set_timeline(bool on) {
+  std::lock_guard lock(mutex_);
+  timeline_on_ = on;
+}
+std::vector<MemEvent> TrackingAllocator::timeline() const {
+  std::lock_guard lock(mutex_);
+  return timeline_;
+}
+void TrackingAllocator::clear_timeline() {
+  std::lock_guard lock(mutex_);
+  timeline_.clear();
+}
+
+std::vector<LiveAllocation> TrackingAllocator::largest_live(size_t count) const {
+  std::vector<LiveAllocation> all;
+  {
+    std::lock_guard lock(mutex_);
+    all.reserve(live_.size());
+    for (const auto& [p, a] : live_) all.push_back(a);
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  if (all.size() > count) all.resize(count);
+  return all;
+}
+
+}  // namespace anvil

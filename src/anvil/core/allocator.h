@@ -1,0 +1,84 @@
+// The tracking allocator: every tensor byte in Anvil is allocated here, tagged
+// with a category, so live and peak memory per category are always known and
+// the estimator's predictions can be checked against what really happened.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace anvil {
+
+enum class MemCategory : uint8_t {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,
+  communication,
+  workspace,
+};
+inline constexpr int kNumMemCategories = 6;
+const char* category_name(MemCategory c);
+
+struct MemEvent {
+  double time_us;        // since the allocator was created
+  bool is_alloc;         // false: a free
+  MemCategory category;
+  size_t bytes;
+  std::string tag;
+  size_t live_total;     // all categories, after the event
+};
+
+struct LiveAllocation {
+  size_t bytes;
+  MemCategory category;
+  std::string tag;
+};
+
+struct MemStats {
+  std::array<size_t, kNumMemCategories> live{};
+  std::array<size_t, kNumMemCategories> peak{};  // per category, since the last reset
+  size_t live_total = 0;
+  size_t peak_total = 0;  // peak of the sum, not the sum of the peaks
+  size_t num_allocs = 0;  // allocations since creation
+};
+
+class TrackingAllocator {
+ public:
+  static TrackingAllocator& instance();
+
+  // 64-byte aligned; never returns null (throws anvil::Error when out of memory).
+  void* allocate(size_t bytes, MemCategory category, std::string_view tag);
+  void deallocate(void* ptr);
+
+  MemStats stats() const;
+  size_t live_bytes(MemCategory c) const;
+  size_t peak_bytes(MemCategory c) const;
+  size_t live_total() const;
+  size_t peak_total() const;
+  // Peaks restart from the current live bytes.
+  void reset_peak();
+
+  // The timeline records every allocation and free while switched on.
+  void set_timeline(bool on);
+  std::vector<MemEvent> timeline() const;
+  void clear_timeline();
+
+  // The largest live allocations, largest first.
+  std::vector<LiveAllocation> largest_live(size_t count) const;
+
+ private:
+  TrackingAllocator();
+  mutable std::mutex mutex_;
+  MemStats stats_;
+  std::unordered_map<void*, LiveAllocation> live_;
+  bool timeline_on_ = false;
+  std::vector<MemEvent> timeline_;
+  double start_us_;
+};
+
+}  // namespace anvil

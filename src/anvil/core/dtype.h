@@ -1,0 +1,60 @@
+// Element types: f32 and bf16 (bf16 storage, f32 arithmetic).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace anvil {
+
+enum class DType : uint8_t { f32, bf16 };
+
+constexpr size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+constexpr const char* dtype_name(DType t) { return t == DType::f32 ? "f32" : "bf16"; }
+
+// bfloat16: the top 16 bits of an IEEE float. Conversion from float rounds to
+// nearest even, as hardware (AMX, AVX512-BF16) and PyTorch do; NaN stays NaN.
+struct bf16 {
+  uint16_t bits = 0;
+
+  bf16() = default;
+  explicit bf16(float f) : bits(from_float(f)) {}
+  explicit operator float() const { return to_float(bits); }
+
+  static uint16_t from_float(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+  }
+  static float to_float(uint16_t b) {
+    uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+static_assert(sizeof(bf16) == 2);
+
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::f32; }
+template <>
+constexpr DType dtype_of<bf16>() { return DType::bf16; }
+
+// Load/store helpers so kernels can be written once for float and bf16 storage.
+inline float to_f32(float x) { return x; }
+inline float to_f32(bf16 x) { return bf16::to_float(x.bits); }
+template <class T>
+inline T from_f32(float x);
+template <>
+inline float from_f32<float>(float x) { return x; }
+template <>
+inline bf16 from_f32<bf16>(float x) { bf16 r; r.bits = bf16::from_float(x); return r; }
+
+// Bulk conversions, parallel over the cores.
+void convert_f32_to_bf16(const float* src, bf16* dst, int64_t n);
+void convert_bf16_to_f32(const bf16* src, float* dst, int64_t n);
+
+}  // namespace anvil

@@ -1,0 +1,95 @@
+#include "anvil/core/tensor.h"
+
+#include <cstring>
+
+#include "anvil/core/parallel.h"
+
+namespace anvil {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Buffer::Buffer(size_t bytes, MemCategory category, std::string_view tag)
+    : data_(TrackingAllocator::instance().allocate(bytes, category, tag)), bytes_(bytes), category_(category) {}
+
+Buffer::~Buffer() { TrackingAllocator::instance().deallocate(data_); }
+
+Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category, std::string_view tag) {
+  for (int64_t d : shape) ANVIL_CHECK(d >= 0, "tensor '", tag, "': negative dimension in shape ", shape_str(shape));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.buffer_ = std::make_shared<Buffer>(t.nbytes(), category, tag);
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, MemCategory category, std::string_view tag) {
+  Tensor t = empty(std::move(shape), dtype, category, tag);
+  t.zero_();
+  return t;
+}
+
+int64_t Tensor::size(int dim) const {
+  const int d = dim < 0 ? dim + ndim() : dim;
+  ANVIL_ASSERT(d >= 0 && d < ndim(), "dim ", dim, " out of range for shape ", shape_str(shape_));
+  return shape_[d];
+}
+
+Tensor Tensor::view(Shape shape) const {
+  ANVIL_ASSERT(shape_numel(shape) == numel(), "cannot view ", shape_str(shape_), " as ", shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::slice(int64_t start, int64_t length) const {
+  ANVIL_ASSERT(ndim() >= 1 && start >= 0 && length >= 0 && start + length <= shape_[0], "slice [", start, ", ",
+               start + length, ") out of range for ", shape_str(shape_));
+  Tensor t = *this;
+  const int64_t row = numel() / std::max<int64_t>(1, shape_[0]);
+  t.offset_bytes_ += static_cast<size_t>(start * row) * dtype_size(dtype_);
+  t.shape_[0] = length;
+  return t;
+}
+
+void Tensor::zero_() {
+  char* p = static_cast<char*>(raw());
+  const int64_t n = static_cast<int64_t>(nbytes());
+  parallel_for(0, n, 1 << 20, [&](int64_t lo, int64_t hi) { std::memset(p + lo, 0, static_cast<size_t>(hi - lo)); });
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  ANVIL_ASSERT(src.numel() == numel(), "copy of ", shape_str(src.shape_), " into ", shape_str(shape_));
+  if (src.dtype_ == dtype_) {
+    char* d = static_cast<char*>(raw());
+    const char* s = static_cast<const char*>(src.raw());
+    const int64_t n = static_cast<int64_t>(nbytes());
+    parallel_for(0, n, 1 << 20, [&](int64_t lo, int64_t hi) { std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo)); });
+  } else if (src.dtype_ == DType::f32) {
+    convert_f32_to_bf16(src.data<float>(), data<bf16>(), numel());
+  } else {
+    convert_bf16_to_f32(src.data<bf16>(), data<float>(), numel());
+  }
+}
+
+Tensor Tensor::to(DType dtype, MemCategory category, std::string_view tag) const {
+  Tensor t = empty(shape_, dtype, category, tag);
+  t.copy_from(*this);
+  return t;
+}
+
+float Tensor::item_f32(int64_t i) const {
+  ANVIL_ASSERT(i >= 0 && i < numel());
+  return dtype_ == DType::f32 ? data<float>()[i] : to_f32(data<bf16>()[i]);
+}
+
+}  // namespace anvil

@@ -1,0 +1,158 @@
+#include "anvil/ops/matmul.h"
+
+#include <cstring>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+#include "anvil/core/error.h"
+
+namespace anvil {
+
+namespace {
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  return t == DType::f32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+}
+
+struct GemmKey {
+  GemmShape s;
+  bool operator==(const GemmKey& o) const {
+    const GemmShape& a = s;
+    const GemmShape& b = o.s;
+    return a.M == b.M && a.N == b.N && a.K == b.K && a.trans_a == b.trans_a && a.trans_b == b.trans_b &&
+           a.lda == b.lda && a.ldb == b.ldb && a.ldc == b.ldc && a.ab == b.ab && a.c == b.c && a.alpha == b.alpha &&
+           a.accumulate == b.accumulate;
+  }
+};
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& k) const {
+    const GemmShape& s = k.s;
+    size_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(s.M), mix(s.N), mix(s.K), mix(s.lda), mix(s.ldb), mix(s.ldc);
+    uint32_t alpha_bits;
+    std::memcpy(&alpha_bits, &s.alpha, 4);
+    mix(alpha_bits);
+    mix((s.trans_a ? 1 : 0) | (s.trans_b ? 2 : 0) | (s.accumulate ? 4 : 0) | (static_cast<int>(s.ab) << 3) |
+        (static_cast<int>(s.c) << 5));
+    return h;
+  }
+};
+
+struct GemmPrimitive {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c;
+  std::string impl;  // oneDNN's name for the kernel it picked
+};
+
+struct Context {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mutex;
+  std::unordered_map<GemmKey, GemmPrimitive, GemmKeyHash> cache;
+};
+
+Context& context() {
+  static Context ctx;
+  return ctx;
+}
+
+// Row-major [rows, cols] with row stride ld, or its transpose viewed as [cols, rows].
+dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, bool trans, int64_t ld, DType t) {
+  // Logical shape is (rows, cols) of op(X); storage is X.
+  if (!trans) return dnnl::memory::desc({rows, cols}, dnnl_type(t), dnnl::memory::dims{ld, 1});
+  return dnnl::memory::desc({rows, cols}, dnnl_type(t), dnnl::memory::dims{1, ld});
+}
+
+GemmShape normalised(GemmShape s) {
+  if (s.lda == 0) s.lda = s.trans_a ? s.M : s.K;
+  if (s.ldb == 0) s.ldb = s.trans_b ? s.K : s.N;
+  if (s.ldc == 0) s.ldc = s.N;
+  return s;
+}
+
+const GemmPrimitive& primitive_for(const GemmShape& s) {
+  Context& ctx = context();
+  std::lock_guard lock(ctx.mutex);
+  auto it = ctx.cache.find(GemmKey{s});
+  if (it != ctx.cache.end()) return it->second;
+  GemmPrimitive g;
+  g.a = matrix_desc(s.M, s.K, s.trans_a, s.lda, s.ab);
+  g.b = matrix_desc(s.K, s.N, s.trans_b, s.ldb, s.ab);
+  g.c = dnnl::memory::desc({s.M, s.N}, dnnl_type(s.c), dnnl::memory::dims{s.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
+  if (s.accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a, g.b, g.c), attr, ctx.engine);
+    g.prim = dnnl::matmul(pd);
+    g.impl = pd.impl_info_str();
+  } catch (const dnnl::error& e) {
+    throw Error(detail::concat("oneDNN cannot build a matmul of M=", s.M, " N=", s.N, " K=", s.K, " (",
+                               dtype_name(s.ab), "->", dtype_name(s.c), "): ", e.what()));
+  }
+  return ctx.cache.emplace(GemmKey{s}, std::move(g)).first->second;
+}
+
+}  // namespace
+
+void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
+  if (shape.M == 0 || shape.N == 0) return;
+  const GemmShape s = normalised(shape);
+  if (s.K == 0) {
+    ANVIL_ASSERT(s.accumulate, "gemm with K = 0 must accumulate");  // C += 0: nothing to do
+    return;
+  }
+  const GemmPrimitive& g = primitive_for(s);
+  Context& ctx = context();
+  // A stream per thread: kernels may call gemm from inside a parallel region,
+  // where oneDNN runs the product on the calling thread alone.
+  thread_local dnnl::stream stream(ctx.engine);
+  dnnl::memory a(g.a, ctx.engine, const_cast<void*>(A));
+  dnnl::memory b(g.b, ctx.engine, const_cast<void*>(B));
+  dnnl::memory c(g.c, ctx.engine, C);
+  g.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  stream.wait();
+}
+
+std::string matmul_impl_name(DType dtype, int64_t size) {
+  GemmShape s;
+  s.M = s.N = s.K = size;
+  s.ab = s.c = dtype;
+  s = normalised(s);
+  const GemmPrimitive& g = primitive_for(s);
+  return g.impl;
+}
+
+void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(-1), N = w.size(0);
+  ANVIL_ASSERT(x.ndim() == 2 && w.ndim() == 2 && w.size(1) == K, "linear: x ", shape_str(x.shape()), " w ",
+               shape_str(w.shape()));
+  ANVIL_ASSERT(y.size(0) == M && y.size(1) == N && x.dtype() == w.dtype(), "linear: y ", shape_str(y.shape()));
+  GemmShape s{.M = M, .N = N, .K = K, .trans_b = true, .ab = x.dtype(), .c = y.dtype()};
+  gemm(s, x.raw(), w.raw(), y.raw());
+}
+
+void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate_dx) {
+  const int64_t M = dy.size(0), N = dy.size(1), K = w.size(1);
+  ANVIL_ASSERT(w.size(0) == N && dx.size(0) == M && dx.size(1) == K && dy.dtype() == w.dtype(),
+               "linear backward: dy ", shape_str(dy.shape()), " w ", shape_str(w.shape()), " dx ",
+               shape_str(dx.shape()));
+  GemmShape s{.M = M, .N = K, .K = N, .ab = dy.dtype(), .c = dx.dtype(), .accumulate = accumulate_dx};
+  gemm(s, dy.raw(), w.raw(), dx.raw());
+}
+
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw) {
+  const int64_t M = dy.size(0), N = dy.size(1), K = x.size(1);
+  ANVIL_ASSERT(x.size(0) == M && dw.size(0) == N && dw.size(1) == K && dy.dtype() == x.dtype(),
+               "linear backward: dy ", shape_str(dy.shape()), " x ", shape_str(x.shape()), " dw ",
+               shape_str(dw.shape()));
+  GemmShape s{.M = N, .N = K, .K = M, .trans_a = true, .ab = dy.dtype(), .c = dw.dtype(), .accumulate = true};
+  gemm(s, dy.raw(), x.raw(), dw.raw());
+}
+
+}  // namespace anvil

@@ -1,0 +1,43 @@
+// Matrix products through oneDNN (AMX for bf16 on CPUs that have it).
+// Every matrix product in Anvil goes through gemm(); primitives are created once
+// per shape and cached, because creating one JIT-compiles a kernel (~ms).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "anvil/core/tensor.h"
+
+namespace anvil {
+
+// C[M,N] = alpha * op(A)[M,K] · op(B)[K,N]  (+ C when accumulate).
+// Row-major; op(A) = A, or Aᵀ when trans_a (A is then stored [K,M]); likewise B.
+// A and B share a dtype (f32 or bf16); C may be f32 or bf16 (f32 accumulation).
+// lda/ldb/ldc are row strides in elements (0 = tightly packed).
+struct GemmShape {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  DType ab = DType::f32;
+  DType c = DType::f32;
+  float alpha = 1.0f;
+  bool accumulate = false;
+};
+
+void gemm(const GemmShape& s, const void* A, const void* B, void* C);
+
+// The name of the kernel oneDNN picks for a square product in `dtype`
+// (e.g. "brg:avx512_core_amx"); used to check that bf16 runs on AMX.
+std::string matmul_impl_name(DType dtype, int64_t size = 512);
+
+// ---- Linear layer: Y = X·Wᵀ (no bias, as in Llama) ----
+// x  (M, K)  activations, f32 or bf16
+// w  (N, K)  weight in the compute dtype (same dtype as x)
+// y  (M, N)  output, same dtype as x
+void linear_forward(const Tensor& x, const Tensor& w, Tensor& y);
+// dy (M, N); dx (M, K) is overwritten, or added to when accumulate_dx.
+void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate_dx = false);
+// dw (N, K) += dyᵀ·x, in place and in one pass; dw may be f32 (the gradient
+// accumulator in mixed precision) while dy and x are bf16.
+void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw);
+
+}  // namespace anvil

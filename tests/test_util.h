@@ -1,0 +1,81 @@
+// Helpers shared by the op tests: random inputs, double-precision copies,
+// error measures and central finite differences.
+#pragma once
+#include <cmath>
+#include <functional>
+#include <string_view>
+#include <vector>
+
+#include "anvil/core/rng.h"
+#include "anvil/core/tensor.h"
+
+namespace anvil::testing {
+
+// Uniform in [-scale, scale), keyed by name so each input is reproducible.
+// Values of exactly zero are nudged away: a zero input hides bugs.
+inline Tensor random_tensor(Shape shape, DType dtype, std::string_view name, float scale = 1.0f,
+                            MemCategory cat = MemCategory::workspace) {
+  Tensor t = Tensor::empty(std::move(shape), dtype, cat, name);
+  Tensor f = Tensor::empty(t.shape(), DType::f32, MemCategory::workspace, "random_f32");
+  fill_uniform(f, {1234, name}, -scale, scale);
+  float* p = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i)
+    if (p[i] == 0.0f) p[i] = scale * 0.5f;
+  t.copy_from(f);
+  return t;
+}
+
+inline std::vector<double> to_double(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.item_f32(i);
+  return v;
+}
+
+inline void from_double(Tensor& t, const std::vector<double>& v) {
+  Tensor f = Tensor::empty(t.shape(), DType::f32, MemCategory::workspace, "from_double");
+  for (int64_t i = 0; i < t.numel(); ++i) f.data<float>()[i] = static_cast<float>(v[static_cast<size_t>(i)]);
+  t.copy_from(f);
+}
+
+// ‖got − want‖₂ / ‖want‖₂: the error relative to the size of the answer.
+inline double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+inline double rel_error(const Tensor& got, const std::vector<double>& want) { return rel_error(to_double(got), want); }
+
+inline double max_abs_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double m = 0;
+  for (size_t i = 0; i < want.size(); ++i) m = std::max(m, std::abs(got[i] - want[i]));
+  return m;
+}
+
+// d f / d x[i] for every i by central differences, all in double.
+inline std::vector<double> numerical_grad(const std::function<double(const std::vector<double>&)>& f,
+                                          std::vector<double> x, double eps = 1e-6) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i];
+    x[i] = xi + eps;
+    const double fp = f(x);
+    x[i] = xi - eps;
+    const double fm = f(x);
+    x[i] = xi;
+    g[i] = (fp - fm) / (2 * eps);
+  }
+  return g;
+}
+
+// Σ out[i]·w[i]: turns a tensor-valued op into a scalar whose gradient with
+// respect to `out` is w, so one finite-difference check covers the whole output.
+inline double weighted_sum(const std::vector<double>& out, const std::vector<double>& w) {
+  double s = 0;
+  for (size_t i = 0; i < out.size(); ++i) s += out[i] * w[i];
+  return s;
+}
+
+}  // namespace anvil::testing
