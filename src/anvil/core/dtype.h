@@ -1,4 +1,5 @@
-// Element types: f32 and bf16 (bf16 storage, f32 arithmetic).
+// Element types: f32 and bf16 (bf16 storage, f32 arithmetic) for values;
+// i32 for token ids and targets.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -6,10 +7,12 @@
 
 namespace anvil {
 
-enum class DType : uint8_t { f32, bf16 };
+enum class DType : uint8_t { f32, bf16, i32 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
-constexpr const char* dtype_name(DType t) { return t == DType::f32 ? "f32" : "bf16"; }
+constexpr size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
+constexpr const char* dtype_name(DType t) {
+  return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "i32";
+}
 
 // bfloat16: the top 16 bits of an IEEE float. Conversion from float rounds to
 // nearest even, as hardware (AMX, AVX512-BF16) and PyTorch do; NaN stays NaN.
@@ -42,6 +45,8 @@ template <>
 constexpr DType dtype_of<float>() { return DType::f32; }
 template <>
 constexpr DType dtype_of<bf16>() { return DType::bf16; }
+template <>
+constexpr DType dtype_of<int32_t>() { return DType::i32; }
 
 // Load/store helpers so kernels can be written once for float and bf16 storage.
 inline float to_f32(float x) { return x; }

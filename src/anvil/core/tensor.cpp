@@ -74,10 +74,12 @@ void Tensor::copy_from(const Tensor& src) {
     const char* s = static_cast<const char*>(src.raw());
     const int64_t n = static_cast<int64_t>(nbytes());
     parallel_for(0, n, 1 << 20, [&](int64_t lo, int64_t hi) { std::memcpy(d + lo, s + lo, static_cast<size_t>(hi - lo)); });
-  } else if (src.dtype_ == DType::f32) {
+  } else if (src.dtype_ == DType::f32 && dtype_ == DType::bf16) {
     convert_f32_to_bf16(src.data<float>(), data<bf16>(), numel());
-  } else {
+  } else if (src.dtype_ == DType::bf16 && dtype_ == DType::f32) {
     convert_bf16_to_f32(src.data<bf16>(), data<float>(), numel());
+  } else {
+    ANVIL_ASSERT(false, "no conversion from ", dtype_name(src.dtype_), " to ", dtype_name(dtype_));
   }
 }
 
@@ -89,7 +91,12 @@ Tensor Tensor::to(DType dtype, MemCategory category, std::string_view tag) const
 
 float Tensor::item_f32(int64_t i) const {
   ANVIL_ASSERT(i >= 0 && i < numel());
-  return dtype_ == DType::f32 ? data<float>()[i] : to_f32(data<bf16>()[i]);
+  switch (dtype_) {
+    case DType::f32: return data<float>()[i];
+    case DType::bf16: return to_f32(data<bf16>()[i]);
+    case DType::i32: return static_cast<float>(data<int32_t>()[i]);
+  }
+  return 0;
 }
 
 }  // namespace anvil

@@ -12,6 +12,7 @@ namespace anvil {
 namespace {
 
 dnnl::memory::data_type dnnl_type(DType t) {
+  ANVIL_ASSERT(t != DType::i32, "matrix products take f32 or bf16");
   return t == DType::f32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
 }
 
