@@ -1,9 +1,166 @@
+// Matrix products and the linear layer against a double-precision reference
+// and central finite differences.
 #include <gtest/gtest.h>
 
 #include "anvil/ops/matmul.h"
+#include "test_util.h"
 
-TEST(Matmul, Bf16RunsOnAmx) {
-  const std::string impl = anvil::matmul_impl_name(anvil::DType::bf16);
-  std::printf("bf16 matmul impl: %s\n", impl.c_str());
+using namespace anvil;
+using namespace anvil::testing;
+
+namespace {
+
+// y[m,n] = Σ_k x[m,k]·w[n,k]
+std::vector<double> ref_linear(const std::vector<double>& x, const std::vector<double>& w, int64_t M, int64_t N,
+                               int64_t K) {
+  std::vector<double> y(static_cast<size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += x[m * K + k] * w[n * K + k];
+      y[m * N + n] = s;
+    }
+  return y;
+}
+// dx[m,k] = Σ_n dy[m,n]·w[n,k]
+std::vector<double> ref_dx(const std::vector<double>& dy, const std::vector<double>& w, int64_t M, int64_t N,
+                           int64_t K) {
+  std::vector<double> dx(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += dy[m * N + n] * w[n * K + k];
+      dx[m * K + k] = s;
+    }
+  return dx;
+}
+// dw[n,k] = Σ_m dy[m,n]·x[m,k]
+std::vector<double> ref_dw(const std::vector<double>& dy, const std::vector<double>& x, int64_t M, int64_t N,
+                           int64_t K) {
+  std::vector<double> dw(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double s = 0;
+      for (int64_t m = 0; m < M; ++m) s += dy[m * N + n] * x[m * K + k];
+      dw[n * K + k] = s;
+    }
+  return dw;
+}
+
+struct Dims {
+  int64_t M, N, K;
+};
+// Awkward sizes on purpose: a single token, primes, sizes just past a power of two.
+const Dims kShapes[] = {{1, 5, 3}, {1, 64, 128}, {37, 64, 129}, {130, 257, 70}, {256, 96, 512}};
+
+}  // namespace
+
+TEST(Linear, F32ForwardAndBackwardMatchDoubleReference) {
+  for (const Dims& d : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "M=" << d.M << " N=" << d.N << " K=" << d.K);
+    Tensor x = random_tensor({d.M, d.K}, DType::f32, "x");
+    Tensor w = random_tensor({d.N, d.K}, DType::f32, "w");
+    Tensor dy = random_tensor({d.M, d.N}, DType::f32, "dy");
+    Tensor y = Tensor::empty({d.M, d.N}, DType::f32, MemCategory::activations, "y");
+    Tensor dx = Tensor::empty({d.M, d.K}, DType::f32, MemCategory::activations, "dx");
+    Tensor dw = random_tensor({d.N, d.K}, DType::f32, "dw0");  // accumulates on top of this
+    const auto xd = to_double(x), wd = to_double(w), dyd = to_double(dy), dw0 = to_double(dw);
+
+    linear_forward(x, w, y);
+    linear_backward_input(dy, w, dx);
+    linear_backward_weight(dy, x, dw);
+
+    auto want_dw = ref_dw(dyd, xd, d.M, d.N, d.K);
+    for (size_t i = 0; i < want_dw.size(); ++i) want_dw[i] += dw0[i];
+    // f32 products with f32 accumulation over K ≤ 512 terms: ~sqrt(K)·2^-24 relative.
+    EXPECT_LT(rel_error(y, ref_linear(xd, wd, d.M, d.N, d.K)), 1e-6);
+    EXPECT_LT(rel_error(dx, ref_dx(dyd, wd, d.M, d.N, d.K)), 1e-6);
+    EXPECT_LT(rel_error(dw, want_dw), 1e-6);
+  }
+}
+
+TEST(Linear, BackwardInputCanAccumulate) {
+  const int64_t M = 9, N = 17, K = 33;
+  Tensor w = random_tensor({N, K}, DType::f32, "w");
+  Tensor dy = random_tensor({M, N}, DType::f32, "dy");
+  Tensor dx = random_tensor({M, K}, DType::f32, "dx0");
+  auto want = ref_dx(to_double(dy), to_double(w), M, N, K);
+  const auto dx0 = to_double(dx);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += dx0[i];
+  linear_backward_input(dy, w, dx, /*accumulate_dx=*/true);
+  EXPECT_LT(rel_error(dx, want), 1e-6);
+}
+
+TEST(Linear, BackwardMatchesFiniteDifferences) {
+  const int64_t M = 3, N = 4, K = 5;
+  Tensor x = random_tensor({M, K}, DType::f32, "x");
+  Tensor w = random_tensor({N, K}, DType::f32, "w");
+  Tensor r = random_tensor({M, N}, DType::f32, "r");  // loss = Σ y·r, so dy = r
+  const auto xd = to_double(x), wd = to_double(w), rd = to_double(r);
+  auto loss_of_x = [&](const std::vector<double>& xv) { return weighted_sum(ref_linear(xv, wd, M, N, K), rd); };
+  auto loss_of_w = [&](const std::vector<double>& wv) { return weighted_sum(ref_linear(xd, wv, M, N, K), rd); };
+
+  Tensor dx = Tensor::empty({M, K}, DType::f32, MemCategory::activations, "dx");
+  Tensor dw = Tensor::zeros({N, K}, DType::f32, MemCategory::gradients, "dw");
+  linear_backward_input(r, w, dx);
+  linear_backward_weight(r, x, dw);
+  // The loss is bilinear, so central differences are exact up to double rounding.
+  EXPECT_LT(rel_error(dx, numerical_grad(loss_of_x, xd)), 1e-6);
+  EXPECT_LT(rel_error(dw, numerical_grad(loss_of_w, wd)), 1e-6);
+}
+
+TEST(Linear, Bf16MatchesReferenceOnRoundedInputs) {
+  for (const Dims& d : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "M=" << d.M << " N=" << d.N << " K=" << d.K);
+    Tensor x = random_tensor({d.M, d.K}, DType::bf16, "x");
+    Tensor w = random_tensor({d.N, d.K}, DType::bf16, "w");
+    Tensor dy = random_tensor({d.M, d.N}, DType::bf16, "dy");
+    Tensor y = Tensor::empty({d.M, d.N}, DType::bf16, MemCategory::activations, "y");
+    Tensor dx = Tensor::empty({d.M, d.K}, DType::bf16, MemCategory::activations, "dx");
+    Tensor dw = Tensor::zeros({d.N, d.K}, DType::f32, MemCategory::gradients, "dw");  // f32 accumulator
+    const auto xd = to_double(x), wd = to_double(w), dyd = to_double(dy);  // the values bf16 holds
+
+    linear_forward(x, w, y);
+    linear_backward_input(dy, w, dx);
+    linear_backward_weight(dy, x, dw);
+
+    // Products of bf16 values are exact in f32 and AMX accumulates in f32, so the
+    // only sizeable error is rounding y and dx to bf16 (8 significant bits): at
+    // most u = 2^-8 ≈ 0.0039 relative per element, hence at most u in norm. The
+    // f32 gradient skips that rounding and must be f32-accurate.
+    const double u = std::ldexp(1.0, -8);
+    EXPECT_LT(rel_error(y, ref_linear(xd, wd, d.M, d.N, d.K)), u);
+    EXPECT_LT(rel_error(dx, ref_dx(dyd, wd, d.M, d.N, d.K)), u);
+    EXPECT_LT(rel_error(dw, ref_dw(dyd, xd, d.M, d.N, d.K)), 1e-5);
+  }
+}
+
+TEST(Gemm, StridedTransposedScaledAccumulate) {
+  // C[2:5, :] of a wider matrix += 0.5 · Aᵀ·B with A stored [K, M] inside a wider buffer.
+  const int64_t M = 3, N = 4, K = 6, lda = 10, ldc = 7;
+  Tensor a = random_tensor({K, lda}, DType::f32, "a");
+  Tensor b = random_tensor({K, N}, DType::f32, "b");
+  Tensor c = random_tensor({M, ldc}, DType::f32, "c");
+  const auto ad = to_double(a), bd = to_double(b);
+  auto want = to_double(c);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += ad[k * lda + m] * bd[k * N + n];
+      want[m * ldc + n] += 0.5 * s;
+    }
+  GemmShape s{.M = M, .N = N, .K = K, .trans_a = true, .lda = lda, .ldc = ldc, .alpha = 0.5f, .accumulate = true};
+  gemm(s, a.raw(), b.raw(), c.raw());
+  EXPECT_LT(rel_error(c, want), 1e-6);  // columns N..ldc untouched: they are in `want` unchanged
+}
+
+TEST(Matmul, Bf16RunsOnAmxWhereTheCpuHasIt) {
+  const std::string impl = matmul_impl_name(DType::bf16);
+  std::printf("bf16 matmul kernel: %s\n", impl.c_str());
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU";
+  // GCC 12's __builtin_cpu_supports has no "amx-bf16"; read it from CPUID leaf 7 (EDX bit 22).
+  unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;  // ecx = 0: sub-leaf 0
+  __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
+  if (!(edx & (1u << 22))) GTEST_SKIP() << "CPU has no AMX-BF16; oneDNN picked " << impl;
   EXPECT_NE(impl.find("amx"), std::string::npos) << impl;
 }
