@@ -1,0 +1,137 @@
+#include "anvil/model/args.h"
+
+#include <cmath>
+
+#include "anvil/core/error.h"
+
+namespace anvil {
+
+int64_t ModelArgs::ffn_hidden_dim() const {
+  if (ffn_hidden_override > 0) return ffn_hidden_override;
+  int64_t hidden = 8 * dim / 3;
+  if (ffn_dim_multiplier) hidden = static_cast<int64_t>(*ffn_dim_multiplier * static_cast<double>(hidden));
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+int64_t ModelArgs::params_per_layer() const {
+  const int64_t hd = head_dim();
+  const int64_t attention = dim * (n_heads * hd) + 2 * dim * (n_kv_heads * hd) + (n_heads * hd) * dim;
+  const int64_t feed_forward = 3 * dim * ffn_hidden_dim();
+  const int64_t norms = 2 * dim;
+  return attention + feed_forward + norms;
+}
+
+int64_t ModelArgs::num_params() const {
+  const int64_t embeddings = num_embedding_params();
+  const int64_t output = tie_embeddings ? 0 : vocab_size * dim;
+  return embeddings + n_layers * params_per_layer() + dim /* final norm */ + output;
+}
+
+void ModelArgs::validate() const {
+  const std::string where = "model " + name + "/" + flavor + ": ";
+  ANVIL_CHECK(dim > 0 && n_layers > 0 && n_heads > 0 && vocab_size > 0, where,
+              "dim, n_layers, n_heads and vocab_size must be positive");
+  ANVIL_CHECK(dim % n_heads == 0, where, "dim ", dim, " is not divisible by n_heads ", n_heads);
+  ANVIL_CHECK(head_dim() % 2 == 0, where, "head_dim ", head_dim(), " must be even for RoPE");
+  ANVIL_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, where, "n_heads ", n_heads,
+              " must be a multiple of n_kv_heads ", n_kv_heads);
+  ANVIL_CHECK(multiple_of > 0, where, "multiple_of must be positive");
+  ANVIL_CHECK(norm_eps > 0, where, "norm_eps must be positive");
+  ANVIL_CHECK(rope_theta > 0, where, "rope_theta must be positive");
+  ANVIL_CHECK(max_seq_len > 0, where, "max_seq_len must be positive");
+}
+
+namespace {
+
+ModelArgs llama3(std::string flavor, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
+                 std::optional<double> mult, int64_t multiple_of) {
+  ModelArgs a;
+  a.name = "llama3";
+  a.flavor = std::move(flavor);
+  a.dim = dim, a.n_layers = layers, a.n_heads = heads, a.n_kv_heads = kv_heads;
+  a.vocab_size = 128256;
+  a.ffn_dim_multiplier = mult;
+  a.multiple_of = multiple_of;
+  a.rope_theta = 500000;
+  a.max_seq_len = 131072;
+  a.rope_scaling.enabled = true;  // Llama 3.1 / 3.2 long-context RoPE
+  return a;
+}
+
+ModelArgs llama2(std::string flavor, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads,
+                 std::optional<double> mult, int64_t multiple_of) {
+  ModelArgs a;
+  a.name = "llama2";
+  a.flavor = std::move(flavor);
+  a.dim = dim, a.n_layers = layers, a.n_heads = heads, a.n_kv_heads = kv_heads;
+  a.vocab_size = 32000;
+  a.ffn_dim_multiplier = mult;
+  a.multiple_of = multiple_of;
+  a.rope_theta = 10000;
+  a.max_seq_len = 4096;
+  return a;
+}
+
+std::vector<ModelArgs> all_flavors() {
+  std::vector<ModelArgs> out;
+  {
+    // torchtitan's debug model: small enough to train on a laptop in minutes.
+    ModelArgs a;
+    a.name = "llama3";
+    a.flavor = "debugmodel";
+    a.dim = 256, a.n_layers = 6, a.n_heads = 16, a.n_kv_heads = 16, a.vocab_size = 2048;
+    a.multiple_of = 256;  // 8·256/3 = 682 → 768
+    a.rope_theta = 500000;
+    a.max_seq_len = 2048;
+    out.push_back(a);
+  }
+  {
+    // CPU-sized flavours. 25M uses grouped-query attention (8 query heads over 4 KV heads).
+    ModelArgs a;
+    a.name = "llama3";
+    a.flavor = "25M";
+    a.dim = 512, a.n_layers = 6, a.n_heads = 8, a.n_kv_heads = 4, a.vocab_size = 8192;
+    a.multiple_of = 256;  // 8·512/3 = 1365 → 1536
+    a.rope_theta = 500000;
+    a.max_seq_len = 2048;
+    out.push_back(a);
+    a.flavor = "125M";
+    a.dim = 768, a.n_layers = 12, a.n_heads = 12, a.n_kv_heads = 4, a.vocab_size = 32000;  // 8·768/3 = 2048
+    out.push_back(a);
+  }
+  {
+    ModelArgs a = llama3("1B", 2048, 16, 32, 8, 1.5, 256);
+    a.tie_embeddings = true;
+    a.rope_scaling.factor = 32;  // Llama 3.2
+    out.push_back(a);
+    a = llama3("3B", 3072, 28, 24, 8, 1.0, 256);
+    a.tie_embeddings = true;
+    a.rope_scaling.factor = 32;
+    out.push_back(a);
+  }
+  out.push_back(llama3("8B", 4096, 32, 32, 8, 1.3, 1024));
+  out.push_back(llama3("70B", 8192, 80, 64, 8, 1.3, 4096));
+  out.push_back(llama3("405B", 16384, 126, 128, 8, 1.2, 4096));
+  out.push_back(llama2("7B", 4096, 32, 32, 32, std::nullopt, 256));
+  out.push_back(llama2("13B", 5120, 40, 40, 40, std::nullopt, 256));
+  out.push_back(llama2("70B", 8192, 80, 64, 8, 1.3, 4096));
+  return out;
+}
+
+}  // namespace
+
+ModelArgs model_flavor(const std::string& name, const std::string& flavor) {
+  for (const ModelArgs& a : all_flavors())
+    if (a.name == name && a.flavor == flavor) return a;
+  std::string known;
+  for (const std::string& k : known_flavors()) known += (known.empty() ? "" : ", ") + k;
+  throw Error(detail::concat("unknown model '", name, "' flavor '", flavor, "'; known: ", known));
+}
+
+std::vector<std::string> known_flavors() {
+  std::vector<std::string> out;
+  for (const ModelArgs& a : all_flavors()) out.push_back(a.name + "/" + a.flavor);
+  return out;
+}
+
+}  // namespace anvil

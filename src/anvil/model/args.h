@@ -1,0 +1,55 @@
+// Llama 2 / Llama 3 model arguments and the named flavours, with the published
+// shapes. Parameter counts follow from the shapes (see num_params).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace anvil {
+
+// Llama 3.1-style RoPE frequency scaling (long-context).
+struct RopeScalingArgs {
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+struct ModelArgs {
+  std::string name;    // model family: "llama2" | "llama3"
+  std::string flavor;  // "debugmodel", "8B", ...
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t vocab_size = 0;
+  int64_t multiple_of = 256;
+  std::optional<double> ffn_dim_multiplier;
+  int64_t ffn_hidden_override = 0;  // 0: derive from dim, ffn_dim_multiplier and multiple_of
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  RopeScalingArgs rope_scaling;
+  int64_t max_seq_len = 2048;
+  bool tie_embeddings = false;
+
+  int64_t head_dim() const { return dim / n_heads; }
+  // Llama's rule: hidden = int(8·dim/3), times ffn_dim_multiplier, rounded up to multiple_of.
+  int64_t ffn_hidden_dim() const;
+
+  int64_t params_per_layer() const;
+  int64_t num_params() const;
+  int64_t num_embedding_params() const { return vocab_size * dim; }
+
+  // Throws anvil::Error naming the inconsistent field.
+  void validate() const;
+};
+
+// The flavour `flavor` of family `name`; throws anvil::Error listing the known
+// flavours when there is no such one.
+ModelArgs model_flavor(const std::string& name, const std::string& flavor);
+// "llama3/8B", ... for help texts and errors.
+std::vector<std::string> known_flavors();
+
+}  // namespace anvil
