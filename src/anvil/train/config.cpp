@@ -1,0 +1,371 @@
+#include "anvil/train/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "anvil/core/error.h"
+
+namespace anvil {
+
+namespace {
+
+using Target = std::variant<bool*, int64_t*, double*, std::string*>;
+
+struct Key {
+  std::string section;
+  std::string name;
+  Target target;
+  std::string doc;
+  std::vector<std::string> choices = {};  // strings: the allowed values (empty: any)
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+
+  std::string full() const { return section + "." + name; }
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The one table of keys. Defaults are the JobConfig member initialisers.
+std::vector<Key> key_table(JobConfig& c) {
+  return {
+      {"job", "dump_folder", &c.job.dump_folder, "folder for metrics.jsonl, checkpoints and traces"},
+      {"job", "description", &c.job.description, "free text printed at start"},
+
+      {"model", "name", &c.model.name, "model family", {"llama2", "llama3"}},
+      {"model", "flavor", &c.model.flavor,
+       "named shape: debugmodel, 25M, 125M, 1B, 3B, 8B, 70B, 405B (llama3); 7B, 13B, 70B (llama2)"},
+      {"model", "tokenizer_path", &c.model.tokenizer_path, "tokenizer file; empty: byte-level tokenizer"},
+
+      {"training", "dataset", &c.training.dataset, "dataset name", {"brown", "text"}},
+      {"training", "dataset_path", &c.training.dataset_path, "folder or file the dataset is read from"},
+      {"training", "steps", &c.training.steps, "optimizer steps to train", {}, 1, kInf},
+      {"training", "local_batch_size", &c.training.local_batch_size, "sequences per micro-batch on each rank", {}, 1,
+       kInf},
+      {"training", "global_batch_size", &c.training.global_batch_size,
+       "sequences per optimizer step over all ranks; a multiple of local_batch_size x data-parallel degree, "
+       "the quotient being the gradient-accumulation steps; -1: no accumulation",
+       {}, -1, kInf},
+      {"training", "seq_len", &c.training.seq_len, "tokens per sequence", {}, 1, kInf},
+      {"training", "max_norm", &c.training.max_norm, "clip gradients to this global L2 norm; 0: no clipping", {}, 0,
+       kInf},
+      {"training", "mixed_precision_param", &c.training.mixed_precision_param,
+       "compute dtype; bfloat16 keeps fp32 master weights and optimizer state", {"bfloat16", "float32"}},
+      {"training", "seed", &c.training.seed, "seed of parameter initialisation and data order", {}, 0, kInf},
+      {"training", "deterministic", &c.training.deterministic,
+       "bitwise-reproducible runs (fixed reduction order; may be slower)"},
+      {"training", "skip_nonfinite_steps", &c.training.skip_nonfinite_steps,
+       "on a NaN/Inf loss or gradient skip the step instead of stopping"},
+
+      {"optimizer", "name", &c.optimizer.name, "optimizer", {"AdamW"}},
+      {"optimizer", "lr", &c.optimizer.lr, "peak learning rate", {}, 0, kInf},
+      {"optimizer", "beta1", &c.optimizer.beta1, "Adam beta1", {}, 0, 1},
+      {"optimizer", "beta2", &c.optimizer.beta2, "Adam beta2", {}, 0, 1},
+      {"optimizer", "eps", &c.optimizer.eps, "Adam epsilon", {}, 0, kInf},
+      {"optimizer", "weight_decay", &c.optimizer.weight_decay, "decoupled weight decay", {}, 0, kInf},
+
+      {"lr_scheduler", "warmup_steps", &c.lr_scheduler.warmup_steps, "linear warm-up steps", {}, 0, kInf},
+      {"lr_scheduler", "decay_ratio", &c.lr_scheduler.decay_ratio,
+       "fraction of the steps spent decaying, at the end; -1: all steps after warm-up", {}, -1, 1},
+      {"lr_scheduler", "decay_type", &c.lr_scheduler.decay_type, "shape of the decay", {"linear", "sqrt", "cosine"}},
+      {"lr_scheduler", "min_lr_factor", &c.lr_scheduler.min_lr_factor, "final lr as a fraction of lr", {}, 0, 1},
+
+      {"activation_checkpoint", "mode", &c.activation_checkpoint.mode, "activation checkpointing",
+       {"none", "selective", "full"}},
+      {"activation_checkpoint", "selective_ac_option", &c.activation_checkpoint.selective_ac_option,
+       "with mode selective: 'op' keeps matmul and attention outputs and recomputes the rest; an integer k "
+       "checkpoints every k-th block"},
+
+      {"metrics", "log_freq", &c.metrics.log_freq, "log every this many steps", {}, 1, kInf},
+      {"metrics", "peak_tflops", &c.metrics.peak_tflops,
+       "peak TFLOP/s of one process for MFU; 0: derive from ISA, cores and clock", {}, 0, kInf},
+
+      {"checkpoint", "enable", &c.checkpoint.enable, "save checkpoints"},
+      {"checkpoint", "folder", &c.checkpoint.folder, "checkpoint folder, inside dump_folder"},
+      {"checkpoint", "interval", &c.checkpoint.interval, "save every this many steps", {}, 1, kInf},
+      {"checkpoint", "keep_latest_k", &c.checkpoint.keep_latest_k, "checkpoints kept; 0: all", {}, 0, kInf},
+      {"checkpoint", "load_step", &c.checkpoint.load_step, "resume from this step; -1: the latest", {}, -1, kInf},
+
+      {"parallelism", "data_parallel_replicate_degree", &c.parallelism.data_parallel_replicate_degree,
+       "DDP/HSDP replicas", {}, 1, kInf},
+      {"parallelism", "data_parallel_shard_degree", &c.parallelism.data_parallel_shard_degree,
+       "FSDP shards; -1: the ranks left over", {}, -1, kInf},
+      {"parallelism", "tensor_parallel_degree", &c.parallelism.tensor_parallel_degree, "tensor-parallel ranks", {}, 1,
+       kInf},
+      {"parallelism", "pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree, "pipeline stages", {}, 1,
+       kInf},
+      {"parallelism", "pipeline_parallel_schedule", &c.parallelism.pipeline_parallel_schedule, "pipeline schedule",
+       {"GPipe", "1F1B", "Interleaved1F1B"}},
+      {"parallelism", "pipeline_parallel_microbatch_size", &c.parallelism.pipeline_parallel_microbatch_size,
+       "sequences per pipeline micro-batch", {}, 1, kInf},
+
+      {"validation", "enable", &c.validation.enable, "evaluate on held-out data"},
+      {"validation", "freq", &c.validation.freq, "evaluate every this many steps", {}, 1, kInf},
+      {"validation", "steps", &c.validation.steps, "batches per evaluation", {}, 1, kInf},
+  };
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest_key(const std::vector<Key>& keys, const std::string& wanted) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  const std::string wanted_key = wanted.substr(wanted.find('.') + 1);
+  for (const Key& k : keys) {
+    // A key in the wrong section is the likeliest slip: weigh the key name most.
+    const size_t d = std::min(edit_distance(k.full(), wanted), edit_distance(k.name, wanted_key) + 1);
+    if (d < best_d) best_d = d, best = k.full();
+  }
+  return best;
+}
+
+std::string type_name(const Target& t) {
+  switch (t.index()) {
+    case 0: return "boolean";
+    case 1: return "integer";
+    case 2: return "number";
+    default: return "string";
+  }
+}
+
+std::string value_str(const Target& t) {
+  std::ostringstream out;
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) out << (*p ? "true" : "false");
+        else if constexpr (std::is_same_v<T, std::string>) out << '"' << *p << '"';
+        else out << *p;
+      },
+      t);
+  return out.str();
+}
+
+const Key& find_key(const std::vector<Key>& keys, const std::string& full, const std::string& where) {
+  for (const Key& k : keys)
+    if (k.full() == full) return k;
+  throw Error(detail::concat(where, ": unknown key '", full, "'; did you mean '", nearest_key(keys, full),
+                             "'? (anvil train --help lists every key)"));
+}
+
+// Range and choice checks, after the value is stored.
+void check_value(const Key& k, const std::string& where) {
+  if (auto* s = std::get_if<std::string*>(&k.target)) {
+    if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), **s) == k.choices.end()) {
+      std::string allowed;
+      for (const auto& c : k.choices) allowed += (allowed.empty() ? "" : ", ") + c;
+      throw Error(detail::concat(where, ": ", k.full(), " = \"", **s, "\" is not one of: ", allowed));
+    }
+    return;
+  }
+  double v = 0;
+  if (auto* i = std::get_if<int64_t*>(&k.target)) v = static_cast<double>(**i);
+  else if (auto* d = std::get_if<double*>(&k.target)) v = **d;
+  else return;
+  ANVIL_CHECK(std::isfinite(v) || std::isinf(k.max), where, ": ", k.full(), " must be finite");
+  if (v < k.min || v > k.max) {
+    std::ostringstream range;
+    range << "[" << k.min << ", " << (std::isinf(k.max) ? std::string("inf") : detail::concat(k.max)) << "]";
+    throw Error(detail::concat(where, ": ", k.full(), " = ", v, " is out of range ", range.str()));
+  }
+}
+
+void set_from_toml(const Key& k, const toml::node& node, const std::string& where) {
+  bool ok = false;
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (auto v = node.value_exact<bool>()) *p = *v, ok = true;
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          if (auto v = node.value_exact<int64_t>()) *p = *v, ok = true;
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (node.is_integer() || node.is_floating_point()) *p = *node.value<double>(), ok = true;
+        } else {
+          if (auto v = node.value_exact<std::string>()) *p = *v, ok = true;
+        }
+      },
+      k.target);
+  ANVIL_CHECK(ok, where, ": ", k.full(), " must be of type ", type_name(k.target), " (default ", value_str(k.target), ")");
+  check_value(k, where);
+}
+
+void set_from_string(const Key& k, const std::string& text, const std::string& where) {
+  bool ok = true;
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (text == "true" || text == "1") *p = true;
+          else if (text == "false" || text == "0") *p = false;
+          else ok = false;
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          size_t used = 0;
+          try {
+            *p = std::stoll(text, &used);
+          } catch (const std::exception&) {
+            ok = false;
+          }
+          ok = ok && used == text.size();
+        } else if constexpr (std::is_same_v<T, double>) {
+          size_t used = 0;
+          try {
+            *p = std::stod(text, &used);
+          } catch (const std::exception&) {
+            ok = false;
+          }
+          ok = ok && used == text.size();
+        } else {
+          *p = text;
+        }
+      },
+      k.target);
+  ANVIL_CHECK(ok, where, ": ", k.full(), " must be of type ", type_name(k.target), ", got '", text, "'");
+  check_value(k, where);
+}
+
+void apply_toml(std::vector<Key>& keys, const toml::table& root, const std::string& source) {
+  for (const auto& [section_name, section] : root) {
+    const std::string sec(section_name.str());
+    const std::string where_sec = detail::concat(source, ":", section.source().begin.line);
+    const toml::table* table = section.as_table();
+    ANVIL_CHECK(table != nullptr, where_sec, ": '", sec, "' must be a [section] of keys");
+    for (const auto& [key_name, node] : *table) {
+      const std::string where = detail::concat(source, ":", node.source().begin.line);
+      const Key& k = find_key(keys, sec + "." + std::string(key_name.str()), where);
+      set_from_toml(k, node, where);
+    }
+  }
+}
+
+void apply_overrides(std::vector<Key>& keys, const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    ANVIL_CHECK(a.rfind("--", 0) == 0 && a.size() > 2, "command line: unexpected argument '", a,
+                "'; overrides look like --section.key value");
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1), name = name.substr(0, eq), has_value = true;
+    }
+    if (name == "job.config_file") {  // consumed by parse_config
+      if (!has_value) ++i;
+      continue;
+    }
+    const std::string where = "command line --" + name;
+    const Key& k = find_key(keys, name, where);
+    if (!has_value) {
+      const bool next_is_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+      if (std::holds_alternative<bool*>(k.target) && !next_is_value) {
+        value = "true";  // bare boolean flag
+      } else {
+        ANVIL_CHECK(next_is_value, where, ": missing value (", type_name(k.target), ")");
+        value = args[++i];
+      }
+    }
+    set_from_string(k, value, where);
+  }
+}
+
+}  // namespace
+
+JobConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
+                            const std::vector<std::string>& overrides) {
+  JobConfig c;
+  std::vector<Key> keys = key_table(c);
+  if (!toml_text.empty()) {
+    toml::table root;
+    try {
+      root = toml::parse(toml_text, source_name);
+    } catch (const toml::parse_error& e) {
+      throw Error(detail::concat(source_name, ":", e.source().begin.line, ": TOML syntax error: ", e.description()));
+    }
+    apply_toml(keys, root, source_name);
+  }
+  apply_overrides(keys, overrides);
+  return c;
+}
+
+JobConfig parse_config(const std::vector<std::string>& args) {
+  std::string file;
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--job.config_file") {
+      ANVIL_CHECK(i + 1 < args.size(), "command line --job.config_file: missing path");
+      file = args[++i];
+    } else if (a.rfind("--job.config_file=", 0) == 0) {
+      file = a.substr(18);
+    } else if (i == 0 && a.size() > 5 && a.substr(a.size() - 5) == ".toml" && a.rfind("--", 0) != 0) {
+      file = a;
+    } else {
+      overrides.push_back(a);
+    }
+  }
+  std::string text;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    ANVIL_CHECK(in.good(), "cannot read config file '", file, "': ", std::strerror(errno),
+                "; pass an existing .toml (see configs/)");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  return parse_config_text(text, file.empty() ? "<defaults>" : file, overrides);
+}
+
+std::string config_help() {
+  JobConfig c;
+  std::ostringstream out;
+  out << "usage: anvil train [CONFIG.toml | --job.config_file CONFIG.toml] [--section.key value ...]\n"
+         "Booleans take true|false or stand bare (--training.deterministic). Keys and defaults:\n";
+  std::string section;
+  for (const Key& k : key_table(c)) {
+    if (k.section != section) out << "\n[" << (section = k.section) << "]\n";
+    out << "  --" << k.full() << " (" << type_name(k.target) << ", default " << value_str(k.target) << ")\n      "
+        << k.doc;
+    if (!k.choices.empty()) {
+      out << "; one of:";
+      for (const auto& ch : k.choices) out << ' ' << ch;
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string config_markdown() {
+  JobConfig c;
+  std::ostringstream out;
+  std::string section;
+  for (const Key& k : key_table(c)) {
+    if (k.section != section) {
+      out << "\n## [" << (section = k.section) << "]\n\n| key | type | default | meaning |\n|---|---|---|---|\n";
+    }
+    out << "| `" << k.name << "` | " << type_name(k.target) << " | `" << value_str(k.target) << "` | " << k.doc;
+    if (!k.choices.empty()) {
+      out << " (one of:";
+      for (const auto& ch : k.choices) out << " `" << ch << "`";
+      out << ")";
+    }
+    out << " |\n";
+  }
+  return out.str();
+}
+
+}  // namespace anvil

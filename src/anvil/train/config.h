@@ -1,0 +1,94 @@
+// The job configuration: a TOML file, then command-line overrides
+// (`--training.steps 10`), with torchtitan's section and key names. Every key is
+// declared once, in config.cpp's table, with its type, default, allowed values
+// and documentation; parsing, --help and docs/configuration.md all come from it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#pragma once
+
+namespace anvil {
+
+struct JobConfig {
+  struct Job {
+    std::string dump_folder = "./outputs";
+    std::string description = "";
+  } job;
+  struct Model {
+    std::string name = "llama3";
+    std::string flavor = "debugmodel";
+    std::string tokenizer_path = "";
+  } model;
+  struct Training {
+    std::string dataset = "brown";
+    std::string dataset_path = "data/brown";
+    int64_t steps = 100;
+    int64_t local_batch_size = 8;
+    int64_t global_batch_size = -1;  // -1: local_batch_size · data-parallel degree (no accumulation)
+    int64_t seq_len = 256;
+    double max_norm = 1.0;
+    std::string mixed_precision_param = "bfloat16";
+    int64_t seed = 0;
+    bool deterministic = false;
+    bool skip_nonfinite_steps = false;
+  } training;
+  struct Optimizer {
+    std::string name = "AdamW";
+    double lr = 8e-4;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.1;
+  } optimizer;
+  struct LrScheduler {
+    int64_t warmup_steps = 10;
+    double decay_ratio = -1;  // -1: decay over all steps after warm-up
+    std::string decay_type = "linear";
+    double min_lr_factor = 0.0;
+  } lr_scheduler;
+  struct ActivationCheckpoint {
+    std::string mode = "none";
+    std::string selective_ac_option = "2";
+  } activation_checkpoint;
+  struct Metrics {
+    int64_t log_freq = 10;
+    double peak_tflops = 0;  // 0: derive from the CPU's ISA, cores and clock
+  } metrics;
+  struct Checkpoint {
+    bool enable = false;
+    std::string folder = "checkpoint";
+    int64_t interval = 500;
+    int64_t keep_latest_k = 2;
+    int64_t load_step = -1;
+  } checkpoint;
+  struct Parallelism {
+    int64_t data_parallel_replicate_degree = 1;
+    int64_t data_parallel_shard_degree = -1;
+    int64_t tensor_parallel_degree = 1;
+    int64_t pipeline_parallel_degree = 1;
+    std::string pipeline_parallel_schedule = "1F1B";
+    int64_t pipeline_parallel_microbatch_size = 1;
+  } parallelism;
+  struct Validation {
+    bool enable = false;
+    int64_t freq = 100;
+    int64_t steps = 10;
+  } validation;
+};
+
+// Parses `args` (after the subcommand): `--job.config_file PATH` (or a bare
+// first argument ending in .toml) selects the TOML file; every other
+// `--section.key value`, `--section.key=value` or bare boolean `--section.key`
+// overrides it. Throws anvil::Error naming the key, where it came from
+// (file:line or the flag), and the nearest valid key.
+JobConfig parse_config(const std::vector<std::string>& args);
+JobConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
+                            const std::vector<std::string>& overrides = {});
+
+// `anvil train --help`: every key, its type, default and meaning.
+std::string config_help();
+// The same table as Markdown, for docs/configuration.md.
+std::string config_markdown();
+
+}  // namespace anvil
