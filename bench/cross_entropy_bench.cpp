@@ -1,0 +1,54 @@
+// Fused LM head + cross-entropy at M = 4096 tokens: D = 512 / 2048, V = 2048 (debugmodel) / 32000.
+// FLOPs per forward_backward call: 8·M·V·D (logits, their recompute, dx, dw); per forward call 2·M·V·D.
+// (With V ≤ vocab_chunk there is a single chunk and the recompute is skipped, so the work done is
+// 6·M·V·D while the counter still uses 8·M·V·D, the nominal cost of the op.)
+#include <cmath>
+
+#include "anvil/core/rng.h"
+#include "anvil/ops/cross_entropy.h"
+#include "ceilings.h"
+
+namespace {
+using namespace anvil;
+using anvil::bench::run_and_report;
+
+void BM_CrossEntropy(benchmark::State& state, DType dtype, bool backward) {
+  const int64_t M = 4096, D = state.range(0), V = state.range(1);
+  const CrossEntropyOptions opt{.row_block = state.range(2), .vocab_chunk = state.range(3)};
+  Tensor x = Tensor::empty({M, D}, dtype, MemCategory::activations, "x");
+  Tensor w = Tensor::empty({V, D}, dtype, MemCategory::parameters, "w");
+  {
+    // Realistic logits (std ≈ 1) so the softmax is not degenerate.
+    Tensor f = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "x_f32");
+    fill_normal(f, {1, "x"}, 0.0f, 1.0f);
+    x.copy_from(f);
+    Tensor g = Tensor::empty({V, D}, DType::f32, MemCategory::workspace, "w_f32");
+    fill_normal(g, {1, "w"}, 0.0f, 1.0f / std::sqrt(static_cast<float>(D)));
+    w.copy_from(g);
+  }
+  Tensor targets = Tensor::empty({M}, DType::i32, MemCategory::activations, "targets");
+  for (int64_t i = 0; i < M; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>((i * 7919) % V);
+  Tensor dx = Tensor::zeros({M, D}, dtype, MemCategory::activations, "dx");
+  Tensor dw = Tensor::zeros({V, D}, DType::f32, MemCategory::gradients, "dw");  // f32 accumulator
+  const float scale = 1.0f / static_cast<float>(M);
+  auto run = [&] {
+    if (backward)
+      cross_entropy_forward_backward(x, w, targets, scale, dx, dw, opt);
+    else
+      cross_entropy_forward(x, w, targets, opt);
+  };
+  run_and_report(state, run, (backward ? 8.0 : 2.0) * M * V * D, 0);
+}
+
+// Args: D, V, row_block, vocab_chunk (0, 0 = the op's defaults).
+#define XENT_BENCH(dt, bwd, name)                                                \
+  BENCHMARK_CAPTURE(BM_CrossEntropy, dt##_##name, DType::dt, bwd)                \
+      ->ArgsProduct({{512, 2048}, {2048, 32000}, {0}, {0}})                      \
+      ->ArgNames({"D", "V", "block", "chunk"})                                   \
+      ->Unit(benchmark::kMillisecond)                                            \
+      ->MinTime(0.3)
+XENT_BENCH(bf16, true, forward_backward);
+XENT_BENCH(bf16, false, forward);
+XENT_BENCH(f32, true, forward_backward);
+XENT_BENCH(f32, false, forward);
+}  // namespace

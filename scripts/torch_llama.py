@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""A small PyTorch Llama: the oracle Anvil's model is checked against, and the
+baseline its speed is compared with. Run with Debian's Python (/usr/bin/python3,
+which sees python3-torch), never inside Anvil.
+
+Parity mode reads a folder written by Anvil's parity test:
+  config.json          model shape and optimizer settings
+  weights.safetensors  initial parameters (Hugging Face names, F32)
+  batches.safetensors  tokens and targets, I32 (steps, B, T)
+and writes
+  torch_grads.safetensors  every parameter's gradient after the first step's backward
+  torch_result.json        the loss of every step
+
+RoPE rotates halves (Hugging Face's rotate_half), as Anvil does.
+"""
+import argparse
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    np_types = {"F32": np.float32, "I32": np.int32}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = e["data_offsets"]
+        if e["dtype"] == "BF16":
+            raw = np.frombuffer(data[lo:hi], dtype=np.uint16).astype(np.uint32) << 16
+            arr = raw.view(np.float32)
+        else:
+            arr = np.frombuffer(data[lo:hi], dtype=np_types[e["dtype"]])
+        out[name] = torch.from_numpy(arr.copy().reshape(e["shape"]))
+    return out
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def inv_freq(head_dim, theta, scaling):
+    f = [theta ** (-2.0 * i / head_dim) for i in range(head_dim // 2)]
+    if scaling.get("enabled"):
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        orig = scaling["original_max_position"]
+        out = []
+        for fi in f:
+            wavelen = 2 * math.pi / fi
+            if wavelen < orig / hi:
+                out.append(fi)
+            elif wavelen > orig / lo:
+                out.append(fi / factor)
+            else:
+                s = (orig / wavelen - lo) / (hi - lo)
+                out.append((1 - s) * fi / factor + s * fi)
+        f = out
+    return torch.tensor(f, dtype=torch.float64)
+
+
+class Llama(torch.nn.Module):
+    def __init__(self, cfg, weights):
+        super().__init__()
+        self.cfg = cfg
+        self.params = torch.nn.ParameterDict()
+        self.names = list(weights.keys())
+        for name, w in weights.items():
+            self.params[name.replace(".", "__")] = torch.nn.Parameter(w.clone())
+        hd = cfg["dim"] // cfg["n_heads"]
+        pos = torch.arange(cfg["max_seq_len"], dtype=torch.float64)
+        ang = pos[:, None] * inv_freq(hd, cfg["rope_theta"], cfg["rope_scaling"])[None, :]
+        self.cos, self.sin = ang.cos().float(), ang.sin().float()
+
+    def p(self, name):
+        return self.params[name.replace(".", "__")]
+
+    def named(self):
+        return [(n, self.p(n)) for n in self.names]
+
+    def rms_norm(self, x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg["norm_eps"])).to(x.dtype) * w
+
+    def rope(self, x):  # x (B, T, H, D)
+        T, half = x.shape[1], x.shape[-1] // 2
+        c = self.cos[:T, None, :].to(x.dtype)
+        s = self.sin[:T, None, :].to(x.dtype)
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+    def forward(self, tokens, targets):
+        cfg = self.cfg
+        B, T = tokens.shape
+        Hq, Hkv = cfg["n_heads"], cfg["n_kv_heads"]
+        hd = cfg["dim"] // Hq
+        h = F.embedding(tokens.long(), self.p("model.embed_tokens.weight"))
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        for l in range(cfg["n_layers"]):
+            pre = f"model.layers.{l}."
+            x = self.rms_norm(h, self.p(pre + "input_layernorm.weight"))
+            q = (x @ self.p(pre + "self_attn.q_proj.weight").t()).view(B, T, Hq, hd)
+            k = (x @ self.p(pre + "self_attn.k_proj.weight").t()).view(B, T, Hkv, hd)
+            v = (x @ self.p(pre + "self_attn.v_proj.weight").t()).view(B, T, Hkv, hd)
+            q, k = self.rope(q), self.rope(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            k = k.repeat_interleave(Hq // Hkv, dim=1)
+            v = v.repeat_interleave(Hq // Hkv, dim=1)
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            att = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+            att = att.transpose(1, 2).reshape(B, T, Hq * hd)
+            h = h + att @ self.p(pre + "self_attn.o_proj.weight").t()
+            x = self.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"))
+            g = x @ self.p(pre + "mlp.gate_proj.weight").t()
+            u = x @ self.p(pre + "mlp.up_proj.weight").t()
+            h = h + (F.silu(g) * u) @ self.p(pre + "mlp.down_proj.weight").t()
+        h = self.rms_norm(h, self.p("model.norm.weight"))
+        out_w = self.p("model.embed_tokens.weight") if cfg["tie_embeddings"] else self.p("lm_head.weight")
+        logits = (h @ out_w.t()).float()
+        targets = targets.long().view(-1)
+        loss_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets, ignore_index=-100, reduction="sum")
+        return loss_sum, int((targets != -100).sum())
+
+
+def parity(folder, threads):
+    torch.set_num_threads(threads)
+    cfg = json.load(open(f"{folder}/config.json"))
+    weights = read_safetensors(f"{folder}/weights.safetensors")
+    batches = read_safetensors(f"{folder}/batches.safetensors")
+    model = Llama(cfg, weights)
+    opt = cfg["optimizer"]
+    adamw = torch.optim.AdamW([p for _, p in model.named()], lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]),
+                              eps=opt["eps"], weight_decay=opt["weight_decay"])
+    bf16 = cfg.get("compute_dtype") == "bf16"
+    losses = []
+    for step in range(batches["tokens"].shape[0]):
+        adamw.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss_sum, n = model(batches["tokens"][step], batches["targets"][step])
+        (loss_sum / n).backward()
+        losses.append(float(loss_sum) / n)
+        if step == 0:
+            write_safetensors(f"{folder}/torch_grads.safetensors", {name: p.grad for name, p in model.named()})
+        adamw.step()
+    json.dump({"losses": losses}, open(f"{folder}/torch_result.json", "w"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parity", metavar="FOLDER", help="run the parity check on a folder written by Anvil")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if args.parity:
+        parity(args.parity, args.threads)
+    else:
+        ap.print_help()
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,510 @@
+// Causal grouped-query attention, flash-attention style (see attention.h).
+//
+// Forward, per (batch, query head, query tile Q_i of Bq rows), over key tiles
+// K_j/V_j of Bk keys up to the diagonal:
+//   S = scale · Q_i K_jᵀ                        (gemm, f32)
+//   online softmax: m' = max(m, rowmax S), P = exp(S − m'),
+//   l = l·e^(m−m') + rowsum P, O = O·e^(m−m')
+//   O += P V_j                                   (gemm, P in the storage dtype)
+// then out = O / l and lse = m + log l.
+//
+// Backward, with Δ = rowsum(dout ∘ out) precomputed per query row:
+//   S = scale · Q_i K_jᵀ, P = exp(S − lse)       (recomputed, never stored whole)
+//   dP = dO_i V_jᵀ, dS = P ∘ (dP − Δ) · scale
+//   dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i, dQ_i += dS K_j
+//
+// Every tile product is anvil::gemm, called inside parallel_for so it runs
+// single-threaded on the calling thread; in bf16 it runs on AMX with the
+// softmax in f32 and P, dS rounded to bf16 only as gemm inputs.
+#include "anvil/ops/attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <numeric>
+
+#include "anvil/core/parallel.h"
+#include "anvil/ops/matmul.h"
+
+namespace anvil {
+
+namespace {
+
+struct Dims {
+  int64_t B, T, Hq, Hkv, D;
+  int64_t group;  // query heads per kv head
+  float scale;
+};
+
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+  ANVIL_ASSERT(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q ", shape_str(q.shape()), " k ",
+               shape_str(k.shape()), " v ", shape_str(v.shape()), " must be (B, T, heads, head_dim)");
+  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0, scale};
+  ANVIL_ASSERT(k.shape() == v.shape() && k.size(0) == d.B && k.size(1) == d.T && k.size(3) == d.D,
+               "attention: q ", shape_str(q.shape()), " k ", shape_str(k.shape()), " v ", shape_str(v.shape()));
+  ANVIL_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads cannot be shared evenly by ", d.Hkv,
+              " key/value heads (q ", shape_str(q.shape()), ", k ", shape_str(k.shape()),
+              "); choose n_kv_heads so that it divides n_heads");
+  ANVIL_ASSERT(q.dtype() == k.dtype() && q.dtype() == v.dtype() && q.dtype() != DType::i32,
+               "attention: q, k, v must share a float dtype");
+  d.group = d.Hq / d.Hkv;
+  if (d.scale == 0.0f) d.scale = 1.0f / std::sqrt(static_cast<float>(d.D));
+  return d;
+}
+
+void check_like(const Tensor& t, const Tensor& like, const char* name) {
+  ANVIL_ASSERT(t.shape() == like.shape() && t.dtype() == like.dtype(), "attention: ", name, " ",
+               shape_str(t.shape()), " ", dtype_name(t.dtype()), " must match ", shape_str(like.shape()), " ",
+               dtype_name(like.dtype()));
+}
+
+void check_lse(const Tensor& lse, const Dims& d) {
+  ANVIL_ASSERT(lse.dtype() == DType::f32 && lse.shape() == Shape({d.B, d.Hq, d.T}), "attention: lse ",
+               shape_str(lse.shape()), " must be f32 (B, Hq, T)");
+}
+
+// ---- Row kernels: the element-wise part of each tile, on rows of ≤ Bk keys ----
+// Written with AVX-512 (16 floats a step, masked tails) because the exp over
+// every score costs about as much as the tile products themselves; a plain
+// scalar version keeps non-AVX-512 builds working.
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+
+inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const bf16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store16(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }
+inline void store16(bf16* p, __m512 x, __mmask16 m) {
+#if defined(__AVX512BF16__)
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(x));  // round to nearest even
+#else
+  __m512i u = _mm512_castps_si512(x);  // round to nearest even, as bf16::from_float (values are finite)
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+#endif
+}
+
+// exp(x) for finite x: 2^n · e^r with n = round(x·log2 e) and r = x − n·ln2
+// (|r| ≤ ln2/2, ln2 split in two so r is exact enough); e^r by its degree-6
+// Taylor polynomial, relative error ≤ 2e-7 (about 2 ulp). Underflows to 0.
+inline __m512 exp16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// max of s[0, n), n ≥ 1
+inline float row_max(const float* s, int64_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += 16) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, tail_mask(n - j), s + j));
+  return _mm512_reduce_max_ps(m);
+}
+
+// p[j] = exp(s[j] − m) for j < n, 0 for n ≤ j < width; returns Σ p in f32.
+template <class P>
+inline float exp_row(const float* s, float m, int64_t n, int64_t width, P* p) {
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < width; j += 16) {
+    const __mmask16 valid = j < n ? tail_mask(n - j) : __mmask16(0);
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(load16(s + j, valid), vm)));
+    sum = _mm512_add_ps(sum, e);
+    store16(p + j, e, tail_mask(width - j));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+// x[0, n) *= c
+inline void scale_row(float* x, float c, int64_t n) {
+  const __m512 vc = _mm512_set1_ps(c);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = tail_mask(n - j);
+    store16(x + j, _mm512_mul_ps(load16(x + j, k), vc), k);
+  }
+}
+
+// dst[0, n) = src · c, converted to dst's dtype
+template <class T>
+inline void store_scaled_row(const float* src, float c, int64_t n, T* dst) {
+  const __m512 vc = _mm512_set1_ps(c);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = tail_mask(n - j);
+    store16(dst + j, _mm512_mul_ps(load16(src + j, k), vc), k);
+  }
+}
+
+// Σ a[j]·b[j] over j < n, in f32
+template <class T>
+inline float dot_row(const T* a, const T* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = tail_mask(n - j);
+    acc = _mm512_fmadd_ps(load16(a + j, k), load16(b + j, k), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// One row of the transposed backward block (one key, queries along the row):
+// for start ≤ i < n, p = exp(s − lse[i]) and ds = p·(dp − delta[i])·scale;
+// both 0 for i < start (queries before the key: masked by causality).
+template <class P>
+inline void grad_row(const float* s, const float* dp, const float* lse, const float* delta, float scale, int64_t start,
+                     int64_t n, P* p, P* ds) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    const __mmask16 valid = k & __mmask16(~tail_mask(std::clamp<int64_t>(start - i, 0, 16)));
+    const __m512 e =
+        _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(load16(s + i, valid), load16(lse + i, valid))));
+    const __m512 g = _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(load16(dp + i, valid), load16(delta + i, valid))),
+                                   vscale);
+    store16(p + i, e, k);
+    store16(ds + i, g, k);
+  }
+}
+
+#else  // portable fallback
+
+inline float row_max(const float* s, int64_t n) {
+  float m = s[0];
+  for (int64_t j = 1; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+template <class P>
+inline float exp_row(const float* s, float m, int64_t n, int64_t width, P* p) {
+  float sum = 0;
+  for (int64_t j = 0; j < width; ++j) {
+    const float e = j < n ? std::exp(s[j] - m) : 0.0f;
+    sum += e;
+    p[j] = from_f32<P>(e);
+  }
+  return sum;
+}
+inline void scale_row(float* x, float c, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= c;
+}
+template <class T>
+inline void store_scaled_row(const float* src, float c, int64_t n, T* dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = from_f32<T>(src[j] * c);
+}
+template <class T>
+inline float dot_row(const T* a, const T* b, int64_t n) {
+  float acc = 0;
+  for (int64_t j = 0; j < n; ++j) acc += to_f32(a[j]) * to_f32(b[j]);
+  return acc;
+}
+template <class P>
+inline void grad_row(const float* s, const float* dp, const float* lse, const float* delta, float scale, int64_t start,
+                     int64_t n, P* p, P* ds) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float e = i >= start ? std::exp(s[i] - lse[i]) : 0.0f;
+    p[i] = from_f32<P>(e);
+    ds[i] = from_f32<P>(i >= start ? e * (dp[i] - delta[i]) * scale : 0.0f);
+  }
+}
+
+#endif
+
+// ---- Packing ----
+//
+// oneDNN 2.6 (Debian's) runs a product on AMX only when its operands are
+// densely packed: with a row stride of Hq·D it falls back to a non-AMX kernel
+// several times slower (measured ~0.15 vs ~0.9 TFLOP/s per core on 128×128
+// tiles). So, like flash attention loading tiles into on-chip memory, each task
+// copies the rows of the heads it works on into a per-thread dense buffer
+// first: one pass over q/k/v/dout, negligible next to the O(T²) products.
+
+// dst (rows, D) = rows t0.. of head h of src (B, T, H, D), for batch b.
+template <class T>
+void pack_head(const T* src, const Dims& d, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows, T* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * d.D, src + ((b * d.T + t0 + r) * H + h) * d.D, size_t(d.D) * sizeof(T));
+}
+
+// The inverse, converting from f32: rows t0.. of head h of dst (B, T, H, D) = src (rows, D).
+template <class T>
+void unpack_head(const float* src, const Dims& d, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows, T* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    store_scaled_row(src + r * d.D, 1.0f, d.D, dst + ((b * d.T + t0 + r) * H + h) * d.D);
+}
+
+// Tasks are (batch, kv head, split): a task packs its kv head once and serves
+// every query head of the group from it. With B·Hkv a multiple of the thread
+// count one split suffices; otherwise each (batch, kv head) is split into
+// `threads / gcd` parts so the task count divides evenly over the threads.
+int64_t task_splits(int64_t owners, int64_t max_splits) {
+  const int64_t threads = omp_in_parallel() ? 1 : num_threads();
+  if (owners % threads == 0) return 1;
+  return std::clamp<int64_t>(threads / std::gcd(owners, threads), 1, std::max<int64_t>(1, max_splits));
+}
+
+// ---- Forward ----
+
+template <class T>
+void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, float* lse, const AttentionTiles& tiles) {
+  const int64_t T_ = d.T, D = d.D;
+  const int64_t Bq = std::min(tiles.fwd_q, T_), Bk = std::min(tiles.fwd_k, T_);
+  const DType ab = dtype_of<T>();
+  const int64_t n_qtiles = (T_ + Bq - 1) / Bq;
+  // Under the causal mask query tile i costs ∝ i + 1 key blocks, so tiles go
+  // in pairs (i, n_qtiles − 1 − i) of equal total cost; splits take pairs
+  // round-robin and stay balanced.
+  const int64_t pairs = (n_qtiles + 1) / 2;
+  const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
+
+  parallel_for(0, owners * splits, 1, [&](int64_t lo, int64_t hi) {
+    // Per-thread scratch, allocated once per call: the packed keys and values
+    // of one kv head, one packed query tile, one score block, its
+    // probabilities, the output accumulator and the running max / sum per row.
+    Tensor kv_buf = Tensor::empty({2, T_, D}, ab, MemCategory::workspace, "attention.fwd.kv_packed");
+    Tensor q_buf = Tensor::empty({Bq, D}, ab, MemCategory::workspace, "attention.fwd.q_packed");
+    Tensor s_buf = Tensor::empty({Bq * Bk}, DType::f32, MemCategory::workspace, "attention.fwd.scores");
+    Tensor p_buf = Tensor::empty({Bq * Bk}, ab, MemCategory::workspace, "attention.fwd.probs");
+    Tensor o_buf = Tensor::empty({Bq, D}, DType::f32, MemCategory::workspace, "attention.fwd.out_acc");
+    Tensor ml_buf = Tensor::empty({2, Bq}, DType::f32, MemCategory::workspace, "attention.fwd.max_sum");
+    T* Kp = kv_buf.data<T>();
+    T* Vp = Kp + T_ * D;
+    T* Qp = q_buf.data<T>();
+    float* S = s_buf.data<float>();
+    T* P = p_buf.data<T>();
+    float* O = o_buf.data<float>();
+    float* row_m = ml_buf.data<float>();
+    float* row_l = row_m + Bq;
+
+    // Rows q0 .. q0 + mq of query head h. Blocks are packed densely (row
+    // stride = their width nk) so every product sees dense operands.
+    auto query_tile = [&](int64_t b, int64_t h, int64_t q0) {
+      const int64_t mq = std::min(Bq, T_ - q0), q_end = q0 + mq;
+      pack_head(q, d, d.Hq, b, h, q0, mq, Qp);
+      for (int64_t k0 = 0; k0 < q_end; k0 += Bk) {
+        const int64_t nk = std::min(Bk, q_end - k0);  // keys past the tile's last query are masked for all rows
+        const bool first = k0 == 0;
+        gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = d.scale}, Qp,
+             Kp + k0 * D, S);
+        for (int64_t r = 0; r < mq; ++r) {
+          const int64_t n_valid = std::min(nk, q0 + r - k0 + 1);  // causal: keys ≤ q0 + r
+          float* srow = S + r * nk;
+          T* prow = P + r * nk;
+          if (n_valid <= 0) {  // the whole block is above the diagonal for this row (only when Bk > Bq)
+            exp_row(srow, 0.0f, 0, nk, prow);
+            continue;
+          }
+          const float m_blk = row_max(srow, n_valid);
+          if (first) {
+            row_m[r] = m_blk;
+            row_l[r] = exp_row(srow, m_blk, n_valid, nk, prow);
+          } else {
+            const float m_new = std::max(row_m[r], m_blk);
+            const float corr = std::exp(row_m[r] - m_new);
+            row_l[r] = row_l[r] * corr + exp_row(srow, m_new, n_valid, nk, prow);
+            if (corr != 1.0f) scale_row(O + r * D, corr, D);
+            row_m[r] = m_new;
+          }
+        }
+        gemm({.M = mq, .N = D, .K = nk, .ab = ab, .c = DType::f32, .accumulate = !first}, P, Vp + k0 * D, O);
+      }
+      for (int64_t r = 0; r < mq; ++r) {
+        store_scaled_row(O + r * D, 1.0f / row_l[r], D, out + ((b * T_ + q0 + r) * d.Hq + h) * D);
+        lse[(b * d.Hq + h) * T_ + q0 + r] = row_m[r] + std::log(row_l[r]);
+      }
+    };
+
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t s = task % splits, bg = task / splits, b = bg / d.Hkv, g = bg % d.Hkv;
+      pack_head(k, d, d.Hkv, b, g, 0, T_, Kp);
+      pack_head(v, d, d.Hkv, b, g, 0, T_, Vp);
+      for (int64_t p = s; p < pairs; p += splits) {
+        const int64_t mirror = n_qtiles - 1 - p;
+        for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
+          query_tile(b, h, p * Bq);
+          if (mirror != p) query_tile(b, h, mirror * Bq);
+        }
+      }
+    }
+  });
+}
+
+// ---- Backward ----
+//
+// Race freedom: a task owns (batch b, kv head g, split s) and walks its share
+// of g's key tiles; for each key tile it visits every query head of the group
+// and every query tile at or below the diagonal. dK_j and dV_j are summed in
+// task-local f32 accumulators (no other task touches key tile j of kv head g),
+// and dQ rows of the group's heads are summed in a task-local f32 buffer
+// written to dq at the end — with one split no other task writes those rows,
+// so no atomics and no partial copies of dK/dV, and each block costs just the
+// 5 products the FLOP count assumes (a separate dQ pass would recompute P and
+// dP: 7). With several splits (only when B·Hkv does not divide over the
+// threads) the splits' dQ buffers are added into an f32 sum under a lock, once
+// per task.
+//
+// Blocks are computed transposed, keys along rows (Sᵀ = K_j Q_iᵀ): then
+// dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i are plain products and only dQ_i += dS
+// K_j reads a transposed operand, which oneDNN runs ~1.5× slower.
+
+template <class T>
+void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
+                   T* dq, T* dk, T* dv, const AttentionTiles& tiles) {
+  const int64_t T_ = d.T, D = d.D, G = d.group;
+  const int64_t Bq = std::min(tiles.bwd_q, T_), Bk = std::min(tiles.bwd_k, T_);
+  const DType ab = dtype_of<T>();
+  const int64_t n_ktiles = (T_ + Bk - 1) / Bk;
+  // Key tile j costs ∝ (T − k0): pair j with n_ktiles − 1 − j as the forward does.
+  const int64_t pairs = (n_ktiles + 1) / 2;
+  const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
+
+  Tensor dq_sum_buf;  // (B, T, Hq, D) f32, only with several splits
+  if (splits > 1) dq_sum_buf = Tensor::zeros({d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_sum");
+  std::mutex dq_sum_mutex;
+
+  parallel_for(0, owners * splits, 1, [&](int64_t lo, int64_t hi) {
+    // Per-thread scratch, allocated once per call: packed K, V of one kv head
+    // and Q, dO, dQ (f32), Δ of its G query heads; one transposed block of
+    // scores/dP (f32) and P/dS (storage dtype); the dK_j, dV_j accumulators.
+    Tensor kv_buf = Tensor::empty({2, T_, D}, ab, MemCategory::workspace, "attention.bwd.kv_packed");
+    Tensor q_buf = Tensor::empty({2, G, T_, D}, ab, MemCategory::workspace, "attention.bwd.q_dout_packed");
+    Tensor dq_buf = Tensor::empty({G, T_, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_acc");
+    Tensor delta_buf = Tensor::empty({G, T_}, DType::f32, MemCategory::workspace, "attention.bwd.delta");
+    Tensor s_buf = Tensor::empty({2, Bk * Bq}, DType::f32, MemCategory::workspace, "attention.bwd.scores_dprobs");
+    Tensor p_buf = Tensor::empty({2, Bk * Bq}, ab, MemCategory::workspace, "attention.bwd.probs_dscores");
+    Tensor acc_buf = Tensor::empty({2, Bk, D}, DType::f32, MemCategory::workspace, "attention.bwd.dk_dv_acc");
+    T* Kp = kv_buf.data<T>();
+    T* Vp = Kp + T_ * D;
+    T* Qp = q_buf.data<T>();     // (G, T, D)
+    T* dOp = Qp + G * T_ * D;    // (G, T, D)
+    float* dQp = dq_buf.data<float>();
+    float* delta = delta_buf.data<float>();
+    float* St = s_buf.data<float>();
+    float* dPt = St + Bk * Bq;
+    T* Pt = p_buf.data<T>();
+    T* dSt = Pt + Bk * Bq;
+    float* dK_acc = acc_buf.data<float>();
+    float* dV_acc = dK_acc + Bk * D;
+
+    // Key tile j (keys k0 .. k0 + nk) of kv head g, against all later queries.
+    auto key_tile = [&](int64_t b, int64_t g, int64_t j) {
+      const int64_t k0 = j * Bk, nk = std::min(Bk, T_ - k0);
+      const T* Kj = Kp + k0 * D;
+      const T* Vj = Vp + k0 * D;
+      // Key tile 0 is seen by every query row, so its dQ products write
+      // instead of adding and dQp needs no zeroing in the task that owns it.
+      const bool dq_first = j == 0;
+      std::fill(dK_acc, dK_acc + 2 * Bk * D, 0.0f);
+      for (int64_t hh = 0; hh < G; ++hh) {
+        const int64_t h = g * G + hh;
+        const float* lse_h = lse + (b * d.Hq + h) * T_;
+        for (int64_t q0 = k0; q0 < T_; q0 += Bq) {  // queries before k0 see none of these keys
+          const int64_t mq = std::min(Bq, T_ - q0);
+          const int64_t ne = std::min(nk, q0 + mq - k0);  // keys after the tile's last query are masked
+          const T* Qi = Qp + (hh * T_ + q0) * D;
+          const T* dOi = dOp + (hh * T_ + q0) * D;
+          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = d.scale}, Kj, Qi, St);
+          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}, Vj, dOi, dPt);
+          for (int64_t r = 0; r < ne; ++r)  // key k0 + r is seen by queries q0 + i with i ≥ k0 + r − q0
+            grad_row(St + r * mq, dPt + r * mq, lse_h + q0, delta + hh * T_ + q0, d.scale,
+                     std::max<int64_t>(0, k0 + r - q0), mq, Pt + r * mq, dSt + r * mq);
+          gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, Pt, dOi, dV_acc);
+          gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, dSt, Qi, dK_acc);
+          gemm({.M = mq, .N = D, .K = ne, .trans_a = true, .ab = ab, .c = DType::f32, .accumulate = !dq_first}, dSt,
+               Kj, dQp + (hh * T_ + q0) * D);
+        }
+      }
+      unpack_head(dK_acc, d, d.Hkv, b, g, k0, nk, dk);
+      unpack_head(dV_acc, d, d.Hkv, b, g, k0, nk, dv);
+    };
+
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t s = task % splits, bg = task / splits, b = bg / d.Hkv, g = bg % d.Hkv;
+      pack_head(k, d, d.Hkv, b, g, 0, T_, Kp);
+      pack_head(v, d, d.Hkv, b, g, 0, T_, Vp);
+      for (int64_t hh = 0; hh < G; ++hh) {
+        const int64_t h = g * G + hh;
+        pack_head(q, d, d.Hq, b, h, 0, T_, Qp + hh * T_ * D);
+        pack_head(dout, d, d.Hq, b, h, 0, T_, dOp + hh * T_ * D);
+        for (int64_t t = 0; t < T_; ++t) {  // Δ = rowsum(dout ∘ out), the softmax-backward correction
+          const int64_t row = ((b * T_ + t) * d.Hq + h) * D;
+          delta[hh * T_ + t] = dot_row(dout + row, out + row, D);
+        }
+      }
+      if (s != 0) std::fill(dQp, dQp + G * T_ * D, 0.0f);  // split 0 owns key tile 0 and starts with it
+      for (int64_t p = s; p < pairs; p += splits) {
+        key_tile(b, g, p);
+        if (n_ktiles - 1 - p != p) key_tile(b, g, n_ktiles - 1 - p);
+      }
+      if (splits == 1) {
+        for (int64_t hh = 0; hh < G; ++hh) unpack_head(dQp + hh * T_ * D, d, d.Hq, b, g * G + hh, 0, T_, dq);
+      } else {
+        std::lock_guard lock(dq_sum_mutex);
+        float* sum = dq_sum_buf.data<float>();
+        for (int64_t hh = 0; hh < G; ++hh)
+          for (int64_t t = 0; t < T_; ++t) {
+            float* dst = sum + ((b * T_ + t) * d.Hq + g * G + hh) * D;
+            const float* src = dQp + (hh * T_ + t) * D;
+            for (int64_t e = 0; e < D; ++e) dst[e] += src[e];
+          }
+      }
+    }
+  });
+
+  if (splits > 1) {
+    const float* sum = dq_sum_buf.data<float>();
+    parallel_for(0, d.B * T_ * d.Hq, 64, [&](int64_t lo, int64_t hi) {
+      for (int64_t row = lo; row < hi; ++row) store_scaled_row(sum + row * D, 1.0f, D, dq + row * D);
+    });
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
+                       const AttentionTiles& tiles) {
+  const Dims d = attention_dims(q, k, v, scale);
+  check_like(out, q, "out");
+  check_lse(lse, d);
+  ANVIL_ASSERT(tiles.fwd_q > 0 && tiles.fwd_k > 0, "attention: tile sizes must be positive");
+  if (q.numel() == 0) return;
+  if (q.dtype() == DType::f32)
+    forward_impl(d, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(), tiles);
+  else
+    forward_impl(d, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(), lse.data<float>(), tiles);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, float scale,
+                        const AttentionTiles& tiles) {
+  const Dims d = attention_dims(q, k, v, scale);
+  check_like(dout, q, "dout");
+  check_like(out, q, "out");
+  check_like(dq, q, "dq");
+  check_like(dk, k, "dk");
+  check_like(dv, v, "dv");
+  check_lse(lse, d);
+  ANVIL_ASSERT(tiles.bwd_q > 0 && tiles.bwd_k > 0, "attention: tile sizes must be positive");
+  if (q.numel() == 0) return;
+  if (q.dtype() == DType::f32)
+    backward_impl(d, dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                  lse.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>(), tiles);
+  else
+    backward_impl(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(),
+                  lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), tiles);
+}
+
+}  // namespace anvil

@@ -1,0 +1,46 @@
+// Causal self-attention with grouped-query heads, computed flash-attention
+// style: scores are produced and consumed one (query tile × key tile) block at
+// a time, so no T×T matrix is ever stored. Forward and backward, f32 and bf16
+// storage (bf16: scores and softmax in f32, matrix products on AMX).
+//
+// Layout is what the q/k/v projections produce, read in place (no transposes):
+//   q    (B, T, Hq,  D)
+//   k, v (B, T, Hkv, D)     Hq is a multiple of Hkv; query head h reads kv head
+//                           h / (Hq / Hkv) (grouped-query attention; Hkv = Hq is
+//                           plain multi-head, Hkv = 1 multi-query)
+//   out  (B, T, Hq,  D)
+//   lse  (B, Hq, T) f32     log Σ_j exp(scale · q_t·k_j) over keys j ≤ t: the only
+//                           softmax statistic the backward needs
+// Query t attends to keys 0..t. scale defaults to 1/sqrt(D).
+#pragma once
+#include <cstdint>
+
+#include "anvil/core/tensor.h"
+
+namespace anvil {
+
+// Tile sizes in rows (queries) and keys. Each tile product is one oneDNN call
+// costing a few µs of fixed overhead, so tiles are large; the causal diagonal
+// wastes about half a query tile of keys per query tile. Defaults were picked
+// by bench/attention_bench.cpp; tests pass small tiles to cover the multi-tile
+// paths on small T. Any positive sizes work (T need not be a multiple).
+struct AttentionTiles {
+  int64_t fwd_q = 128, fwd_k = 256;  // forward: query rows × keys per block
+  int64_t bwd_q = 128, bwd_k = 128;  // backward: query rows × keys per block
+};
+
+// scale = 0 means the usual 1/sqrt(D).
+// q, k, v, out share a dtype (f32 or bf16); lse is always f32.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       float scale = 0.0f, const AttentionTiles& tiles = {});
+
+// Gradients of the loss with respect to q, k and v, given dout = dL/dout.
+// dq (B, T, Hq, D), dk and dv (B, T, Hkv, D) are overwritten (not accumulated);
+// dk and dv sum over the query heads that share each kv head. All of dout, q,
+// k, v, out, dq, dk, dv share a dtype; lse is the forward's f32 output. The
+// softmax probabilities are recomputed per tile from q, k and lse.
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, float scale = 0.0f,
+                        const AttentionTiles& tiles = {});
+
+}  // namespace anvil

@@ -1,0 +1,297 @@
+#include "anvil/ops/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "anvil/core/parallel.h"
+#include "anvil/ops/matmul.h"
+
+// Design: two passes over the vocabulary for each block of rows.
+//   pass 1 (log-sum-exp): for each vocab chunk, logits = x_blk·w_chunkᵀ (gemm, f32 result), then per
+//     row an online max / Σexp update and, when the target falls in the chunk, its logit.
+//     loss_row = lse − logit[target].
+//   pass 2 (gradients): for each vocab chunk, recompute the logits, turn them in place into
+//     dlogits = (softmax − onehot)·grad_scale (bf16 in bf16 mode, for AMX), then
+//     dx_blk += dlogits·w_chunk and dw_chunk += dlogitsᵀ·x_blk (gemm accumulate).
+// FLOPs: forward 2·M·V·D + recompute 2·M·V·D + dx 2·M·V·D + dw 2·M·V·D = 8·M·V·D
+// (the forward-only variant: 2·M·V·D). Recomputing costs a quarter of the work but keeps memory at one
+// block × chunk of logits instead of (M, V): a 4096-token batch with a 128k vocabulary would need 2 GB.
+// Pass 2 walks the chunks in reverse, so it starts with the chunk pass 1 left in the buffer and skips
+// that one recompute (with a single chunk, V ≤ vocab_chunk, nothing is recomputed at all).
+//
+// Parallelism: the matrix products run one at a time, each multi-threaded inside oneDNN on a whole
+// block × chunk, so dw_chunk has exactly one writer (race-free without reductions); the element-wise
+// softmax work between them is a parallel_for over the rows of the block.
+
+namespace anvil {
+
+namespace {
+
+constexpr int64_t kDefaultRowBlock = 1024;
+constexpr int64_t kDefaultVocabChunk = 4096;
+constexpr int64_t kRowGrain = 4;
+// exp of anything below this is computed as exp(kExpMin) ≈ 4e-38: it keeps every result a normal float
+// (subnormals can be slow) and is far below anything that changes a sum which contains exp(0) = 1.
+constexpr float kExpMin = -86.0f;
+
+#if defined(__AVX512F__)
+// exp(x) for x ≤ 88: x = n·ln2 + r with |r| ≤ ln2/2, exp(r) by its degree-7 Taylor polynomial
+// (truncation < 1e-8 relative), scaled by 2^n. ln2 is split in two so n·ln2_hi is exact.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 = 0.693359375 − 2.12194440e-4
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 16 floats to 16 bf16, round to nearest even (as bf16::from_float).
+inline __m256i to_bf16x16(__m512 v) {
+#if defined(__AVX512BF16__)
+  return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+#endif
+}
+
+inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+#endif
+
+// max of l[0, n)
+float max_of(const float* l, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(l + j));
+  if (j < n) {
+    const __mmask16 k = tail_mask(n - j);
+    m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, l + j));
+  }
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, l[j]);
+  return m;
+#endif
+}
+
+// Σ exp(l[j] − shift) over [0, n)
+float sum_exp(const float* l, int64_t n, float shift) {
+#if defined(__AVX512F__)
+  const __m512 sh = _mm512_set1_ps(shift);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    s0 = _mm512_add_ps(s0, exp16(_mm512_sub_ps(_mm512_loadu_ps(l + j), sh)));
+    s1 = _mm512_add_ps(s1, exp16(_mm512_sub_ps(_mm512_loadu_ps(l + j + 16), sh)));
+  }
+  for (; j < n; j += 16) {
+    const __mmask16 k = tail_mask(std::min<int64_t>(16, n - j));
+    s0 = _mm512_mask_add_ps(s0, k, s0, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), sh)));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+#else
+  float s = 0;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(std::max(l[j] - shift, kExpMin));
+  return s;
+#endif
+}
+
+// One row of dlogits: out[j] = (exp(in[j] − lse) − [j == target])·scale, where target is the
+// target's column in this chunk or −1. f32 works in place (out == in); bf16 writes a separate buffer.
+template <class T>
+void dlogits_row(const float* in, T* out, int64_t n, float lse, float scale, int64_t target) {
+  const float target_logit = target >= 0 ? in[target] : 0.0f;
+#if defined(__AVX512F__)
+  const __m512 vlse = _mm512_set1_ps(lse), vscale = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = tail_mask(std::min<int64_t>(16, n - j));
+    const __m512 p = _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, in + j), vlse)), vscale);
+    if constexpr (std::is_same_v<T, bf16>) {
+      _mm256_mask_storeu_epi16(out + j, k, to_bf16x16(p));
+    } else {
+      _mm512_mask_storeu_ps(out + j, k, p);
+    }
+  }
+#else
+  for (int64_t j = 0; j < n; ++j) out[j] = from_f32<T>(std::exp(std::max(in[j] - lse, kExpMin)) * scale);
+#endif
+  if (target >= 0) out[target] = from_f32<T>((std::exp(target_logit - lse) - 1.0f) * scale);
+}
+
+// Both entry points. dx == nullptr: forward only.
+CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, const CrossEntropyOptions& opt,
+                       float grad_scale, Tensor* dx, Tensor* dw) {
+  ANVIL_ASSERT(x.ndim() == 2 && w.ndim() == 2 && targets.ndim() == 1, "cross_entropy: x ", shape_str(x.shape()),
+               " w ", shape_str(w.shape()), " targets ", shape_str(targets.shape()));
+  const int64_t M = x.size(0), D = x.size(1), V = w.size(0);
+  ANVIL_ASSERT(w.size(1) == D && targets.size(0) == M && D > 0, "cross_entropy: x ", shape_str(x.shape()), " w ",
+               shape_str(w.shape()), " targets ", shape_str(targets.shape()));
+  ANVIL_ASSERT(x.dtype() == w.dtype() && x.dtype() != DType::i32 && targets.dtype() == DType::i32,
+               "cross_entropy: x ", dtype_name(x.dtype()), " w ", dtype_name(w.dtype()), " targets ",
+               dtype_name(targets.dtype()));
+  const bool backward = dx != nullptr;
+  if (backward) {
+    ANVIL_ASSERT(dw != nullptr && dx->shape() == x.shape() && dw->shape() == w.shape() &&
+                     dx->dtype() != DType::i32 && dw->dtype() != DType::i32,
+                 "cross_entropy: dx ", shape_str(dx->shape()), " dw ", shape_str(dw->shape()));
+  }
+  ANVIL_ASSERT(opt.row_block >= 0 && opt.vocab_chunk >= 0, "cross_entropy: negative block sizes");
+
+  // Validate every target before writing anything, so a bad batch leaves dx and dw untouched.
+  const int32_t ignore = opt.ignore_index;
+  const int32_t* tgt = targets.data<int32_t>();
+  CrossEntropyResult result;
+  for (int64_t i = 0; i < M; ++i) {
+    if (tgt[i] == ignore) continue;
+    ANVIL_CHECK(tgt[i] >= 0 && tgt[i] < V, "cross_entropy: target id ", tgt[i], " at row ", i,
+                " is outside the vocabulary [0, ", V, ") and is not the ignore_index (", ignore,
+                "); check that the tokenizer's vocabulary fits the model's vocab_size and that padding "
+                "positions use the ignore_index");
+    ++result.num_tokens;
+  }
+  if (result.num_tokens == 0) {  // nothing to learn from: zero loss, zero dx, dw unchanged
+    if (backward) dx->zero_();
+    return result;
+  }
+
+  const DType dt = x.dtype();
+  const size_t esz = dtype_size(dt);
+  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kDefaultRowBlock, M);
+  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kDefaultVocabChunk, V);
+  const int64_t n_chunks = (V + C - 1) / C;
+
+  // Workspace, allocated once per call:
+  // - the f32 logits of one block × chunk. Every chunk's matrices are stored densely (row stride Cn,
+  //   the chunk's own width): oneDNN 2.6 leaves AMX for a slower kernel when an operand is strided.
+  // - in bf16 mode the bf16 dlogits of one block × chunk (the AMX operand of the two gradient
+  //   products); in f32 mode dlogits overwrite the logits in place.
+  // - four per-row stats, and for a bf16 dx an f32 accumulator of the block's dx (summing V/C chunk
+  //   products into bf16 would round once per chunk).
+  Tensor logits = Tensor::empty({B, C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");
+  Tensor stats = Tensor::empty({4, B}, DType::f32, MemCategory::workspace, "cross_entropy.row_stats");
+  Tensor dlogits_bf16, dx_acc;
+  if (backward && dt == DType::bf16)
+    dlogits_bf16 = Tensor::empty({B, C}, DType::bf16, MemCategory::workspace, "cross_entropy.dlogits");
+  if (backward && dx->dtype() == DType::bf16)
+    dx_acc = Tensor::empty({B, D}, DType::f32, MemCategory::workspace, "cross_entropy.dx_f32");
+
+  float* L = logits.data<float>();
+  float* row_max = stats.data<float>();   // running max of the logits seen so far
+  float* row_sum = row_max + B;           // running Σ exp(logit − row_max)
+  float* row_lse = row_max + 2 * B;       // log Σ exp(logit), after pass 1
+  float* row_target = row_max + 3 * B;    // the target's logit
+  const char* xp = static_cast<const char*>(x.raw());
+  const char* wp = static_cast<const char*>(w.raw());
+  // dlogits (Bn, Cn), dense: in place over the logits (f32) or in their own buffer (bf16).
+  void* DL = dlogits_bf16.defined() ? dlogits_bf16.raw() : static_cast<void*>(L);
+
+  // logits (Bn, Cn) = x[r0 : r0+Bn] · w[v0 : v0+Cn]ᵀ, f32
+  auto compute_logits = [&](int64_t r0, int64_t Bn, int64_t v0, int64_t Cn) {
+    GemmShape s{.M = Bn, .N = Cn, .K = D, .trans_b = true, .ab = dt, .c = DType::f32};
+    gemm(s, xp + r0 * D * esz, wp + v0 * D * esz, L);
+  };
+
+  for (int64_t r0 = 0; r0 < M; r0 += B) {
+    const int64_t Bn = std::min(B, M - r0);
+    const int32_t* t = tgt + r0;
+    if (std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) {
+      if (backward) {
+        Tensor rows = dx->slice(r0, Bn);
+        rows.zero_();
+      }
+      continue;
+    }
+
+    // ---- pass 1: online log-sum-exp over the vocabulary chunks ----
+    std::fill(row_max, row_max + Bn, -std::numeric_limits<float>::infinity());
+    std::fill(row_sum, row_sum + Bn, 0.0f);
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const int64_t v0 = c * C, Cn = std::min(C, V - v0);
+      compute_logits(r0, Bn, v0, Cn);
+      parallel_for(0, Bn, kRowGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          if (t[i] == ignore) continue;
+          const float* l = L + i * Cn;
+          const float m = std::max(row_max[i], max_of(l, Cn));
+          // exp(−inf) = 0 on the first chunk, where row_sum is still 0.
+          row_sum[i] = row_sum[i] * std::exp(row_max[i] - m) + sum_exp(l, Cn, m);
+          row_max[i] = m;
+          if (t[i] >= v0 && t[i] < v0 + Cn) row_target[i] = l[t[i] - v0];
+        }
+      });
+    }
+    double block_loss = 0;
+    for (int64_t i = 0; i < Bn; ++i) {
+      if (t[i] == ignore) continue;
+      row_lse[i] = row_max[i] + std::log(row_sum[i]);
+      block_loss += static_cast<double>(row_lse[i]) - static_cast<double>(row_target[i]);
+    }
+    result.loss_sum += block_loss;
+    if (!backward) continue;
+
+    // ---- pass 2: gradients, chunks in reverse (the last chunk's logits are still in L) ----
+    float* dx_blk = dx->dtype() == DType::f32 ? dx->data<float>() + r0 * D : dx_acc.data<float>();
+    char* dwp = static_cast<char*>(dw->raw());
+    const size_t dw_esz = dtype_size(dw->dtype());
+    for (int64_t c = n_chunks - 1; c >= 0; --c) {
+      const int64_t v0 = c * C, Cn = std::min(C, V - v0);
+      if (c != n_chunks - 1) compute_logits(r0, Bn, v0, Cn);
+      parallel_for(0, Bn, kRowGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const float* in = L + i * Cn;
+          if (t[i] == ignore) {
+            std::memset(static_cast<char*>(DL) + i * Cn * esz, 0, static_cast<size_t>(Cn) * esz);
+            continue;
+          }
+          const int64_t target = (t[i] >= v0 && t[i] < v0 + Cn) ? t[i] - v0 : -1;
+          if (dt == DType::bf16)
+            dlogits_row(in, static_cast<bf16*>(DL) + i * Cn, Cn, row_lse[i], grad_scale, target);
+          else
+            dlogits_row(in, static_cast<float*>(DL) + i * Cn, Cn, row_lse[i], grad_scale, target);
+        }
+      });
+      // dx_blk (Bn, D) (+)= dlogits (Bn, Cn) · w_chunk (Cn, D); the first chunk overwrites.
+      GemmShape sdx{.M = Bn, .N = D, .K = Cn, .ab = dt, .c = DType::f32, .accumulate = c != n_chunks - 1};
+      gemm(sdx, DL, wp + v0 * D * esz, dx_blk);
+      // dw_chunk (Cn, D) += dlogitsᵀ (Cn, Bn) · x_blk (Bn, D)
+      GemmShape sdw{.M = Cn, .N = D, .K = Bn, .trans_a = true, .ab = dt, .c = dw->dtype(), .accumulate = true};
+      gemm(sdw, DL, xp + r0 * D * esz, dwp + v0 * D * dw_esz);
+    }
+    if (dx->dtype() == DType::bf16) convert_f32_to_bf16(dx_blk, dx->data<bf16>() + r0 * D, Bn * D);
+  }
+  return result;
+}
+
+}  // namespace
+
+CrossEntropyResult cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                         const CrossEntropyOptions& opt) {
+  return run(x, w, targets, opt, 0.0f, nullptr, nullptr);
+}
+
+CrossEntropyResult cross_entropy_forward_backward(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                                  float grad_scale, Tensor& dx, Tensor& dw,
+                                                  const CrossEntropyOptions& opt) {
+  return run(x, w, targets, opt, grad_scale, &dx, &dw);
+}
+
+}  // namespace anvil

@@ -1,0 +1,174 @@
+#include "anvil/ops/embedding.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "anvil/core/parallel.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define ANVIL_EMBEDDING_AVX512 1
+#endif
+
+namespace anvil {
+
+namespace {
+
+// ---- 16 floats at a time, loaded from / stored to f32 or bf16 ----
+// AVX-512 when the build targets it, a plain array the compiler vectorises
+// otherwise. `n` in the tail forms is the count of valid lanes, 1..16.
+constexpr int64_t kW = 16;
+#ifdef ANVIL_EMBEDDING_AVX512
+struct V {
+  __m512 v;
+};
+inline __mmask16 lanes(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+// bf16 -> f32 is a 16-bit left shift. The maskz forms (all lanes on) avoid GCC 12's
+// false "may be used uninitialized" on the plain intrinsics' undefined operand.
+inline V widen(__m256i h) {
+  return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16))};
+}
+inline __m256i narrow(V a) { return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(a.v)); }  // round to nearest even
+inline V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V load(const float* p, int64_t n) { return {_mm512_maskz_loadu_ps(lanes(n), p)}; }
+inline V load(const bf16* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline V load(const bf16* p, int64_t n) { return widen(_mm256_maskz_loadu_epi16(lanes(n), p)); }
+inline void store(float* p, V a) { _mm512_storeu_ps(p, a.v); }
+inline void store(float* p, V a, int64_t n) { _mm512_mask_storeu_ps(p, lanes(n), a.v); }
+inline void store(bf16* p, V a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(a)); }
+inline void store(bf16* p, V a, int64_t n) { _mm256_mask_storeu_epi16(p, lanes(n), narrow(a)); }
+inline V operator+(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
+#else
+struct V {
+  float v[kW];
+};
+template <class T>
+inline V load(const T* p, int64_t n = kW) {
+  V r{};
+  for (int64_t i = 0; i < n; ++i) r.v[i] = to_f32(p[i]);
+  return r;
+}
+template <class T>
+inline void store(T* p, V a, int64_t n = kW) {
+  for (int64_t i = 0; i < n; ++i) p[i] = from_f32<T>(a.v[i]);
+}
+inline V operator+(V a, V b) {
+  for (int64_t i = 0; i < kW; ++i) a.v[i] += b.v[i];
+  return a;
+}
+#endif
+
+// Every id must be in [0, V) before any row moves: a bad id would read or write
+// outside the table. Checked up front, on the calling thread, because an
+// exception must not leave an OpenMP region. The scan is branch-free (it
+// vectorises); the slow search for the first offender runs only on failure.
+void check_tokens(const Tensor& tokens, int64_t V, const char* what) {
+  const int32_t* t = tokens.data<int32_t>();
+  const int64_t M = tokens.numel();
+  const uint64_t vocab = static_cast<uint64_t>(V);
+  bool bad = false;
+  for (int64_t m = 0; m < M; ++m) bad |= static_cast<uint64_t>(static_cast<int64_t>(t[m])) >= vocab;
+  if (!bad) return;
+  for (int64_t m = 0; m < M; ++m) {
+    if (t[m] >= 0 && t[m] < V) continue;
+    std::string where = "position " + std::to_string(m);
+    if (tokens.ndim() == 2)
+      where += " (sequence " + std::to_string(m / tokens.size(1)) + ", token " + std::to_string(m % tokens.size(1)) + ")";
+    ANVIL_CHECK(false, what, ": token id ", t[m], " at ", where, " is outside the vocabulary [0, ", V,
+                "); the tokenizer and the model's vocab_size disagree, or the data file is not made of ids of this "
+                "tokenizer");
+  }
+}
+
+// Converts/copies one row segment of n elements.
+template <class S, class Dst>
+inline void convert_row(const S* src, Dst* dst, int64_t n) {
+  if constexpr (std::is_same_v<S, Dst>) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(S));
+  } else {
+    int64_t j = 0;
+    for (; j + kW <= n; j += kW) store(dst + j, load(src + j));
+    if (j < n) store(dst + j, load(src + j, n - j), n - j);
+  }
+}
+
+template <class S, class Dst>
+void gather(const int32_t* tok, const S* table, Dst* out, int64_t M, int64_t D) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, D));
+  parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m) convert_row(table + static_cast<int64_t>(tok[m]) * D, out + m * D, D);
+  });
+}
+
+// Scatter-add, parallel over COLUMN blocks of dtable: every thread walks all M
+// tokens in order but touches only its own columns, so no two threads ever
+// write the same element (race-free without atomics or a sort), repeated ids
+// add up in token order (deterministic, the same sum as a serial loop), and the
+// work splits evenly however skewed the token distribution is (frequent tokens
+// tend to have low ids in BPE vocabularies, so splitting the vocabulary among threads
+// would load one thread far more than the other). Blocks are 32 columns, a
+// whole 64-byte line of bf16 and two of f32, so threads never share a cache
+// line. A thread's share of a row is D/threads contiguous elements (1024 at
+// D = 2048 on 2 cores): long enough to stream well.
+template <class S, class G>
+void scatter_add(const int32_t* tok, const S* dout, G* dtable, int64_t M, int64_t D) {
+  constexpr int64_t kBlock = 32;
+  const int64_t blocks = (D + kBlock - 1) / kBlock;
+  // Enough blocks per task that each task adds at least ~32K elements.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, M * kBlock));
+  parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t c0 = b0 * kBlock, c1 = std::min(D, b1 * kBlock), n = c1 - c0;
+    for (int64_t m = 0; m < M; ++m) {
+      const S* src = dout + m * D + c0;
+      G* dst = dtable + static_cast<int64_t>(tok[m]) * D + c0;
+      int64_t j = 0;
+      for (; j + kW <= n; j += kW) store(dst + j, load(dst + j) + load(src + j));
+      if (j < n) store(dst + j, load(dst + j, n - j) + load(src + j, n - j), n - j);
+    }
+  });
+}
+
+// Calls fn with typed pointers for the dtype pair (a, b).
+template <class F>
+void dispatch2(const Tensor& a, const Tensor& b, F&& fn) {
+  const bool af = a.dtype() == DType::f32, bf = b.dtype() == DType::f32;
+  if (af && bf) fn(a.data<float>(), b.data<float>());
+  else if (af) fn(a.data<float>(), b.data<bf16>());
+  else if (bf) fn(a.data<bf16>(), b.data<float>());
+  else fn(a.data<bf16>(), b.data<bf16>());
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
+  ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
+  ANVIL_ASSERT(table.ndim() == 2 && table.dtype() != DType::i32 && out.dtype() != DType::i32,
+               "embedding: table ", shape_str(table.shape()), " ", dtype_name(table.dtype()), ", out ",
+               dtype_name(out.dtype()));
+  const int64_t V = table.size(0), D = table.size(1), M = tokens.numel();
+  ANVIL_ASSERT(out.numel() == M * D && (out.ndim() == 0 || out.size(-1) == D), "embedding: out ",
+               shape_str(out.shape()), " for ", M, " tokens of width ", D);
+  check_tokens(tokens, V, "embedding_forward");
+  if (M == 0 || D == 0) return;
+  const int32_t* tok = tokens.data<int32_t>();
+  dispatch2(table, out, [&](const auto* tab, auto* o) { gather(tok, tab, o, M, D); });
+}
+
+void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable) {
+  ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
+  ANVIL_ASSERT(dtable.ndim() == 2 && dtable.dtype() != DType::i32 && dout.dtype() != DType::i32,
+               "embedding backward: dtable ", shape_str(dtable.shape()), " ", dtype_name(dtable.dtype()), ", dout ",
+               dtype_name(dout.dtype()));
+  const int64_t V = dtable.size(0), D = dtable.size(1), M = tokens.numel();
+  ANVIL_ASSERT(dout.numel() == M * D && (dout.ndim() == 0 || dout.size(-1) == D), "embedding backward: dout ",
+               shape_str(dout.shape()), " for ", M, " tokens of width ", D);
+  check_tokens(tokens, V, "embedding_backward");
+  if (M == 0 || D == 0) return;
+  const int32_t* tok = tokens.data<int32_t>();
+  dispatch2(dout, dtable, [&](const auto* src, auto* dst) { scatter_add(tok, src, dst, M, D); });
+}
+
+}  // namespace anvil
