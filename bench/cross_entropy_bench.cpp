@@ -52,3 +52,10 @@ XENT_BENCH(bf16, false, forward);
 XENT_BENCH(f32, true, forward_backward);
 XENT_BENCH(f32, false, forward);
 }  // namespace
+// TUNING (temporary)
+namespace {
+BENCHMARK_CAPTURE(BM_CrossEntropy, tune_bf16, anvil::DType::bf16, true)
+    ->ArgsProduct({{512, 2048}, {32000}, {1024, 2048, 4096}, {1024, 2048, 4096}})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+}

@@ -4,13 +4,23 @@
 
 namespace anvil {
 
+namespace {
+// Keep every parameter 64-byte aligned in every buffer (16 f32 / 32 bf16).
+int64_t padded(int64_t n) { return (n + 31) / 32 * 32; }
+}  // namespace
+
+int64_t padded_numel(const std::vector<ParamSpec>& specs) {
+  int64_t n = 0;
+  for (const ParamSpec& s : specs) n += padded(s.numel());
+  return n;
+}
+
 ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype)
     : specs_(std::move(specs)), compute_dtype_(compute_dtype) {
   ANVIL_ASSERT(compute_dtype == DType::f32 || compute_dtype == DType::bf16);
   for (ParamSpec& s : specs_) {
     s.offset = numel_;
-    // Keep every parameter 64-byte aligned in every buffer (16 f32 / 32 bf16).
-    numel_ += (s.numel() + 31) / 32 * 32;
+    numel_ += padded(s.numel());
   }
   master_ = Tensor::empty({numel_}, DType::f32, MemCategory::parameters, "params.master_f32");
   compute_ = compute_dtype == DType::f32

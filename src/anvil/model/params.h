@@ -21,6 +21,10 @@ struct ParamSpec {
   int64_t numel() const { return shape_numel(shape); }
 };
 
+// Elements of a flat buffer holding `specs`, each parameter padded to a
+// 64-byte boundary (what ParamStore allocates per buffer).
+int64_t padded_numel(const std::vector<ParamSpec>& specs);
+
 class ParamStore {
  public:
   // compute_dtype bf16 adds a bf16 copy of the master weights for the matrix products.

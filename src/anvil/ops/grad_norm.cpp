@@ -104,13 +104,13 @@ void check_grad(const Tensor& t) {
 // Splits the concatenation of all tensors' elements into `parts` contiguous,
 // equal ranges and calls fn(part, tensor, lo, hi) for every piece of a tensor
 // [lo, hi) that falls into a part. One parallel region for the whole list, so
-// many small tensors cost no more than one big one.
+// many small tensors cost no more than one big one. Returns the number of
+// parts (at most num_threads()).
 template <class F>
-void for_each_piece(std::span<const Tensor> grads, F&& fn, int& parts_out) {
+int for_each_piece(std::span<const Tensor> grads, F&& fn) {
   int64_t total = 0;
   for (const Tensor& t : grads) total += t.numel();
   const int parts = static_cast<int>(std::clamp<int64_t>(total / kGrain, 1, num_threads()));
-  parts_out = parts;
   parallel_for(0, parts, 1, [&](int64_t part_lo, int64_t part_hi) {
     for (int64_t part = part_lo; part < part_hi; ++part) {
       const int64_t a = total * part / parts, b = total * (part + 1) / parts;
@@ -123,6 +123,7 @@ void for_each_piece(std::span<const Tensor> grads, F&& fn, int& parts_out) {
       }
     }
   });
+  return parts;
 }
 
 }  // namespace
@@ -131,15 +132,11 @@ double grad_sum_of_squares(std::span<const Tensor> grads) {
   for (const Tensor& t : grads) check_grad(t);
   // One slot per part, summed below in part order: reproducible for a given thread count.
   std::vector<double> partial(static_cast<size_t>(num_threads()), 0.0);
-  int parts = 0;
-  for_each_piece(
-      grads,
-      [&](int part, const Tensor& t, int64_t lo, int64_t hi) {
-        const double s = t.dtype() == DType::f32 ? sum_squares(t.data<float>() + lo, hi - lo)
-                                                 : sum_squares(t.data<bf16>() + lo, hi - lo);
-        partial[static_cast<size_t>(part)] += s;
-      },
-      parts);
+  const int parts = for_each_piece(grads, [&](int part, const Tensor& t, int64_t lo, int64_t hi) {
+    const double s = t.dtype() == DType::f32 ? sum_squares(t.data<float>() + lo, hi - lo)
+                                             : sum_squares(t.data<bf16>() + lo, hi - lo);
+    partial[static_cast<size_t>(part)] += s;
+  });
   double sum = 0;
   for (int i = 0; i < parts; ++i) sum += partial[static_cast<size_t>(i)];
   return sum;
@@ -154,19 +151,16 @@ double clip_coefficient(double total_norm, double max_norm) {
 
 void scale_grads_(std::span<const Tensor> grads, float s) {
   for (const Tensor& t : grads) check_grad(t);
-  int parts = 0;
-  for_each_piece(
-      grads,
-      [&](int, const Tensor& t, int64_t lo, int64_t hi) {
-        if (t.dtype() == DType::f32)
-          scale(t.data<float>() + lo, hi - lo, s);
-        else
-          scale(t.data<bf16>() + lo, hi - lo, s);
-      },
-      parts);
+  for_each_piece(grads, [&](int, const Tensor& t, int64_t lo, int64_t hi) {
+    if (t.dtype() == DType::f32)
+      scale(t.data<float>() + lo, hi - lo, s);
+    else
+      scale(t.data<bf16>() + lo, hi - lo, s);
+  });
 }
 
 double clip_grad_norm_(std::span<const Tensor> grads, double max_norm) {
+  clip_coefficient(1.0, max_norm);  // rejects a bad max_norm before the pass over the gradients
   const double norm = grad_norm_from_sum_of_squares(grad_sum_of_squares(grads));
   const double coef = clip_coefficient(norm, max_norm);  // NaN when norm is not finite
   if (coef < 1.0) scale_grads_(grads, static_cast<float>(coef));

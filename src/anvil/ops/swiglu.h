@@ -1,13 +1,17 @@
 // SwiGLU, the activation of the Llama feed-forward block:
 //   h = silu(g) ⊙ u,   silu(z) = z·sigmoid(z),
 // where g = x·W1ᵀ (gate) and u = x·W3ᵀ (up) come from two linear layers and h
-// feeds the down projection W2. Element-wise, so these kernels are memory-bound:
-// one pass, vectorised, parallel over chunks of elements.
+// feeds the down projection W2. Element-wise, so these kernels are (nearly)
+// memory-bound: one pass, vectorised, parallel over chunks of elements.
 //
 // Storage is f32 or bf16 (all tensors of one call share the dtype); the maths
-// is f32 either way. The sigmoid is computed from exp(−|z|) ∈ (0, 1], which
-// never overflows, so any finite z (e.g. ±80, ±1e4) gives finite, accurate
-// results; NaN in g or u propagates to the outputs.
+// is f32 either way, and bf16 outputs are rounded to nearest even once (with
+// the AVX512-BF16 instruction where available, which flushes f32 denormal
+// results, |x| < 1.2e-38, to zero as AMX does).
+//
+// The sigmoid is computed from exp(−|z|) ∈ (0, 1], which never overflows, so
+// any finite z (e.g. ±80, ±1e4) gives finite, accurate results; NaN in g or u
+// propagates to the outputs.
 //
 // In-place use: every output element depends only on the input elements at
 // the same index, and each block of inputs is read before its outputs are

@@ -1,0 +1,154 @@
+#include "anvil/plan/memory.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "anvil/model/params.h"
+
+namespace anvil {
+
+namespace {
+
+// Tracks live and peak bytes of one category through a replay of the
+// allocation order of Llama::forward_backward.
+struct Counter {
+  size_t live = 0, peak = 0;
+  void alloc(size_t b) { live += b, peak = std::max(peak, live); }
+  void free(size_t b) { live -= b; }
+};
+
+struct Dims {
+  size_t M, D, Dq, Dkv, F, lse, e;  // e: bytes per activation element
+};
+
+Dims dims_of(const ModelArgs& a, const TrainShape& s) {
+  const size_t M = static_cast<size_t>(s.local_batch_size * s.seq_len);
+  return {M,
+          static_cast<size_t>(a.dim),
+          static_cast<size_t>(a.n_heads * a.head_dim()),
+          static_cast<size_t>(a.n_kv_heads * a.head_dim()),
+          static_cast<size_t>(a.ffn_hidden_dim()),
+          static_cast<size_t>(s.local_batch_size * a.n_heads * s.seq_len) * 4,
+          dtype_size(s.compute_dtype)};
+}
+
+// Everything block_forward produces, in bytes (BlockSaved with no policy applied, x included).
+size_t block_all_bytes(const Dims& d) {
+  return d.M * d.e * (3 * d.D /* x, h1, x2 */ + d.D /* h2 */ + 2 * d.Dq /* q, o */ + 2 * d.Dkv /* k, v */ +
+                      3 * d.F /* g, u, s */) +
+         2 * d.M * 4 /* rstd1, rstd2 */ + d.lse;
+}
+
+bool checkpoints_whole_block(const AcPolicy& p, int layer) {
+  return p.mode == AcMode::full || (p.mode == AcMode::selective_layer && layer % p.every == 0);
+}
+
+}  // namespace
+
+size_t block_saved_bytes(const ModelArgs& args, const TrainShape& shape, int layer) {
+  const Dims d = dims_of(args, shape);
+  if (checkpoints_whole_block(shape.ac, layer)) return d.M * d.D * d.e;  // the input only
+  if (shape.ac.mode == AcMode::selective_op)  // drops h1, rstd1, h2, rstd2, s
+    return block_all_bytes(d) - d.M * d.e * (2 * d.D + d.F) - 2 * d.M * 4;
+  return block_all_bytes(d);
+}
+
+MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
+  MemoryEstimate est;
+  // Parameters live in flat buffers padded per tensor (ParamStore).
+  const size_t P = static_cast<size_t>(padded_numel(llama_param_specs(args)));
+  const bool bf16 = shape.compute_dtype == DType::bf16;
+  est.peak[static_cast<int>(MemCategory::parameters)] = P * 4 + (bf16 ? P * 2 : 0);
+  est.peak[static_cast<int>(MemCategory::gradients)] = P * 4;
+  est.peak[static_cast<int>(MemCategory::optimizer_state)] = P * 8;
+
+  // Activations: replay forward_backward's allocation order.
+  const Dims d = dims_of(args, shape);
+  const size_t act_D = d.M * d.D * d.e, act_Dq = d.M * d.Dq * d.e, act_Dkv = d.M * d.Dkv * d.e;
+  const size_t act_F = d.M * d.F * d.e, rstd = d.M * 4;
+  const int L = static_cast<int>(args.n_layers);
+  Counter c;
+  c.alloc(act_D);  // embedding output = block 0's input
+  for (int l = 0; l < L; ++l) {
+    // block_forward allocates everything but x (already live), then its output.
+    c.alloc(block_all_bytes(d) - act_D);
+    c.alloc(act_D);  // output: the next block's input
+    c.free(block_all_bytes(d) - block_saved_bytes(args, shape, l));  // drop_unkept
+  }
+  // Loss head: dh, final-norm output and rstd, its gradient; then the first frees.
+  c.alloc(act_D);               // grad.residual
+  c.alloc(act_D + rstd);        // final_norm.out, final_norm.rstd
+  c.alloc(act_D);               // final_norm.dout
+  c.free(act_D);                // final_norm.out
+  c.free(act_D + rstd + act_D); // rstd, dout (end of scope), last block output
+  for (int l = L - 1; l >= 0; --l) {
+    // recompute: back to everything block_forward makes (x stays live as it was)
+    c.alloc(block_all_bytes(d) - block_saved_bytes(args, shape, l));
+    if (checkpoints_whole_block(shape.ac, l)) {
+      c.alloc(act_D);  // the recomputed block output, dropped at once
+      c.free(act_D);
+    }
+    c.alloc(act_F);   // ds
+    c.free(act_F);    // s
+    c.free(act_F);    // ds, after swiglu_backward
+    c.alloc(act_D);   // dh2
+    c.free(act_F * 2 + act_D);  // g, u, h2
+    c.free(act_D);              // dh2 (scope end)
+    c.free(act_D + rstd);       // x2, rstd2
+    c.alloc(act_Dq);            // dO
+    c.alloc(act_Dq + 2 * act_Dkv);  // dq, dk, dv
+    c.free(act_Dq);                 // dO
+    c.free(2 * act_Dq + 2 * act_Dkv + d.lse);  // q, k, v, o, lse
+    c.alloc(act_D);                 // dh1
+    c.free(act_D);                  // h1
+    c.free(act_D + act_Dq + 2 * act_Dkv + rstd);  // dh1, dq, dk, dv, rstd1 at scope end
+    c.free(act_D);  // x (saved record cleared; the previous block's output)
+  }
+  est.peak[static_cast<int>(MemCategory::activations)] = c.peak;
+
+  // Workspace: the larger of the loss head's chunk buffers and attention's
+  // per-thread tiles (an upper bound; their exact size depends on tile choices).
+  const size_t row_block = std::min<size_t>(d.M, 1024), vocab_chunk = std::min<size_t>(args.vocab_size, 8192);
+  const size_t ce = row_block * vocab_chunk * (4 + 2) + row_block * (d.D * 4 + 16);
+  const size_t T = static_cast<size_t>(shape.seq_len), hd = static_cast<size_t>(args.head_dim());
+  const size_t group = static_cast<size_t>(args.n_heads / args.n_kv_heads);
+  const size_t attn = 2 * (T * hd * (2 * d.e + 2 * group * d.e + group * 4) + 4 * 256 * 256 * 6) +
+                      d.M * d.Dq * 4 /* dq partial sums */;
+  est.peak[static_cast<int>(MemCategory::workspace)] = std::max(ce, attn);
+
+  for (size_t b : est.peak) est.peak_total += b;
+  return est;
+}
+
+size_t available_memory_bytes() {
+  size_t avail = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t value;
+  std::string unit;
+  while (meminfo >> key >> value >> unit)
+    if (key == "MemAvailable:") avail = value * 1024;
+  auto read_number = [](const char* path, size_t& out) {
+    std::ifstream f(path);
+    std::string s;
+    if (!(f >> s) || s == "max") return false;
+    out = std::stoull(s);
+    return true;
+  };
+  size_t limit = 0, usage = 0;
+  if (read_number("/sys/fs/cgroup/memory.max", limit) && read_number("/sys/fs/cgroup/memory.current", usage))
+    avail = std::min(avail, limit > usage ? limit - usage : 0);
+  return avail;
+}
+
+std::string human_bytes(size_t b) {
+  char buf[32];
+  if (b >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1 << 30));
+  else if (b >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  return buf;
+}
+
+}  // namespace anvil
