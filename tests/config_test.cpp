@@ -1,6 +1,9 @@
 // Configuration: TOML, command-line overrides, and the errors a user sees.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "anvil/core/error.h"
 #include "anvil/train/config.h"
 
@@ -87,4 +90,14 @@ TEST(Config, HelpListsEveryKeyWithItsDefault) {
   EXPECT_TRUE(has(help, "--training.local_batch_size (integer, default 8)")) << help;
   EXPECT_TRUE(has(help, "--activation_checkpoint.mode (string, default \"none\")")) << help;
   EXPECT_TRUE(has(help, "--parallelism.tensor_parallel_degree")) << help;
+}
+
+TEST(Config, DocsMatchTheKeyTable) {
+  // docs/configuration.md embeds `anvil config-docs`; regenerate it when keys change.
+  std::ifstream in(std::string(ANVIL_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_TRUE(has(ss.str(), config_markdown()))
+      << "docs/configuration.md is stale: rebuild it with build/anvil config-docs (see the file's header)";
 }

@@ -1,34 +1,82 @@
-// The `anvil` program. Subcommands grow with the trainer; for now it reports the
-// engine's build and the kernels oneDNN selects on this CPU.
+// The `anvil` program: train | estimate | info.
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
+#include "anvil/model/llama.h"
 #include "anvil/ops/matmul.h"
+#include "anvil/plan/memory.h"
+#include "anvil/train/config.h"
+#include "anvil/train/metrics.h"
+#include "anvil/train/trainer.h"
 
 namespace {
+
 void usage() {
   std::printf(
-      "usage: anvil <command>\n\n"
+      "usage: anvil <command> [options]\n\n"
       "commands:\n"
-      "  info     print threads and the matrix-product kernels oneDNN picks on this CPU\n"
-      "  help     this message\n");
+      "  train [CONFIG.toml] [--section.key value ...]   train a model (anvil train --help lists every key)\n"
+      "  estimate [CONFIG.toml] [--section.key value ...] predicted peak memory per category, FLOPs per token\n"
+      "  config-docs                                     the configuration reference as Markdown\n"
+      "  info                                            threads, matrix-product kernels and peak FLOP/s\n");
 }
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+int estimate(const anvil::JobConfig& cfg) {
+  using namespace anvil;
+  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const DType dt = cfg.training.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
+  const AcPolicy ac = parse_ac_policy(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+  const MemoryEstimate est = estimate_memory(args, {cfg.training.local_batch_size, cfg.training.seq_len, dt, ac});
+  std::printf("%s/%s: %lld parameters, %.4g FLOP per token at seq_len %lld\n", args.name.c_str(),
+              args.flavor.c_str(), static_cast<long long>(args.num_params()),
+              flops_per_token(args, cfg.training.seq_len), static_cast<long long>(cfg.training.seq_len));
+  for (int c = 0; c < kNumMemCategories; ++c)
+    std::printf("  %-16s %s\n", category_name(static_cast<MemCategory>(c)), human_bytes(est.peak[c]).c_str());
+  std::printf("  %-16s %s (available: %s)\n", "peak total", human_bytes(est.peak_total).c_str(),
+              human_bytes(available_memory_bytes()).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const std::string cmd = argc > 1 ? argv[1] : "help";
+    const std::vector<std::string> rest(argv + std::min(argc, 2), argv + argc);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       usage();
+      return 0;
+    }
+    if (cmd == "train" || cmd == "estimate") {
+      if (wants_help(rest)) {
+        std::printf("%s", anvil::config_help().c_str());
+        return 0;
+      }
+      const anvil::JobConfig cfg = anvil::parse_config(rest);
+      if (cmd == "estimate") return estimate(cfg);
+      const anvil::TrainResult r = anvil::train(cfg);
+      return r.interrupted ? 130 : 0;
+    }
+    if (cmd == "config-docs") {
+      std::printf("%s", anvil::config_markdown().c_str());
       return 0;
     }
     if (cmd == "info") {
       std::printf("threads: %d\n", anvil::num_threads());
       std::printf("bf16 matmul kernel: %s\n", anvil::matmul_impl_name(anvil::DType::bf16).c_str());
       std::printf("f32 matmul kernel:  %s\n", anvil::matmul_impl_name(anvil::DType::f32).c_str());
+      std::printf("peak bf16: %s\n", anvil::cpu_peak_flops(anvil::DType::bf16, anvil::num_threads()).derivation.c_str());
+      std::printf("peak fp32: %s\n", anvil::cpu_peak_flops(anvil::DType::f32, anvil::num_threads()).derivation.c_str());
       return 0;
     }
     std::fprintf(stderr, "anvil: unknown command '%s'; run 'anvil help' for the list\n", cmd.c_str());

@@ -67,6 +67,9 @@ void check_lse(const Tensor& lse, const Dims& d) {
                shape_str(lse.shape()), " must be f32 (B, Hq, T)");
 }
 
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+
 // ---- Row kernels: the element-wise part of each tile, on rows of ≤ Bk keys ----
 // Written with AVX-512 (16 floats a step, masked tails) because the exp over
 // every score costs about as much as the tile products themselves; a plain
@@ -93,43 +96,60 @@ inline void store16(bf16* p, __m512 x, __mmask16 m) {
 #endif
 }
 
-// exp(x) for finite x: 2^n · e^r with n = round(x·log2 e) and r = x − n·ln2
-// (|r| ≤ ln2/2, ln2 split in two so r is exact enough); e^r by its degree-6
-// Taylor polynomial, relative error ≤ 2e-7 (about 2 ulp). Underflows to 0.
-inline __m512 exp16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+// 2^x for finite x: 2^n · 2^f with n = round(x) and f = x − n in [−½, ½];
+// 2^f by a degree-5 polynomial (Chebyshev fit, relative error ≤ 2e-7, about
+// 1 ulp). Scores are kept in log2 units (log2 e is folded into the products'
+// alpha), which saves the range reduction by ln 2. Underflows to 0.
+inline __m512 exp2_16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.34004322e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6760371e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.55032721e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40221074e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93147207e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
 
-// max of s[0, n), n ≥ 1
+// max of s[0, n), n ≥ 1. Four accumulators: a single one would chain every
+// step on the 4-cycle latency of vmaxps.
 inline float row_max(const float* s, int64_t n) {
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < n; j += 16) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, tail_mask(n - j), s + j));
-  return _mm512_reduce_max_ps(m);
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m0 = lowest, m1 = lowest, m2 = lowest, m3 = lowest;
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
+    m2 = _mm512_max_ps(m2, _mm512_loadu_ps(s + j + 32));
+    m3 = _mm512_max_ps(m3, _mm512_loadu_ps(s + j + 48));
+  }
+  for (; j < n; j += 16) m0 = _mm512_max_ps(m0, _mm512_mask_loadu_ps(m0, tail_mask(n - j), s + j));
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
-// p[j] = exp(s[j] − m) for j < n, 0 for n ≤ j < width; returns Σ p in f32.
+// p[j] = 2^(s[j] − m) for j < n, 0 for n ≤ j < width; returns Σ p in f32
+// (two sums, to halve the add latency chain).
 template <class P>
 inline float exp_row(const float* s, float m, int64_t n, int64_t width, P* p) {
   const __m512 vm = _mm512_set1_ps(m);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < width; j += 16) {
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    const __m512 e0 = exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+    const __m512 e1 = exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s + j + 16), vm));
+    sum0 = _mm512_add_ps(sum0, e0);
+    sum1 = _mm512_add_ps(sum1, e1);
+    store16(p + j, e0, 0xFFFF);
+    store16(p + j + 16, e1, 0xFFFF);
+  }
+  for (; j < width; j += 16) {
     const __mmask16 valid = j < n ? tail_mask(n - j) : __mmask16(0);
-    const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(load16(s + j, valid), vm)));
-    sum = _mm512_add_ps(sum, e);
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp2_16(_mm512_sub_ps(load16(s + j, valid), vm)));
+    sum0 = _mm512_add_ps(sum0, e);
     store16(p + j, e, tail_mask(width - j));
   }
-  return _mm512_reduce_add_ps(sum);
+  return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 
 // x[0, n) *= c
@@ -163,7 +183,7 @@ inline float dot_row(const T* a, const T* b, int64_t n) {
 }
 
 // One row of the transposed backward block (one key, queries along the row):
-// for start ≤ i < n, p = exp(s − lse[i]) and ds = p·(dp − delta[i])·scale;
+// for start ≤ i < n, p = 2^(s − lse[i]) and ds = p·(dp − delta[i])·scale;
 // both 0 for i < start (queries before the key: masked by causality).
 template <class P>
 inline void grad_row(const float* s, const float* dp, const float* lse, const float* delta, float scale, int64_t start,
@@ -173,7 +193,7 @@ inline void grad_row(const float* s, const float* dp, const float* lse, const fl
     const __mmask16 k = tail_mask(n - i);
     const __mmask16 valid = k & __mmask16(~tail_mask(std::clamp<int64_t>(start - i, 0, 16)));
     const __m512 e =
-        _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(load16(s + i, valid), load16(lse + i, valid))));
+        _mm512_maskz_mov_ps(valid, exp2_16(_mm512_sub_ps(load16(s + i, valid), load16(lse + i, valid))));
     const __m512 g = _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(load16(dp + i, valid), load16(delta + i, valid))),
                                    vscale);
     store16(p + i, e, k);
@@ -192,7 +212,7 @@ template <class P>
 inline float exp_row(const float* s, float m, int64_t n, int64_t width, P* p) {
   float sum = 0;
   for (int64_t j = 0; j < width; ++j) {
-    const float e = j < n ? std::exp(s[j] - m) : 0.0f;
+    const float e = j < n ? std::exp2(s[j] - m) : 0.0f;
     sum += e;
     p[j] = from_f32<P>(e);
   }
@@ -215,7 +235,7 @@ template <class P>
 inline void grad_row(const float* s, const float* dp, const float* lse, const float* delta, float scale, int64_t start,
                      int64_t n, P* p, P* ds) {
   for (int64_t i = 0; i < n; ++i) {
-    const float e = i >= start ? std::exp(s[i] - lse[i]) : 0.0f;
+    const float e = i >= start ? std::exp2(s[i] - lse[i]) : 0.0f;
     p[i] = from_f32<P>(e);
     ds[i] = from_f32<P>(i >= start ? e * (dp[i] - delta[i]) * scale : 0.0f);
   }
@@ -256,12 +276,16 @@ int64_t task_splits(int64_t owners, int64_t max_splits) {
   return std::clamp<int64_t>(threads / std::gcd(owners, threads), 1, std::max<int64_t>(1, max_splits));
 }
 
+// The tile along the causal diagonal: at most max(64, T/4), since about half
+// a tile of work per block row is masked out.
+int64_t diagonal_tile(int64_t tile, int64_t T) { return std::min({tile, std::max<int64_t>(64, T / 4), T}); }
+
 // ---- Forward ----
 
 template <class T>
 void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, float* lse, const AttentionTiles& tiles) {
   const int64_t T_ = d.T, D = d.D;
-  const int64_t Bq = std::min(tiles.fwd_q, T_), Bk = std::min(tiles.fwd_k, T_);
+  const int64_t Bq = diagonal_tile(tiles.fwd_q, T_), Bk = std::min(tiles.fwd_k, T_);
   const DType ab = dtype_of<T>();
   const int64_t n_qtiles = (T_ + Bq - 1) / Bq;
   // Under the causal mask query tile i costs ∝ i + 1 key blocks, so tiles go
@@ -269,6 +293,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   // round-robin and stay balanced.
   const int64_t pairs = (n_qtiles + 1) / 2;
   const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
+  const float scale2 = d.scale * kLog2e;  // scores in log2 units: S = scale·log2(e)·Q Kᵀ, P = 2^(S − m)
 
   parallel_for(0, owners * splits, 1, [&](int64_t lo, int64_t hi) {
     // Per-thread scratch, allocated once per call: the packed keys and values
@@ -297,7 +322,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
       for (int64_t k0 = 0; k0 < q_end; k0 += Bk) {
         const int64_t nk = std::min(Bk, q_end - k0);  // keys past the tile's last query are masked for all rows
         const bool first = k0 == 0;
-        gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = d.scale}, Qp,
+        gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Qp,
              Kp + k0 * D, S);
         for (int64_t r = 0; r < mq; ++r) {
           const int64_t n_valid = std::min(nk, q0 + r - k0 + 1);  // causal: keys ≤ q0 + r
@@ -313,7 +338,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
             row_l[r] = exp_row(srow, m_blk, n_valid, nk, prow);
           } else {
             const float m_new = std::max(row_m[r], m_blk);
-            const float corr = std::exp(row_m[r] - m_new);
+            const float corr = std::exp2(row_m[r] - m_new);
             row_l[r] = row_l[r] * corr + exp_row(srow, m_new, n_valid, nk, prow);
             if (corr != 1.0f) scale_row(O + r * D, corr, D);
             row_m[r] = m_new;
@@ -323,7 +348,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
       }
       for (int64_t r = 0; r < mq; ++r) {
         store_scaled_row(O + r * D, 1.0f / row_l[r], D, out + ((b * T_ + q0 + r) * d.Hq + h) * D);
-        lse[(b * d.Hq + h) * T_ + q0 + r] = row_m[r] + std::log(row_l[r]);
+        lse[(b * d.Hq + h) * T_ + q0 + r] = (row_m[r] + std::log2(row_l[r])) * kLn2;  // back to natural log
       }
     };
 
@@ -364,12 +389,13 @@ template <class T>
 void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
                    T* dq, T* dk, T* dv, const AttentionTiles& tiles) {
   const int64_t T_ = d.T, D = d.D, G = d.group;
-  const int64_t Bq = std::min(tiles.bwd_q, T_), Bk = std::min(tiles.bwd_k, T_);
+  const int64_t Bq = std::min(tiles.bwd_q, T_), Bk = diagonal_tile(tiles.bwd_k, T_);
   const DType ab = dtype_of<T>();
   const int64_t n_ktiles = (T_ + Bk - 1) / Bk;
   // Key tile j costs ∝ (T − k0): pair j with n_ktiles − 1 − j as the forward does.
   const int64_t pairs = (n_ktiles + 1) / 2;
   const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
+  const float scale2 = d.scale * kLog2e;  // scores in log2 units, as in the forward
 
   Tensor dq_sum_buf;  // (B, T, Hq, D) f32, only with several splits
   if (splits > 1) dq_sum_buf = Tensor::zeros({d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_sum");
@@ -377,12 +403,12 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 
   parallel_for(0, owners * splits, 1, [&](int64_t lo, int64_t hi) {
     // Per-thread scratch, allocated once per call: packed K, V of one kv head
-    // and Q, dO, dQ (f32), Δ of its G query heads; one transposed block of
+    // and Q, dO, dQ (f32), Δ, lse of its G query heads; one transposed block of
     // scores/dP (f32) and P/dS (storage dtype); the dK_j, dV_j accumulators.
     Tensor kv_buf = Tensor::empty({2, T_, D}, ab, MemCategory::workspace, "attention.bwd.kv_packed");
     Tensor q_buf = Tensor::empty({2, G, T_, D}, ab, MemCategory::workspace, "attention.bwd.q_dout_packed");
     Tensor dq_buf = Tensor::empty({G, T_, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_acc");
-    Tensor delta_buf = Tensor::empty({G, T_}, DType::f32, MemCategory::workspace, "attention.bwd.delta");
+    Tensor stats_buf = Tensor::empty({2, G, T_}, DType::f32, MemCategory::workspace, "attention.bwd.delta_lse2");
     Tensor s_buf = Tensor::empty({2, Bk * Bq}, DType::f32, MemCategory::workspace, "attention.bwd.scores_dprobs");
     Tensor p_buf = Tensor::empty({2, Bk * Bq}, ab, MemCategory::workspace, "attention.bwd.probs_dscores");
     Tensor acc_buf = Tensor::empty({2, Bk, D}, DType::f32, MemCategory::workspace, "attention.bwd.dk_dv_acc");
@@ -391,7 +417,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
     T* Qp = q_buf.data<T>();     // (G, T, D)
     T* dOp = Qp + G * T_ * D;    // (G, T, D)
     float* dQp = dq_buf.data<float>();
-    float* delta = delta_buf.data<float>();
+    float* delta = stats_buf.data<float>();  // (G, T) Δ per query row
+    float* lse2 = delta + G * T_;            // (G, T) lse in log2 units
     float* St = s_buf.data<float>();
     float* dPt = St + Bk * Bq;
     T* Pt = p_buf.data<T>();
@@ -409,17 +436,15 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
       const bool dq_first = j == 0;
       std::fill(dK_acc, dK_acc + 2 * Bk * D, 0.0f);
       for (int64_t hh = 0; hh < G; ++hh) {
-        const int64_t h = g * G + hh;
-        const float* lse_h = lse + (b * d.Hq + h) * T_;
         for (int64_t q0 = k0; q0 < T_; q0 += Bq) {  // queries before k0 see none of these keys
           const int64_t mq = std::min(Bq, T_ - q0);
           const int64_t ne = std::min(nk, q0 + mq - k0);  // keys after the tile's last query are masked
           const T* Qi = Qp + (hh * T_ + q0) * D;
           const T* dOi = dOp + (hh * T_ + q0) * D;
-          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = d.scale}, Kj, Qi, St);
+          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Kj, Qi, St);
           gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}, Vj, dOi, dPt);
           for (int64_t r = 0; r < ne; ++r)  // key k0 + r is seen by queries q0 + i with i ≥ k0 + r − q0
-            grad_row(St + r * mq, dPt + r * mq, lse_h + q0, delta + hh * T_ + q0, d.scale,
+            grad_row(St + r * mq, dPt + r * mq, lse2 + hh * T_ + q0, delta + hh * T_ + q0, d.scale,
                      std::max<int64_t>(0, k0 + r - q0), mq, Pt + r * mq, dSt + r * mq);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, Pt, dOi, dV_acc);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, dSt, Qi, dK_acc);
@@ -442,6 +467,7 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
         for (int64_t t = 0; t < T_; ++t) {  // Δ = rowsum(dout ∘ out), the softmax-backward correction
           const int64_t row = ((b * T_ + t) * d.Hq + h) * D;
           delta[hh * T_ + t] = dot_row(dout + row, out + row, D);
+          lse2[hh * T_ + t] = lse[(b * d.Hq + h) * T_ + t] * kLog2e;
         }
       }
       if (s != 0) std::fill(dQp, dQp + G * T_ * D, 0.0f);  // split 0 owns key tile 0 and starts with it

@@ -19,14 +19,16 @@
 
 namespace anvil {
 
-// Tile sizes in rows (queries) and keys. Each tile product is one oneDNN call
-// costing a few µs of fixed overhead, so tiles are large; the causal diagonal
-// wastes about half a query tile of keys per query tile. Defaults were picked
-// by bench/attention_bench.cpp; tests pass small tiles to cover the multi-tile
-// paths on small T. Any positive sizes work (T need not be a multiple).
+// Tile sizes: query rows × keys per block. Each tile product is one oneDNN
+// call with a fixed cost of a few µs, so blocks are large. Blocks on the
+// causal diagonal are half wasted, so the tile along the diagonal (forward:
+// queries, backward: keys) is also capped at max(64, T/4). Defaults measured
+// with bench/attention_bench.cpp at D = 128 (T = 512 and 2048); tests pass
+// small tiles to cover the multi-tile paths on small T. Any positive sizes
+// work, T need not be a multiple of them.
 struct AttentionTiles {
-  int64_t fwd_q = 128, fwd_k = 256;  // forward: query rows × keys per block
-  int64_t bwd_q = 128, bwd_k = 128;  // backward: query rows × keys per block
+  int64_t fwd_q = 256, fwd_k = 512;  // forward
+  int64_t bwd_q = 256, bwd_k = 256;  // backward
 };
 
 // scale = 0 means the usual 1/sqrt(D).

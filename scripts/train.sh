@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The main job: build Anvil, fetch the Brown corpus, and train a Llama model on
+# it. Extra arguments go to `anvil train`, e.g.
+#   scripts/train.sh --training.steps 50
+#   scripts/train.sh configs/llama3_25m.toml
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build anvil
+scripts/prepare_data.sh
+
+config=configs/debugmodel.toml
+if [ $# -gt 0 ] && [[ "$1" == *.toml ]]; then config=$1; shift; fi
+exec build/anvil train "$config" "$@"

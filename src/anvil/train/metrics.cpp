@@ -1,0 +1,99 @@
+#include "anvil/train/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "anvil/core/error.h"
+#include "anvil/plan/memory.h"
+
+namespace anvil {
+
+double flops_per_token(const ModelArgs& a, int64_t seq_len) {
+  const double dense = 6.0 * static_cast<double>(a.num_params() - a.num_embedding_params());
+  const double attention = 6.0 * static_cast<double>(a.n_layers * a.n_heads * 2 * a.head_dim() * seq_len);
+  return dense + attention;
+}
+
+namespace {
+bool cpu_has_amx_bf16() {
+  unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;  // CPUID leaf 7, sub-leaf 0: EDX bit 22 = AMX-BF16
+  __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
+  return (edx >> 22) & 1u;
+}
+
+// Maximum clock in GHz: cpufreq's cpuinfo_max_freq, else the highest "cpu MHz" in /proc/cpuinfo.
+std::pair<double, std::string> max_clock_ghz() {
+  std::ifstream f("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
+  double khz = 0;
+  if (f >> khz && khz > 0) return {khz / 1e6, "cpufreq max"};
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  double mhz = 0;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::stod(line.substr(line.find(':') + 1)));
+  if (mhz > 0) return {mhz / 1e3, "/proc/cpuinfo cpu MHz"};
+  return {2.0, "clock unknown, assumed"};
+}
+}  // namespace
+
+PeakFlops cpu_peak_flops(DType dt, int cores) {
+  cores = std::max(1, std::min<int>(cores, static_cast<int>(std::thread::hardware_concurrency())));
+  int per_cycle;
+  std::string isa;
+  if (dt == DType::bf16 && cpu_has_amx_bf16()) per_cycle = 1024, isa = "AMX bf16";
+  else if (__builtin_cpu_supports("avx512f")) per_cycle = 64, isa = "AVX-512 fp32, 2 FMA units";
+  else if (__builtin_cpu_supports("avx2")) per_cycle = 32, isa = "AVX2 fp32, 2 FMA units";
+  else per_cycle = 8, isa = "SSE fp32";
+  const auto [ghz, clock_src] = max_clock_ghz();
+  PeakFlops p;
+  p.flops_per_s = cores * per_cycle * ghz * 1e9;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%d cores x %d FLOP/cycle (%s) x %.2f GHz (%s) = %.2f TFLOP/s", cores, per_cycle,
+                isa.c_str(), ghz, clock_src.c_str(), p.flops_per_s / 1e12);
+  p.derivation = buf;
+  return p;
+}
+
+MetricsLog::MetricsLog(const std::string& dump_folder) {
+  std::error_code ec;
+  std::filesystem::create_directories(dump_folder, ec);
+  ANVIL_CHECK(!ec, "cannot create job.dump_folder '", dump_folder, "': ", ec.message());
+  path_ = (std::filesystem::path(dump_folder) / "metrics.jsonl").string();
+  jsonl_.open(path_, std::ios::app);
+  ANVIL_CHECK(jsonl_.good(), "cannot write '", path_, "'");
+}
+
+void MetricsLog::log(const StepLog& s) {
+  const auto& peak = s.memory.peak;
+  auto cat = [&](MemCategory c) { return peak[static_cast<int>(c)]; };
+  std::printf(
+      "step %5lld | loss %7.4f | grad_norm %7.3f | lr %.2e | %8.0f tok/s | %6.3f TFLOP/s | MFU %5.2f%% | "
+      "mem %s (param %s, grad %s, opt %s, act %s, ws %s) | data %4.1f%% | %6.1fs\n",
+      static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.tokens_per_s, s.tflops, s.mfu_pct,
+      human_bytes(s.memory.peak_total).c_str(), human_bytes(cat(MemCategory::parameters)).c_str(),
+      human_bytes(cat(MemCategory::gradients)).c_str(), human_bytes(cat(MemCategory::optimizer_state)).c_str(),
+      human_bytes(cat(MemCategory::activations)).c_str(), human_bytes(cat(MemCategory::workspace)).c_str(),
+      s.data_pct, s.elapsed_s);
+  std::fflush(stdout);
+  nlohmann::ordered_json j;
+  j["step"] = s.step;
+  j["loss"] = s.loss;
+  j["grad_norm"] = s.grad_norm;
+  j["lr"] = s.lr;
+  j["tokens_per_s"] = s.tokens_per_s;
+  j["tflops"] = s.tflops;
+  j["mfu_pct"] = s.mfu_pct;
+  j["max_active_bytes"] = s.memory.peak_total;
+  nlohmann::ordered_json by_cat;
+  for (int c = 0; c < kNumMemCategories; ++c) by_cat[category_name(static_cast<MemCategory>(c))] = peak[c];
+  j["max_active_bytes_by_category"] = by_cat;
+  j["data_loading_pct"] = s.data_pct;
+  j["elapsed_s"] = s.elapsed_s;
+  jsonl_ << j.dump() << "\n";
+  jsonl_.flush();
+}
+
+}  // namespace anvil

@@ -1,0 +1,52 @@
+// Throughput and MFU as torchtitan defines them, the CPU's peak FLOP rate, and
+// the metrics log (one console line and one JSON line per logging step).
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "anvil/core/allocator.h"
+#include "anvil/core/dtype.h"
+#include "anvil/model/args.h"
+
+namespace anvil {
+
+// 6·(parameters − embedding parameters) + 6·n_layers·n_heads·2·head_dim·seq_len:
+// the matrix products of forward and backward (3 × 2 FLOPs per weight per
+// token) plus attention's scores and weighted sum, causal mask not discounted.
+double flops_per_token(const ModelArgs& args, int64_t seq_len);
+
+struct PeakFlops {
+  double flops_per_s = 0;
+  std::string derivation;  // e.g. "2 cores × 1024 FLOP/cycle (AMX bf16) × 2.70 GHz"
+};
+// From the ISA (AMX bf16: 1024 FLOP/cycle/core; AVX-512 fp32: 64; AVX2: 32),
+// the cores this process uses, and the maximum clock.
+PeakFlops cpu_peak_flops(DType compute_dtype, int cores);
+
+struct StepLog {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double tokens_per_s = 0;
+  double tflops = 0;
+  double mfu_pct = 0;
+  MemStats memory;  // peaks since the previous log line
+  double data_pct = 0;
+  double elapsed_s = 0;
+};
+
+class MetricsLog {
+ public:
+  // Appends to <dump_folder>/metrics.jsonl (the folder is created).
+  explicit MetricsLog(const std::string& dump_folder);
+  void log(const StepLog& s);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream jsonl_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,291 @@
+#include "anvil/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "anvil/core/error.h"
+#include "anvil/core/parallel.h"
+#include "anvil/data/brown.h"
+#include "anvil/data/loader.h"
+#include "anvil/model/llama.h"
+#include "anvil/ops/adamw.h"
+#include "anvil/ops/grad_norm.h"
+#include "anvil/plan/memory.h"
+#include "anvil/train/lr_schedule.h"
+#include "anvil/train/metrics.h"
+
+namespace anvil {
+
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_sigint(int) { g_interrupted = 1; }
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string with_commas(int64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// Documents of the configured dataset, split into train and validation.
+struct Corpus {
+  std::vector<std::string> train, validation;
+};
+
+Corpus load_corpus(const JobConfig::Training& t) {
+  std::vector<TextDocument> docs;
+  if (t.dataset == "brown") {
+    docs = read_brown_corpus(t.dataset_path);
+  } else {  // "text": a UTF-8 file, or a folder of .txt files
+    namespace fs = std::filesystem;
+    ANVIL_CHECK(fs::exists(t.dataset_path), "training.dataset_path '", t.dataset_path, "' does not exist");
+    std::vector<fs::path> files;
+    if (fs::is_directory(t.dataset_path)) {
+      for (const auto& e : fs::directory_iterator(t.dataset_path))
+        if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+    } else {
+      files.push_back(t.dataset_path);
+    }
+    ANVIL_CHECK(!files.empty(), "no .txt files in '", t.dataset_path, "'");
+    for (const auto& f : files) {
+      std::ifstream in(f);
+      ANVIL_CHECK(in.good(), "cannot read '", f.string(), "'");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      docs.push_back({f.filename().string(), ss.str()});
+    }
+  }
+  Corpus c;
+  // Every 20th document is held out, so both splits span all genres.
+  for (size_t i = 0; i < docs.size(); ++i) (i % 20 == 19 ? c.validation : c.train).push_back(std::move(docs[i].text));
+  if (c.validation.empty()) c.validation = c.train;
+  return c;
+}
+
+void check_supported(const JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  ANVIL_CHECK(p.data_parallel_replicate_degree == 1 && (p.data_parallel_shard_degree == 1 || p.data_parallel_shard_degree == -1) &&
+                  p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1,
+              "[parallelism] degrees other than 1 need distributed training, which this build does not have yet; "
+              "set them to 1 (data_parallel_shard_degree may stay -1)");
+  ANVIL_CHECK(!cfg.checkpoint.enable,
+              "checkpoint.enable = true: saving checkpoints is not implemented in this build yet; set it to false");
+  ANVIL_CHECK(cfg.model.tokenizer_path.empty(), "model.tokenizer_path = \"", cfg.model.tokenizer_path,
+              "\": only the byte-level tokenizer exists in this build; leave tokenizer_path empty");
+}
+
+}  // namespace
+
+TrainResult train(const JobConfig& cfg) {
+  check_supported(cfg);
+  const auto& tc = cfg.training;
+  ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  args.validate();
+  const DType dt = tc.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
+  const AcPolicy ac = parse_ac_policy(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+  const int64_t global_batch = tc.global_batch_size < 0 ? tc.local_batch_size : tc.global_batch_size;
+  ANVIL_CHECK(global_batch % tc.local_batch_size == 0, "training.global_batch_size ", global_batch,
+              " must be a multiple of training.local_batch_size ", tc.local_batch_size);
+  const int64_t accum_steps = global_batch / tc.local_batch_size;
+  ANVIL_CHECK(tc.seq_len <= args.max_seq_len, "training.seq_len ", tc.seq_len, " exceeds ", args.name, "/",
+              args.flavor, "'s max_seq_len ", args.max_seq_len);
+  ByteTokenizer tokenizer;
+  ANVIL_CHECK(tokenizer.vocab_size() <= args.vocab_size, "the ", tokenizer.name(), " tokenizer has ",
+              tokenizer.vocab_size(), " tokens but the model's vocabulary is ", args.vocab_size);
+
+  // Refuse, before allocating anything, a run that cannot fit.
+  const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac};
+  const MemoryEstimate est = estimate_memory(args, shape);
+  const size_t available = available_memory_bytes();
+  if (available > 0 && est.peak_total > available) {
+    throw Error(detail::concat(
+        "predicted peak memory ", human_bytes(est.peak_total), " exceeds the ", human_bytes(available),
+        " available (parameters ", human_bytes(est.bytes(MemCategory::parameters)), ", gradients ",
+        human_bytes(est.bytes(MemCategory::gradients)), ", optimizer state ",
+        human_bytes(est.bytes(MemCategory::optimizer_state)), ", activations ",
+        human_bytes(est.bytes(MemCategory::activations)),
+        "); lower training.local_batch_size or training.seq_len, use activation_checkpoint.mode = \"full\", "
+        "or pick a smaller model.flavor"));
+  }
+
+  const PeakFlops peak = cfg.metrics.peak_tflops > 0
+                             ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
+                             : cpu_peak_flops(dt, num_threads());
+  const double fpt = flops_per_token(args, tc.seq_len);
+  if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
+  std::printf("anvil: %s/%s, %s parameters (%lld layers, dim %lld, %lld heads, %lld kv heads, ffn %lld, vocab %lld)\n",
+              args.name.c_str(), args.flavor.c_str(), with_commas(args.num_params()).c_str(),
+              static_cast<long long>(args.n_layers), static_cast<long long>(args.dim),
+              static_cast<long long>(args.n_heads), static_cast<long long>(args.n_kv_heads),
+              static_cast<long long>(args.ffn_hidden_dim()), static_cast<long long>(args.vocab_size));
+  std::printf("anvil: %s compute%s, activation checkpointing %s, %lld x %lld tokens per micro-batch, %lld "
+              "micro-batch(es) per step, %d threads\n",
+              dt == DType::bf16 ? "bf16" : "fp32", dt == DType::bf16 ? " with fp32 master weights" : "",
+              ac.mode == AcMode::selective_layer ? ("selective every " + std::to_string(ac.every) + " layers").c_str()
+                                                 : ac_mode_name(ac.mode),
+              static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len),
+              static_cast<long long>(accum_steps), num_threads());
+  std::printf("anvil: peak %s; %.3g FLOP per token\n", peak.derivation.c_str(), fpt);
+  std::printf("anvil: predicted peak memory %s (params %s, grads %s, optimizer %s, activations %s, workspace %s); %s "
+              "available\n",
+              human_bytes(est.peak_total).c_str(), human_bytes(est.bytes(MemCategory::parameters)).c_str(),
+              human_bytes(est.bytes(MemCategory::gradients)).c_str(),
+              human_bytes(est.bytes(MemCategory::optimizer_state)).c_str(),
+              human_bytes(est.bytes(MemCategory::activations)).c_str(),
+              human_bytes(est.bytes(MemCategory::workspace)).c_str(), human_bytes(available).c_str());
+
+  // Data.
+  const auto t_data = Clock::now();
+  const Corpus corpus = load_corpus(tc);
+  PackedLoader loader(tokenize_documents(tokenizer, corpus.train), tc.seq_len);
+  PackedLoader val_loader(tokenize_documents(tokenizer, corpus.validation), tc.seq_len);
+  std::printf("anvil: dataset %s at %s: %zu train documents (%s tokens), %zu validation, %s tokenizer (%.2fs)\n",
+              tc.dataset.c_str(), tc.dataset_path.c_str(), corpus.train.size(),
+              with_commas(loader.num_tokens()).c_str(), corpus.validation.size(), tokenizer.name().c_str(),
+              seconds_since(t_data));
+
+  // Model and optimizer.
+  Llama model(args, dt, tc.seq_len);
+  model.params().init(static_cast<uint64_t>(tc.seed));
+  ParamStore& ps = model.params();
+  Tensor adam_m = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.m");
+  Tensor adam_v = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.v");
+  AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
+                    static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
+                    static_cast<float>(cfg.optimizer.weight_decay)};
+  check_adamw_config(adamw);
+  const LrSchedule schedule{cfg.optimizer.lr, tc.steps, cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
+                            cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
+  MetricsLog metrics(cfg.job.dump_folder);
+  std::printf("anvil: training %lld steps; metrics to %s; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps),
+              metrics.path().c_str());
+
+  // The step's micro-batches are fetched up front, so the loss can be normalised
+  // by the token count of the whole step before any backward runs.
+  std::vector<Tensor> tokens, targets;
+  for (int64_t i = 0; i < accum_steps; ++i) {
+    tokens.push_back(Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.tokens"));
+    targets.push_back(Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.targets"));
+  }
+
+  g_interrupted = 0;
+  auto previous_handler = std::signal(SIGINT, on_sigint);
+  TrainResult result;
+  auto& alloc = TrackingAllocator::instance();
+  alloc.reset_peak();
+  const auto t_start = Clock::now();
+  auto t_interval = Clock::now();
+  double data_seconds = 0;
+  int64_t interval_tokens = 0;
+  try {
+    for (int64_t step = 1; step <= tc.steps; ++step) {
+      const auto t_fetch = Clock::now();
+      int64_t step_tokens = 0;
+      for (int64_t i = 0; i < accum_steps; ++i) {
+        loader.next_batch(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]);
+        step_tokens += tokens[static_cast<size_t>(i)].numel();  // the byte tokenizer never ignores a target
+      }
+      data_seconds += seconds_since(t_fetch);
+
+      ps.zero_grad();
+      double loss_sum = 0;
+      int64_t loss_tokens = 0;
+      for (int64_t i = 0; i < accum_steps; ++i) {
+        const CrossEntropyResult r = model.forward_backward(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)],
+                                                            1.0f / static_cast<float>(step_tokens), ac);
+        loss_sum += r.loss_sum;
+        loss_tokens += r.num_tokens;
+        if (g_interrupted) break;
+      }
+      if (g_interrupted) {
+        std::printf("anvil: interrupted during step %lld; its gradients were discarded. %lld steps completed.\n",
+                    static_cast<long long>(step), static_cast<long long>(step - 1));
+        result.interrupted = true;
+        break;
+      }
+      const double loss = loss_sum / static_cast<double>(loss_tokens);
+      const Tensor grads[] = {ps.grad_flat()};
+      const double grad_norm = grad_norm_from_sum_of_squares(grad_sum_of_squares(grads));
+      const double lr = schedule.at(step);
+      if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+        if (!tc.skip_nonfinite_steps)
+          throw Error(detail::concat("step ", step, ": the ", std::isfinite(loss) ? "gradient norm" : "loss",
+                                     " is not finite (loss ", loss, ", grad_norm ", grad_norm,
+                                     "); lower optimizer.lr, keep training.max_norm > 0, or set "
+                                     "training.skip_nonfinite_steps = true to skip such steps"));
+        std::printf("anvil: step %lld skipped: loss %g, grad_norm %g are not finite\n", static_cast<long long>(step),
+                    loss, grad_norm);
+        continue;
+      }
+      const float clip = tc.max_norm > 0 ? static_cast<float>(clip_coefficient(grad_norm, tc.max_norm)) : 1.0f;
+      adamw.lr = static_cast<float>(lr);
+      Tensor* compute_copy = dt == DType::bf16 ? &ps.compute_flat() : nullptr;
+      adamw_step(adamw, step, ps.master_flat(), ps.grad_flat(), adam_m, adam_v, compute_copy, clip);
+
+      if (result.steps_done == 0) result.first_loss = loss;
+      result.last_loss = loss;
+      result.steps_done = step;
+      interval_tokens += step_tokens;
+      if (step % cfg.metrics.log_freq == 0 || step == tc.steps) {
+        const double secs = seconds_since(t_interval);
+        StepLog log;
+        log.step = step;
+        log.loss = loss;
+        log.grad_norm = grad_norm;
+        log.lr = lr;
+        log.tokens_per_s = static_cast<double>(interval_tokens) / secs;
+        log.tflops = fpt * log.tokens_per_s / 1e12;
+        log.mfu_pct = 100.0 * fpt * log.tokens_per_s / peak.flops_per_s;
+        log.memory = alloc.stats();
+        log.data_pct = 100.0 * data_seconds / secs;
+        log.elapsed_s = seconds_since(t_start);
+        metrics.log(log);
+        alloc.reset_peak();
+        t_interval = Clock::now();
+        interval_tokens = 0;
+        data_seconds = 0;
+      }
+      if (cfg.validation.enable && step % cfg.validation.freq == 0) {
+        double vsum = 0;
+        int64_t vtok = 0;
+        for (int64_t i = 0; i < cfg.validation.steps; ++i) {
+          val_loader.next_batch(tokens[0], targets[0]);
+          const CrossEntropyResult r = model.forward(tokens[0], targets[0]);
+          vsum += r.loss_sum, vtok += r.num_tokens;
+        }
+        val_loader.set_state({});
+        std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step),
+                    vsum / static_cast<double>(vtok), static_cast<long long>(vtok));
+      }
+      if (g_interrupted) {
+        std::printf("anvil: interrupted after step %lld of %lld.\n", static_cast<long long>(step),
+                    static_cast<long long>(tc.steps));
+        result.interrupted = true;
+        break;
+      }
+    }
+  } catch (...) {
+    std::signal(SIGINT, previous_handler);
+    throw;
+  }
+  std::signal(SIGINT, previous_handler);
+  if (!result.interrupted)
+    std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs\n", static_cast<long long>(result.steps_done),
+                result.first_loss, result.last_loss, seconds_since(t_start));
+  return result;
+}
+
+}  // namespace anvil
