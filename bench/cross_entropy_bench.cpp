@@ -14,7 +14,6 @@ using anvil::bench::run_and_report;
 
 void BM_CrossEntropy(benchmark::State& state, DType dtype, bool backward) {
   const int64_t M = 4096, D = state.range(0), V = state.range(1);
-  const CrossEntropyOptions opt{.row_block = state.range(2), .vocab_chunk = state.range(3)};
   Tensor x = Tensor::empty({M, D}, dtype, MemCategory::activations, "x");
   Tensor w = Tensor::empty({V, D}, dtype, MemCategory::parameters, "w");
   {
@@ -33,18 +32,18 @@ void BM_CrossEntropy(benchmark::State& state, DType dtype, bool backward) {
   const float scale = 1.0f / static_cast<float>(M);
   auto run = [&] {
     if (backward)
-      cross_entropy_forward_backward(x, w, targets, scale, dx, dw, opt);
+      cross_entropy_forward_backward(x, w, targets, scale, dx, dw);
     else
-      cross_entropy_forward(x, w, targets, opt);
+      cross_entropy_forward(x, w, targets);
   };
   run_and_report(state, run, (backward ? 8.0 : 2.0) * M * V * D, 0);
 }
 
-// Args: D, V, row_block, vocab_chunk (0, 0 = the op's defaults).
+// Args: D, V; the op's default row block and vocabulary chunk.
 #define XENT_BENCH(dt, bwd, name)                                                \
   BENCHMARK_CAPTURE(BM_CrossEntropy, dt##_##name, DType::dt, bwd)                \
-      ->ArgsProduct({{512, 2048}, {2048, 32000}, {0}, {0}})                      \
-      ->ArgNames({"D", "V", "block", "chunk"})                                   \
+      ->ArgsProduct({{512, 2048}, {2048, 32000}})                      \
+      ->ArgNames({"D", "V"})                                   \
       ->Unit(benchmark::kMillisecond)                                            \
       ->MinTime(0.3)
 XENT_BENCH(bf16, true, forward_backward);
@@ -52,10 +51,3 @@ XENT_BENCH(bf16, false, forward);
 XENT_BENCH(f32, true, forward_backward);
 XENT_BENCH(f32, false, forward);
 }  // namespace
-// TUNING (temporary)
-namespace {
-BENCHMARK_CAPTURE(BM_CrossEntropy, tune_bf16, anvil::DType::bf16, true)
-    ->ArgsProduct({{512, 2048}, {32000}, {1024, 2048, 4096}, {1024, 2048, 4096}})
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(1);
-}

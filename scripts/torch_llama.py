@@ -166,13 +166,98 @@ def parity(folder, threads):
     json.dump({"losses": losses}, open(f"{folder}/torch_result.json", "w"))
 
 
+FLAVORS = {  # name: (dim, n_layers, n_heads, n_kv_heads, vocab, ffn_hidden, rope_theta)
+    "debugmodel": (256, 6, 16, 16, 2048, 768, 500000.0),
+    "25M": (512, 6, 8, 4, 8192, 1536, 500000.0),
+    "125M": (768, 12, 12, 4, 32000, 2048, 500000.0),
+}
+
+
+def brown_byte_stream(folder):
+    """The Brown corpus as Anvil's loader sees it: tags stripped, bytes, BOS=256 … EOS=257 per file."""
+    import os
+    names = sorted(n for n in os.listdir(folder) if len(n) == 4 and n[0] == "c")
+    stream = []
+    for i, name in enumerate(names):
+        if i % 20 == 19:  # Anvil's validation split
+            continue
+        out_lines = []
+        for line in open(os.path.join(folder, name), encoding="utf-8", errors="replace"):
+            words = []
+            for tok in line.split():
+                cut = tok.rfind("/")
+                words.append(tok[:cut] if cut > 0 else tok)
+            if words:
+                out_lines.append(" ".join(words))
+        stream += [256] + list(("\n".join(out_lines) + "\n").encode()) + [257]
+    return torch.tensor(stream, dtype=torch.int32)
+
+
+def bench(args):
+    """Times training steps of a flavour on the Brown corpus; prints one JSON line."""
+    import resource
+    import time
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dim, layers, heads, kv, vocab, ffn, theta = FLAVORS[args.flavor]
+    hd = dim // heads
+    shapes = {"model.embed_tokens.weight": (vocab, dim), "model.norm.weight": (dim,), "lm_head.weight": (vocab, dim)}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        shapes.update({p + "input_layernorm.weight": (dim,), p + "post_attention_layernorm.weight": (dim,),
+                       p + "self_attn.q_proj.weight": (heads * hd, dim), p + "self_attn.k_proj.weight": (kv * hd, dim),
+                       p + "self_attn.v_proj.weight": (kv * hd, dim), p + "self_attn.o_proj.weight": (dim, heads * hd),
+                       p + "mlp.gate_proj.weight": (ffn, dim), p + "mlp.up_proj.weight": (ffn, dim),
+                       p + "mlp.down_proj.weight": (dim, ffn)})
+    weights = {n: (torch.ones(s) if len(s) == 1 else torch.randn(s) * 0.02) for n, s in shapes.items()}
+    cfg = {"dim": dim, "n_layers": layers, "n_heads": heads, "n_kv_heads": kv, "norm_eps": 1e-5,
+           "rope_theta": theta, "rope_scaling": {"enabled": False}, "max_seq_len": args.seq_len,
+           "tie_embeddings": False}
+    model = Llama(cfg, weights)
+    opt = torch.optim.AdamW([p for _, p in model.named()], lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    stream = brown_byte_stream(args.data)
+    B, T = args.batch, args.seq_len
+    pos = 0
+    times = []
+    for step in range(args.warmup + args.steps):
+        n = B * T + 1
+        if pos + n > len(stream):
+            pos = 0
+        window = stream[pos:pos + B * T + 1]
+        pos += B * T
+        tokens = window[:-1].view(B, T)
+        targets = window[1:].view(B, T)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+            loss_sum, ntok = model(tokens, targets)
+        (loss_sum / ntok).backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in model.named()], 1.0)
+        opt.step()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    tok_s = B * T * len(times) / sum(times)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"tokens_per_s": tok_s, "peak_rss_bytes": rss, "loss": float(loss_sum) / ntok}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parity", metavar="FOLDER", help="run the parity check on a folder written by Anvil")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bench", action="store_true", help="time training steps (see --flavor ...)")
+    ap.add_argument("--flavor", default="debugmodel", choices=sorted(FLAVORS))
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--data", default="data/brown")
     args = ap.parse_args()
     if args.parity:
         parity(args.parity, args.threads)
+    elif args.bench:
+        bench(args)
     else:
         ap.print_help()
         return 2

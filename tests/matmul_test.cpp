@@ -2,6 +2,7 @@
 // and central finite differences.
 #include <gtest/gtest.h>
 
+#include "anvil/core/parallel.h"
 #include "anvil/ops/matmul.h"
 #include "test_util.h"
 
@@ -163,4 +164,29 @@ TEST(Matmul, Bf16RunsOnAmxWhereTheCpuHasIt) {
   __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
   if (!(edx & (1u << 22))) GTEST_SKIP() << "CPU has no AMX-BF16; oneDNN picked " << impl;
   EXPECT_NE(impl.find("amx"), std::string::npos) << impl;
+}
+
+// Kernels call gemm from inside parallel regions (attention's tiles): concurrent
+// calls of one cached primitive must not share scratch memory.
+TEST(Gemm, ConcurrentCallsMatchSerialOnes) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t M = 96, N = 160, K = 200, tasks = 8;
+    Tensor a = random_tensor({tasks, M, K}, dt, "a");
+    Tensor b = random_tensor({tasks, K, N}, dt, "b");
+    Tensor serial = Tensor::empty({tasks, M, N}, DType::f32, MemCategory::workspace, "serial");
+    Tensor parallel = Tensor::empty({tasks, M, N}, DType::f32, MemCategory::workspace, "parallel");
+    GemmShape s{.M = M, .N = N, .K = K, .ab = dt, .c = DType::f32};
+    const size_t es = dtype_size(dt);
+    auto at = [&](const Tensor& t, int64_t i, int64_t elems, size_t bytes) {
+      return static_cast<char*>(t.raw()) + static_cast<size_t>(i * elems) * bytes;
+    };
+    for (int64_t i = 0; i < tasks; ++i)
+      gemm(s, at(a, i, M * K, es), at(b, i, K * N, es), at(serial, i, M * N, 4));
+    for (int rep = 0; rep < 5; ++rep) {
+      parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) gemm(s, at(a, i, M * K, es), at(b, i, K * N, es), at(parallel, i, M * N, 4));
+      });
+      EXPECT_EQ(max_abs_error(to_double(parallel), to_double(serial)), 0.0) << dtype_name(dt) << " rep " << rep;
+    }
+  }
 }

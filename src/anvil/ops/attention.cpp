@@ -13,14 +13,19 @@
 //   dP = dO_i V_jᵀ, dS = P ∘ (dP − Δ) · scale
 //   dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i, dQ_i += dS K_j
 //
-// Every tile product is anvil::gemm, called inside parallel_for so it runs
-// single-threaded on the calling thread; in bf16 it runs on AMX with the
-// softmax in f32 and P, dS rounded to bf16 only as gemm inputs.
+// Work is split into tasks of (batch, kv head) over parallel_for; each task
+// packs the rows of its heads densely (see "Packing"), then every tile product
+// is anvil::gemm called inside the parallel region, so it runs single-threaded
+// on the calling thread: in bf16 on AMX, with the softmax in f32 and P, dS
+// rounded to bf16 only as gemm inputs. This relies on gemm() being safe when
+// several threads run the same cached oneDNN primitive at once, which needs a
+// scratchpad per calling thread (oneDNN's library-managed one is shared).
+// Scores are kept in log2 units (log2 e folded into the products' alpha) so
+// the exponentials are 2^x; lse is stored as a natural log.
 #include "anvil/ops/attention.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -44,8 +49,8 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, float sca
   ANVIL_ASSERT(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q ", shape_str(q.shape()), " k ",
                shape_str(k.shape()), " v ", shape_str(v.shape()), " must be (B, T, heads, head_dim)");
   Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0, scale};
-  ANVIL_ASSERT(k.shape() == v.shape() && k.size(0) == d.B && k.size(1) == d.T && k.size(3) == d.D,
-               "attention: q ", shape_str(q.shape()), " k ", shape_str(k.shape()), " v ", shape_str(v.shape()));
+  ANVIL_ASSERT(k.shape() == v.shape() && k.size(0) == d.B && k.size(1) == d.T && k.size(3) == d.D, "attention: q ",
+               shape_str(q.shape()), " k ", shape_str(k.shape()), " v ", shape_str(v.shape()));
   ANVIL_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads cannot be shared evenly by ", d.Hkv,
               " key/value heads (q ", shape_str(q.shape()), ", k ", shape_str(k.shape()),
               "); choose n_kv_heads so that it divides n_heads");
@@ -57,9 +62,8 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, float sca
 }
 
 void check_like(const Tensor& t, const Tensor& like, const char* name) {
-  ANVIL_ASSERT(t.shape() == like.shape() && t.dtype() == like.dtype(), "attention: ", name, " ",
-               shape_str(t.shape()), " ", dtype_name(t.dtype()), " must match ", shape_str(like.shape()), " ",
-               dtype_name(like.dtype()));
+  ANVIL_ASSERT(t.shape() == like.shape() && t.dtype() == like.dtype(), "attention: ", name, " ", shape_str(t.shape()),
+               " ", dtype_name(t.dtype()), " must match ", shape_str(like.shape()), " ", dtype_name(like.dtype()));
 }
 
 void check_lse(const Tensor& lse, const Dims& d) {
@@ -70,12 +74,14 @@ void check_lse(const Tensor& lse, const Dims& d) {
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 
-// ---- Row kernels: the element-wise part of each tile, on rows of ≤ Bk keys ----
-// Written with AVX-512 (16 floats a step, masked tails) because the exp over
-// every score costs about as much as the tile products themselves; a plain
-// scalar version keeps non-AVX-512 builds working.
+// ---- Row kernels: the element-wise part of each block, one row at a time ----
+// Written with AVX-512 (16 floats a step, masked tails) because the
+// exponential of every score is the largest cost after the products (about a
+// quarter of the time in bf16); a plain scalar version keeps non-AVX-512
+// builds working.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
 
 inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
 
@@ -192,10 +198,9 @@ inline void grad_row(const float* s, const float* dp, const float* lse, const fl
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
     const __mmask16 valid = k & __mmask16(~tail_mask(std::clamp<int64_t>(start - i, 0, 16)));
-    const __m512 e =
-        _mm512_maskz_mov_ps(valid, exp2_16(_mm512_sub_ps(load16(s + i, valid), load16(lse + i, valid))));
-    const __m512 g = _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(load16(dp + i, valid), load16(delta + i, valid))),
-                                   vscale);
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp2_16(_mm512_sub_ps(load16(s + i, valid), load16(lse + i, valid))));
+    const __m512 g =
+        _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(load16(dp + i, valid), load16(delta + i, valid))), vscale);
     store16(p + i, e, k);
     store16(ds + i, g, k);
   }
@@ -245,12 +250,13 @@ inline void grad_row(const float* s, const float* dp, const float* lse, const fl
 
 // ---- Packing ----
 //
-// oneDNN 2.6 (Debian's) runs a product on AMX only when its operands are
-// densely packed: with a row stride of Hq·D it falls back to a non-AMX kernel
-// several times slower (measured ~0.15 vs ~0.9 TFLOP/s per core on 128×128
-// tiles). So, like flash attention loading tiles into on-chip memory, each task
-// copies the rows of the heads it works on into a per-thread dense buffer
-// first: one pass over q/k/v/dout, negligible next to the O(T²) products.
+// oneDNN 2.6 (Debian's) runs a product on AMX ("brg:avx512_core_amx") only
+// when A, B and C are densely packed: with a row stride of Hq·D instead of D
+// it falls back to "gemm:jit" without AMX, measured 1.5–5× slower on 128–256
+// tiles. So, like flash attention loading tiles into on-chip memory, each task
+// first copies the rows of the heads it works on into per-thread dense
+// buffers: one extra pass over q/k/v (and dout), 5–9% of the time measured at
+// T = 512–2048, far less than the strided products would lose.
 
 // dst (rows, D) = rows t0.. of head h of src (B, T, H, D), for batch b.
 template <class T>
@@ -270,6 +276,9 @@ void unpack_head(const float* src, const Dims& d, int64_t H, int64_t b, int64_t 
 // every query head of the group from it. With B·Hkv a multiple of the thread
 // count one split suffices; otherwise each (batch, kv head) is split into
 // `threads / gcd` parts so the task count divides evenly over the threads.
+// Each thread of the parallel_for takes tasks from a shared counter rather
+// than a fixed chunk, so a thread slowed down by other load on the machine
+// ends up doing fewer of them.
 int64_t task_splits(int64_t owners, int64_t max_splits) {
   const int64_t threads = omp_in_parallel() ? 1 : num_threads();
   if (owners % threads == 0) return 1;
@@ -295,7 +304,8 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
   const float scale2 = d.scale * kLog2e;  // scores in log2 units: S = scale·log2(e)·Q Kᵀ, P = 2^(S − m)
 
-  parallel_for(0, owners * splits, 1, [&](int64_t lo, int64_t hi) {
+  std::atomic<int64_t> next_task{0};
+  parallel_for(0, owners * splits, 1, [&](int64_t, int64_t) {
     // Per-thread scratch, allocated once per call: the packed keys and values
     // of one kv head, one packed query tile, one score block, its
     // probabilities, the output accumulator and the running max / sum per row.
@@ -322,8 +332,8 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
       for (int64_t k0 = 0; k0 < q_end; k0 += Bk) {
         const int64_t nk = std::min(Bk, q_end - k0);  // keys past the tile's last query are masked for all rows
         const bool first = k0 == 0;
-        gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Qp,
-             Kp + k0 * D, S);
+        gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Qp, Kp + k0 * D,
+             S);
         for (int64_t r = 0; r < mq; ++r) {
           const int64_t n_valid = std::min(nk, q0 + r - k0 + 1);  // causal: keys ≤ q0 + r
           float* srow = S + r * nk;
@@ -352,7 +362,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
       }
     };
 
-    for (int64_t task = lo; task < hi; ++task) {
+    for (int64_t task; (task = next_task.fetch_add(1)) < owners * splits;) {
       const int64_t s = task % splits, bg = task / splits, b = bg / d.Hkv, g = bg % d.Hkv;
       pack_head(k, d, d.Hkv, b, g, 0, T_, Kp);
       pack_head(v, d, d.Hkv, b, g, 0, T_, Vp);
@@ -398,10 +408,12 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   const float scale2 = d.scale * kLog2e;  // scores in log2 units, as in the forward
 
   Tensor dq_sum_buf;  // (B, T, Hq, D) f32, only with several splits
-  if (splits > 1) dq_sum_buf = Tensor::zeros({d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_sum");
+  if (splits > 1)
+    dq_sum_buf = Tensor::zeros({d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_sum");
   std::mutex dq_sum_mutex;
 
-  parallel_for(0, owners * splits, 1, [&](int64_t lo, int64_t hi) {
+  std::atomic<int64_t> next_task{0};
+  parallel_for(0, owners * splits, 1, [&](int64_t, int64_t) {
     // Per-thread scratch, allocated once per call: packed K, V of one kv head
     // and Q, dO, dQ (f32), Δ, lse of its G query heads; one transposed block of
     // scores/dP (f32) and P/dS (storage dtype); the dK_j, dV_j accumulators.
@@ -414,8 +426,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
     Tensor acc_buf = Tensor::empty({2, Bk, D}, DType::f32, MemCategory::workspace, "attention.bwd.dk_dv_acc");
     T* Kp = kv_buf.data<T>();
     T* Vp = Kp + T_ * D;
-    T* Qp = q_buf.data<T>();     // (G, T, D)
-    T* dOp = Qp + G * T_ * D;    // (G, T, D)
+    T* Qp = q_buf.data<T>();   // (G, T, D)
+    T* dOp = Qp + G * T_ * D;  // (G, T, D)
     float* dQp = dq_buf.data<float>();
     float* delta = stats_buf.data<float>();  // (G, T) Δ per query row
     float* lse2 = delta + G * T_;            // (G, T) lse in log2 units
@@ -448,15 +460,15 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
                      std::max<int64_t>(0, k0 + r - q0), mq, Pt + r * mq, dSt + r * mq);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, Pt, dOi, dV_acc);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, dSt, Qi, dK_acc);
-          gemm({.M = mq, .N = D, .K = ne, .trans_a = true, .ab = ab, .c = DType::f32, .accumulate = !dq_first}, dSt,
-               Kj, dQp + (hh * T_ + q0) * D);
+          gemm({.M = mq, .N = D, .K = ne, .trans_a = true, .ab = ab, .c = DType::f32, .accumulate = !dq_first}, dSt, Kj,
+               dQp + (hh * T_ + q0) * D);
         }
       }
       unpack_head(dK_acc, d, d.Hkv, b, g, k0, nk, dk);
       unpack_head(dV_acc, d, d.Hkv, b, g, k0, nk, dv);
     };
 
-    for (int64_t task = lo; task < hi; ++task) {
+    for (int64_t task; (task = next_task.fetch_add(1)) < owners * splits;) {
       const int64_t s = task % splits, bg = task / splits, b = bg / d.Hkv, g = bg % d.Hkv;
       pack_head(k, d, d.Hkv, b, g, 0, T_, Kp);
       pack_head(v, d, d.Hkv, b, g, 0, T_, Vp);

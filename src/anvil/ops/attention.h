@@ -3,7 +3,7 @@
 // a time, so no T×T matrix is ever stored. Forward and backward, f32 and bf16
 // storage (bf16: scores and softmax in f32, matrix products on AMX).
 //
-// Layout is what the q/k/v projections produce, read in place (no transposes):
+// Layout is what the q/k/v projections produce (the caller transposes nothing):
 //   q    (B, T, Hq,  D)
 //   k, v (B, T, Hkv, D)     Hq is a multiple of Hkv; query head h reads kv head
 //                           h / (Hq / Hkv) (grouped-query attention; Hkv = Hq is
@@ -12,6 +12,15 @@
 //   lse  (B, Hq, T) f32     log Σ_j exp(scale · q_t·k_j) over keys j ≤ t: the only
 //                           softmax statistic the backward needs
 // Query t attends to keys 0..t. scale defaults to 1/sqrt(D).
+//
+// Work is parallel over (batch, kv head) tasks, split further when B·Hkv does
+// not divide over the threads. Workspace (category workspace, freed on
+// return), per thread, with G = Hq/Hkv and s = dtype size:
+//   forward   2·T·D·s (K, V rows of one kv head, packed densely for AMX)
+//             + one block: Bq·Bk·(4 + s) + Bq·D·(4 + s)
+//   backward  (2 + 2G)·T·D·s (K, V, and Q, dout of the group) + G·T·D·4 (dQ
+//             accumulator) + 8·G·T + two blocks: Bq·Bk·(8 + 2s) + 2·Bk·D·4
+//   plus, only with several splits per kv head, a (B, T, Hq, D) f32 dQ sum.
 #pragma once
 #include <cstdint>
 
@@ -33,8 +42,8 @@ struct AttentionTiles {
 
 // scale = 0 means the usual 1/sqrt(D).
 // q, k, v, out share a dtype (f32 or bf16); lse is always f32.
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       float scale = 0.0f, const AttentionTiles& tiles = {});
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale = 0.0f,
+                       const AttentionTiles& tiles = {});
 
 // Gradients of the loss with respect to q, k and v, given dout = dL/dout.
 // dq (B, T, Hq, D), dk and dv (B, T, Hkv, D) are overwritten (not accumulated);

@@ -33,8 +33,6 @@ namespace anvil {
 
 namespace {
 
-constexpr int64_t kDefaultRowBlock = 1024;
-constexpr int64_t kDefaultVocabChunk = 4096;
 constexpr int64_t kRowGrain = 4;
 // exp of anything below this is computed as exp(kExpMin) ≈ 4e-38: it keeps every result a normal float
 // (subnormals can be slow) and is far below anything that changes a sum which contains exp(0) = 1.
@@ -175,8 +173,8 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
 
   const DType dt = x.dtype();
   const size_t esz = dtype_size(dt);
-  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kDefaultRowBlock, M);
-  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kDefaultVocabChunk, V);
+  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kCrossEntropyRowBlock, M);
+  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kCrossEntropyVocabChunk, V);
   const int64_t n_chunks = (V + C - 1) / C;
 
   // Workspace, allocated once per call:

@@ -9,11 +9,16 @@
 
 namespace anvil {
 
+// Defaults for the blocking (tuned on AMX: large enough blocks that each product reuses its reordered
+// weight chunk over many rows, small enough chunks that the products keep their operands dense).
+inline constexpr int64_t kCrossEntropyRowBlock = 2048;
+inline constexpr int64_t kCrossEntropyVocabChunk = 1024;
+
 struct CrossEntropyOptions {
   // Rows whose target equals this contribute no loss, no token count and no gradient.
   int32_t ignore_index = -100;
-  // Tokens per row block and vocabulary entries per chunk; 0 picks the defaults
-  // (tuned for AMX on large shapes). Tests set small values to exercise the edges.
+  // Tokens per row block and vocabulary entries per chunk; 0 picks the defaults above.
+  // Tests set small values to exercise the edges.
   int64_t row_block = 0;
   int64_t vocab_chunk = 0;
 };

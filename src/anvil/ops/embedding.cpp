@@ -68,9 +68,10 @@ inline V operator+(V a, V b) {
 void check_tokens(const Tensor& tokens, int64_t V, const char* what) {
   const int32_t* t = tokens.data<int32_t>();
   const int64_t M = tokens.numel();
-  const uint64_t vocab = static_cast<uint64_t>(V);
-  bool bad = false;
-  for (int64_t m = 0; m < M; ++m) bad |= static_cast<uint64_t>(static_cast<int64_t>(t[m])) >= vocab;
+  // As unsigned 32-bit, a negative id becomes >= 2^31 >= any vocabulary an i32 id can index.
+  const uint32_t vocab = static_cast<uint32_t>(std::min<int64_t>(V, int64_t{1} << 31));
+  uint32_t bad = 0;
+  for (int64_t m = 0; m < M; ++m) bad |= static_cast<uint32_t>(t[m]) >= vocab ? 1u : 0u;
   if (!bad) return;
   for (int64_t m = 0; m < M; ++m) {
     if (t[m] >= 0 && t[m] < V) continue;

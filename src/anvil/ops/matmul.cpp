@@ -44,6 +44,7 @@ struct GemmKeyHash {
 struct GemmPrimitive {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c;
+  dnnl::memory::desc scratch;  // supplied by the calling thread (user scratchpad mode)
   std::string impl;  // oneDNN's name for the kernel it picked
 };
 
@@ -82,6 +83,11 @@ const GemmPrimitive& primitive_for(const GemmShape& s) {
   g.b = matrix_desc(s.K, s.N, s.trans_b, s.ldb, s.ab);
   g.c = dnnl::memory::desc({s.M, s.N}, dnnl_type(s.c), dnnl::memory::dims{s.ldc, 1});
   dnnl::primitive_attr attr;
+  // oneDNN's library-managed scratchpad is shared by every execution of a
+  // primitive, so two threads running one cached primitive at once (gemm inside
+  // parallel_for) would overwrite each other's packing buffers. Each calling
+  // thread passes its own scratchpad instead.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
   if (s.accumulate) {
     dnnl::post_ops po;
@@ -92,6 +98,7 @@ const GemmPrimitive& primitive_for(const GemmShape& s) {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a, g.b, g.c), attr, ctx.engine);
     g.prim = dnnl::matmul(pd);
     g.impl = pd.impl_info_str();
+    g.scratch = pd.scratchpad_desc();
   } catch (const dnnl::error& e) {
     throw Error(detail::concat("oneDNN cannot build a matmul of M=", s.M, " N=", s.N, " K=", s.K, " (",
                                dtype_name(s.ab), "->", dtype_name(s.c), "): ", e.what()));
@@ -116,7 +123,13 @@ void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   dnnl::memory a(g.a, ctx.engine, const_cast<void*>(A));
   dnnl::memory b(g.b, ctx.engine, const_cast<void*>(B));
   dnnl::memory c(g.c, ctx.engine, C);
-  g.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  // This thread's scratchpad, grown to the largest primitive it has run; tracked as workspace.
+  thread_local Tensor scratch_buf;
+  const size_t need = g.scratch.get_size();
+  if (need > 0 && (!scratch_buf.defined() || scratch_buf.nbytes() < need))
+    scratch_buf = Tensor::empty({static_cast<int64_t>((need + 1) / 2)}, DType::bf16, MemCategory::workspace, "gemm.scratchpad");
+  dnnl::memory scratch(g.scratch, ctx.engine, need > 0 ? scratch_buf.raw() : nullptr);
+  g.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, scratch}});
   stream.wait();
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <sys/resource.h>
 
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
@@ -282,9 +283,13 @@ TrainResult train(const JobConfig& cfg) {
     throw;
   }
   std::signal(SIGINT, previous_handler);
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
   if (!result.interrupted)
-    std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs\n", static_cast<long long>(result.steps_done),
-                result.first_loss, result.last_loss, seconds_since(t_start));
+    std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs; peak RSS %s, peak tracked %s\n",
+                static_cast<long long>(result.steps_done), result.first_loss, result.last_loss,
+                seconds_since(t_start), human_bytes(static_cast<size_t>(usage.ru_maxrss) * 1024).c_str(),
+                human_bytes(alloc.stats().peak_total).c_str());
   return result;
 }
 
