@@ -16,9 +16,9 @@
 //   pass 1 (log-sum-exp): for each vocab chunk, logits = x_blk·w_chunkᵀ (gemm, f32 result), then per
 //     row an online max / Σexp update and, when the target falls in the chunk, its logit.
 //     loss_row = lse − logit[target].
-//   pass 2 (gradients): for each vocab chunk, recompute the logits, turn them in place into
-//     dlogits = (softmax − onehot)·grad_scale (bf16 in bf16 mode, for AMX), then
-//     dx_blk += dlogits·w_chunk and dw_chunk += dlogitsᵀ·x_blk (gemm accumulate).
+//   pass 2 (gradients): for each vocab chunk, recompute the logits, turn them into
+//     dlogits = (softmax − onehot)·grad_scale (f32: in place; bf16 mode: converted to bf16 for the AMX
+//     products), then dx_blk += dlogits·w_chunk and dw_chunk += dlogitsᵀ·x_blk (gemm accumulate).
 // FLOPs: forward 2·M·V·D + recompute 2·M·V·D + dx 2·M·V·D + dw 2·M·V·D = 8·M·V·D
 // (the forward-only variant: 2·M·V·D). Recomputing costs a quarter of the work but keeps memory at one
 // block × chunk of logits instead of (M, V): a 4096-token batch with a 128k vocabulary would need 2 GB.
