@@ -1,5 +1,6 @@
 #include "anvil/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -91,6 +92,12 @@ void check_supported(const JobConfig& cfg) {
 }  // namespace
 
 TrainResult train(const JobConfig& cfg) {
+  // Ctrl-C from here on stops at the next micro-batch boundary, with a message.
+  g_interrupted = 0;
+  struct RestoreSigint {
+    void (*previous)(int);
+    ~RestoreSigint() { std::signal(SIGINT, previous); }
+  } restore{std::signal(SIGINT, on_sigint)};
   check_supported(cfg);
   const auto& tc = cfg.training;
   ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
@@ -182,8 +189,6 @@ TrainResult train(const JobConfig& cfg) {
     targets.push_back(Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.targets"));
   }
 
-  g_interrupted = 0;
-  auto previous_handler = std::signal(SIGINT, on_sigint);
   TrainResult result;
   auto& alloc = TrackingAllocator::instance();
   alloc.reset_peak();
@@ -191,7 +196,8 @@ TrainResult train(const JobConfig& cfg) {
   auto t_interval = Clock::now();
   double data_seconds = 0;
   int64_t interval_tokens = 0;
-  try {
+  size_t run_peak = 0;  // the largest tracked peak of any logging interval
+  {
     for (int64_t step = 1; step <= tc.steps; ++step) {
       const auto t_fetch = Clock::now();
       int64_t step_tokens = 0;
@@ -254,6 +260,7 @@ TrainResult train(const JobConfig& cfg) {
         log.data_pct = 100.0 * data_seconds / secs;
         log.elapsed_s = seconds_since(t_start);
         metrics.log(log);
+        run_peak = std::max(run_peak, log.memory.peak_total);
         alloc.reset_peak();
         t_interval = Clock::now();
         interval_tokens = 0;
@@ -278,18 +285,14 @@ TrainResult train(const JobConfig& cfg) {
         break;
       }
     }
-  } catch (...) {
-    std::signal(SIGINT, previous_handler);
-    throw;
   }
-  std::signal(SIGINT, previous_handler);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   if (!result.interrupted)
     std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs; peak RSS %s, peak tracked %s\n",
                 static_cast<long long>(result.steps_done), result.first_loss, result.last_loss,
                 seconds_since(t_start), human_bytes(static_cast<size_t>(usage.ru_maxrss) * 1024).c_str(),
-                human_bytes(alloc.stats().peak_total).c_str());
+                human_bytes(std::max(run_peak, alloc.stats().peak_total)).c_str());
   return result;
 }
 

@@ -1,0 +1,110 @@
+// End to end: the anvil program trains on a small text, logs its metrics,
+// stops cleanly on Ctrl-C, and explains bad input in one line.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Output {
+  int exit_code;
+  std::string text;  // stdout and stderr
+};
+
+Output run(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(ANVIL_BINARY) + " " + args + " 2>&1";
+  Output out{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.text.append(buf, n);
+  const int status = pclose(p);
+  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+// A small English text from the Brown corpus if it is there, else a generated one.
+fs::path make_dataset() {
+  const fs::path dir = fs::temp_directory_path() / "anvil_train_test";
+  fs::create_directories(dir);
+  std::ofstream f(dir / "text.txt");
+  for (int i = 0; i < 400; ++i)
+    f << "The jury said the election was conducted well, and the city thanked them for it. "
+      << "Number " << i % 17 << " of the reports praised the manner of the work.\n";
+  return dir / "text.txt";
+}
+
+std::string common_args(const fs::path& data, const fs::path& dump) {
+  return "--training.dataset text --training.dataset_path " + data.string() +
+         " --training.seq_len 64 --training.local_batch_size 4 --metrics.log_freq 5 --lr_scheduler.warmup_steps 5"
+         " --optimizer.lr 3e-3 --job.dump_folder " + dump.string();
+}
+
+}  // namespace
+
+TEST(Train, LossFallsAndMetricsAreLogged) {
+  const fs::path data = make_dataset(), dump = fs::temp_directory_path() / "anvil_train_test_out";
+  fs::remove_all(dump);
+  const Output out = run("train " + common_args(data, dump) +
+                         " --training.steps 30 --training.global_batch_size 8 --activation_checkpoint.mode full");
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("6,163,712 parameters"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("2 micro-batch(es) per step"), std::string::npos) << out.text;
+  std::ifstream jsonl(dump / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(jsonl, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 6u);
+  for (const char* key : {"step", "loss", "grad_norm", "lr", "tokens_per_s", "tflops", "mfu_pct", "max_active_bytes",
+                          "max_active_bytes_by_category", "data_loading_pct", "elapsed_s"})
+    EXPECT_TRUE(rows[0].contains(key)) << key;
+  EXPECT_GT(rows[0]["max_active_bytes_by_category"]["activations"].get<double>(), 0);
+  const double first = rows.front()["loss"], last = rows.back()["loss"];
+  std::printf("loss %.3f -> %.3f\n", first, last);
+  EXPECT_LT(last, first - 1.0);  // a repetitive text is learnt fast
+}
+
+TEST(Train, NonFiniteLossStopsWithTheStepOrIsSkipped) {
+  const fs::path data = make_dataset(), dump = fs::temp_directory_path() / "anvil_train_test_nan";
+  // An absurd learning rate blows the weights up after the first update.
+  const std::string args = "train " + common_args(data, dump) +
+                           " --training.steps 6 --optimizer.lr 1e30 --lr_scheduler.warmup_steps 0 --training.max_norm 0";
+  const Output stop = run(args);
+  EXPECT_EQ(stop.exit_code, 1) << stop.text;
+  EXPECT_NE(stop.text.find("is not finite"), std::string::npos) << stop.text;
+  EXPECT_NE(stop.text.find("anvil: error: step "), std::string::npos) << stop.text;
+  const Output skip = run(args + " --training.skip_nonfinite_steps");
+  EXPECT_EQ(skip.exit_code, 0) << skip.text;
+  EXPECT_NE(skip.text.find("skipped"), std::string::npos) << skip.text;
+}
+
+TEST(Train, CtrlCStopsCleanlyAndSaysWhere) {
+  const fs::path data = make_dataset(), dump = fs::temp_directory_path() / "anvil_train_test_int";
+  const Output out = run("train " + common_args(data, dump) + " --training.steps 100000", "timeout --preserve-status -s INT 4 ");
+  EXPECT_EQ(out.exit_code, 130) << out.text;
+  EXPECT_NE(out.text.find("interrupted"), std::string::npos) << out.text;
+}
+
+TEST(Train, BadInputGetsOneClearLine) {
+  Output out = run("train /nonexistent/job.toml");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_EQ(out.text, "anvil: error: cannot read config file '/nonexistent/job.toml': No such file or directory; "
+                      "pass an existing .toml (see configs/)\n");
+  out = run("train --training.dataset_path /nonexistent/brown --training.steps 1");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("anvil: error: Brown corpus folder '/nonexistent/brown' not found"), std::string::npos)
+      << out.text;
+  out = run("train --training.stesp 3");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("did you mean 'training.steps'"), std::string::npos) << out.text;
+  // A run that cannot fit is refused before anything is allocated.
+  out = run("train --model.flavor 8B --training.seq_len 8192 --training.local_batch_size 1");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("exceeds the"), std::string::npos) << out.text;
+}
