@@ -6,16 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace anvil {
+#include "anvil/ops/rope.h"
 
-// Llama 3.1-style RoPE frequency scaling (long-context).
-struct RopeScalingArgs {
-  bool enabled = false;
-  double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position = 8192;
-};
+namespace anvil {
 
 struct ModelArgs {
   std::string name;    // model family: "llama2" | "llama3"
@@ -30,7 +23,7 @@ struct ModelArgs {
   int64_t ffn_hidden_override = 0;  // 0: derive from dim, ffn_dim_multiplier and multiple_of
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  RopeScalingArgs rope_scaling;
+  RopeScaling rope_scaling;  // Llama 3.1-style long-context frequency scaling
   int64_t max_seq_len = 2048;
   bool tie_embeddings = false;
 

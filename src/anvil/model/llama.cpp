@@ -86,13 +86,7 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len)
     : args_(args), params_(llama_param_specs(args), compute_dtype) {
   args_.validate();
-  RopeScaling scaling;
-  scaling.enabled = args.rope_scaling.enabled;
-  scaling.factor = static_cast<float>(args.rope_scaling.factor);
-  scaling.low_freq_factor = static_cast<float>(args.rope_scaling.low_freq_factor);
-  scaling.high_freq_factor = static_cast<float>(args.rope_scaling.high_freq_factor);
-  scaling.original_max_position = args.rope_scaling.original_max_position;
-  rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, scaling);
+  rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, args.rope_scaling);
   embed_index_ = params_.index_of("model.embed_tokens.weight");
   norm_index_ = params_.index_of("model.norm.weight");
   output_index_ = args.tie_embeddings ? embed_index_ : params_.index_of("lm_head.weight");
