@@ -108,15 +108,17 @@ MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
   }
   est.peak[static_cast<int>(MemCategory::activations)] = c.peak;
 
-  // Workspace: the larger of the loss head's chunk buffers and attention's
-  // per-thread tiles (an upper bound; their exact size depends on tile choices).
+  // Workspace: the largest of the loss head's chunk buffers, attention's
+  // per-thread tiles and a weight gradient's partial sum (an upper bound; the
+  // exact size depends on the kernels' tile choices).
   const size_t row_block = std::min<size_t>(d.M, 1024), vocab_chunk = std::min<size_t>(args.vocab_size, 8192);
   const size_t ce = row_block * vocab_chunk * (4 + 2) + row_block * (d.D * 4 + 16);
   const size_t T = static_cast<size_t>(shape.seq_len), hd = static_cast<size_t>(args.head_dim());
   const size_t group = static_cast<size_t>(args.n_heads / args.n_kv_heads);
   const size_t attn = 2 * (T * hd * (2 * d.e + 2 * group * d.e + group * 4) + 4 * 256 * 256 * 6) +
                       d.M * d.Dq * 4 /* dq partial sums */;
-  est.peak[static_cast<int>(MemCategory::workspace)] = std::max(ce, attn);
+  const size_t weight_grad = d.F * d.D * 4;  // linear_backward_weight's partial gradient
+  est.peak[static_cast<int>(MemCategory::workspace)] = std::max({ce, attn, weight_grad});
 
   for (size_t b : est.peak) est.peak_total += b;
   return est;
