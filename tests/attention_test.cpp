@@ -272,3 +272,27 @@ TEST(Attention, RejectsHeadsNotDivisibleByKvHeads) {
 }
 
 }  // namespace
+
+// When B·Hkv does not divide over the threads the backward splits key tiles
+// between tasks; their dQ partials must still be summed in a fixed order, so
+// every run gives the same bits.
+TEST(Attention, SplitBackwardIsBitwiseReproducible) {
+  const int saved = num_threads();
+  set_num_threads(2);
+  const int64_t B = 1, T = 300, H = 1, D = 64;
+  Tensor q = random_tensor({B, T, H, D}, DType::bf16, "q"), k = random_tensor({B, T, H, D}, DType::bf16, "k");
+  Tensor v = random_tensor({B, T, H, D}, DType::bf16, "v"), dout = random_tensor({B, T, H, D}, DType::bf16, "do");
+  Tensor out = Tensor::empty({B, T, H, D}, DType::bf16, MemCategory::workspace, "out");
+  Tensor lse = Tensor::empty({B, H, T}, DType::f32, MemCategory::workspace, "lse");
+  attention_forward(q, k, v, out, lse, 0.0f, AttentionTiles{64, 64, 64, 64});
+  std::vector<double> first;
+  for (int run = 0; run < 5; ++run) {
+    Tensor dq = Tensor::empty({B, T, H, D}, DType::bf16, MemCategory::workspace, "dq");
+    Tensor dk = Tensor::empty({B, T, H, D}, DType::bf16, MemCategory::workspace, "dk");
+    Tensor dv = Tensor::empty({B, T, H, D}, DType::bf16, MemCategory::workspace, "dv");
+    attention_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0f, AttentionTiles{64, 64, 64, 64});
+    if (run == 0) first = to_double(dq);
+    else EXPECT_EQ(max_abs_error(to_double(dq), first), 0.0) << "run " << run;
+  }
+  set_num_threads(saved);
+}

@@ -25,11 +25,12 @@
 #include "anvil/ops/attention.h"
 
 #include <algorithm>
+#include <vector>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
+
 #include <numeric>
 
 #include "anvil/core/parallel.h"
@@ -407,10 +408,12 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
   const float scale2 = d.scale * kLog2e;  // scores in log2 units, as in the forward
 
-  Tensor dq_sum_buf;  // (B, T, Hq, D) f32, only with several splits
+  // With several splits, each split's dQ partial goes to its own slot and the
+  // slots are summed in split order afterwards: a fixed reduction order, so the
+  // result is bitwise the same on every run (a lock-ordered sum would not be).
+  Tensor dq_parts_buf;  // (splits, B, T, Hq, D) f32, only with several splits
   if (splits > 1)
-    dq_sum_buf = Tensor::zeros({d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_sum");
-  std::mutex dq_sum_mutex;
+    dq_parts_buf = Tensor::empty({splits, d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_parts");
 
   std::atomic<int64_t> next_task{0};
   parallel_for(0, owners * splits, 1, [&](int64_t, int64_t) {
@@ -489,23 +492,29 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
       }
       if (splits == 1) {
         for (int64_t hh = 0; hh < G; ++hh) unpack_head(dQp + hh * T_ * D, d, d.Hq, b, g * G + hh, 0, T_, dq);
-      } else {
-        std::lock_guard lock(dq_sum_mutex);
-        float* sum = dq_sum_buf.data<float>();
+      } else {  // this task alone writes these rows of slot s
+        float* part = dq_parts_buf.data<float>() + s * d.B * T_ * d.Hq * D;
         for (int64_t hh = 0; hh < G; ++hh)
           for (int64_t t = 0; t < T_; ++t) {
-            float* dst = sum + ((b * T_ + t) * d.Hq + g * G + hh) * D;
+            float* dst = part + ((b * T_ + t) * d.Hq + g * G + hh) * D;
             const float* src = dQp + (hh * T_ + t) * D;
-            for (int64_t e = 0; e < D; ++e) dst[e] += src[e];
+            std::copy(src, src + D, dst);
           }
       }
     }
   });
 
   if (splits > 1) {
-    const float* sum = dq_sum_buf.data<float>();
+    const float* parts = dq_parts_buf.data<float>();
+    const int64_t slot = d.B * T_ * d.Hq * D;
     parallel_for(0, d.B * T_ * d.Hq, 64, [&](int64_t lo, int64_t hi) {
-      for (int64_t row = lo; row < hi; ++row) store_scaled_row(sum + row * D, 1.0f, D, dq + row * D);
+      std::vector<float> sum(static_cast<size_t>(D));
+      for (int64_t row = lo; row < hi; ++row) {
+        std::copy(parts + row * D, parts + row * D + D, sum.begin());
+        for (int64_t sp = 1; sp < splits; ++sp)
+          for (int64_t e = 0; e < D; ++e) sum[static_cast<size_t>(e)] += parts[sp * slot + row * D + e];
+        store_scaled_row(sum.data(), 1.0f, D, dq + row * D);
+      }
     });
   }
 }

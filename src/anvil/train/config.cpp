@@ -59,7 +59,8 @@ std::vector<Key> key_table(JobConfig& c) {
        "compute dtype; bfloat16 keeps fp32 master weights and optimizer state", {"bfloat16", "float32"}},
       {"training", "seed", &c.training.seed, "seed of parameter initialisation and data order", {}, 0, kInf},
       {"training", "deterministic", &c.training.deterministic,
-       "bitwise-reproducible runs (fixed reduction order; may be slower)"},
+       "accepted for torchtitan compatibility: Anvil's kernels always reduce in a fixed order, so runs with "
+       "the same seed, data and thread count are bitwise identical whatever this says"},
       {"training", "skip_nonfinite_steps", &c.training.skip_nonfinite_steps,
        "on a NaN/Inf loss or gradient skip the step instead of stopping"},
 
