@@ -10,6 +10,7 @@ packages=(
   libtomlplusplus-dev               # toml++: configuration files
   nlohmann-json3-dev                # JSON: metrics, checkpoints' metadata
   libpcre2-dev                      # PCRE2: tokenizer pre-splitting
+  zlib1g-dev                        # zlib: gzip-compressed JSON Lines (C4's files)
   libgtest-dev libgmock-dev         # GoogleTest
   libbenchmark-dev                  # Google Benchmark
   clang-format
