@@ -197,93 +197,91 @@ TrainResult train(const JobConfig& cfg) {
   double data_seconds = 0;
   int64_t interval_tokens = 0;
   size_t run_peak = 0;  // the largest tracked peak of any logging interval
-  {
-    for (int64_t step = 1; step <= tc.steps; ++step) {
-      const auto t_fetch = Clock::now();
-      int64_t step_tokens = 0;
-      for (int64_t i = 0; i < accum_steps; ++i) {
-        loader.next_batch(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]);
-        step_tokens += tokens[static_cast<size_t>(i)].numel();  // the byte tokenizer never ignores a target
-      }
-      data_seconds += seconds_since(t_fetch);
+  for (int64_t step = 1; step <= tc.steps; ++step) {
+    const auto t_fetch = Clock::now();
+    int64_t step_tokens = 0;
+    for (int64_t i = 0; i < accum_steps; ++i) {
+      loader.next_batch(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]);
+      step_tokens += tokens[static_cast<size_t>(i)].numel();  // the byte tokenizer never ignores a target
+    }
+    data_seconds += seconds_since(t_fetch);
 
-      ps.zero_grad();
-      double loss_sum = 0;
-      int64_t loss_tokens = 0;
-      for (int64_t i = 0; i < accum_steps; ++i) {
-        const CrossEntropyResult r = model.forward_backward(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)],
-                                                            1.0f / static_cast<float>(step_tokens), ac);
-        loss_sum += r.loss_sum;
-        loss_tokens += r.num_tokens;
-        if (g_interrupted) break;
-      }
-      if (g_interrupted) {
-        std::printf("anvil: interrupted during step %lld; its gradients were discarded. %lld steps completed.\n",
-                    static_cast<long long>(step), static_cast<long long>(step - 1));
-        result.interrupted = true;
-        break;
-      }
-      const double loss = loss_sum / static_cast<double>(loss_tokens);
-      const Tensor grads[] = {ps.grad_flat()};
-      const double grad_norm = grad_norm_from_sum_of_squares(grad_sum_of_squares(grads));
-      const double lr = schedule.at(step);
-      if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-        if (!tc.skip_nonfinite_steps)
-          throw Error(detail::concat("step ", step, ": the ", std::isfinite(loss) ? "gradient norm" : "loss",
-                                     " is not finite (loss ", loss, ", grad_norm ", grad_norm,
-                                     "); lower optimizer.lr, keep training.max_norm > 0, or set "
-                                     "training.skip_nonfinite_steps = true to skip such steps"));
-        std::printf("anvil: step %lld skipped: loss %g, grad_norm %g are not finite\n", static_cast<long long>(step),
-                    loss, grad_norm);
-        continue;
-      }
-      const float clip = tc.max_norm > 0 ? static_cast<float>(clip_coefficient(grad_norm, tc.max_norm)) : 1.0f;
-      adamw.lr = static_cast<float>(lr);
-      Tensor* compute_copy = dt == DType::bf16 ? &ps.compute_flat() : nullptr;
-      adamw_step(adamw, step, ps.master_flat(), ps.grad_flat(), adam_m, adam_v, compute_copy, clip);
+    ps.zero_grad();
+    double loss_sum = 0;
+    int64_t loss_tokens = 0;
+    for (int64_t i = 0; i < accum_steps; ++i) {
+      const CrossEntropyResult r = model.forward_backward(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)],
+                                                          1.0f / static_cast<float>(step_tokens), ac);
+      loss_sum += r.loss_sum;
+      loss_tokens += r.num_tokens;
+      if (g_interrupted) break;
+    }
+    if (g_interrupted) {
+      std::printf("anvil: interrupted during step %lld; its gradients were discarded. %lld steps completed.\n",
+                  static_cast<long long>(step), static_cast<long long>(step - 1));
+      result.interrupted = true;
+      break;
+    }
+    const double loss = loss_sum / static_cast<double>(loss_tokens);
+    const Tensor grads[] = {ps.grad_flat()};
+    const double grad_norm = grad_norm_from_sum_of_squares(grad_sum_of_squares(grads));
+    const double lr = schedule.at(step);
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      if (!tc.skip_nonfinite_steps)
+        throw Error(detail::concat("step ", step, ": the ", std::isfinite(loss) ? "gradient norm" : "loss",
+                                   " is not finite (loss ", loss, ", grad_norm ", grad_norm,
+                                   "); lower optimizer.lr, keep training.max_norm > 0, or set "
+                                   "training.skip_nonfinite_steps = true to skip such steps"));
+      std::printf("anvil: step %lld skipped: loss %g, grad_norm %g are not finite\n", static_cast<long long>(step),
+                  loss, grad_norm);
+      continue;
+    }
+    const float clip = tc.max_norm > 0 ? static_cast<float>(clip_coefficient(grad_norm, tc.max_norm)) : 1.0f;
+    adamw.lr = static_cast<float>(lr);
+    Tensor* compute_copy = dt == DType::bf16 ? &ps.compute_flat() : nullptr;
+    adamw_step(adamw, step, ps.master_flat(), ps.grad_flat(), adam_m, adam_v, compute_copy, clip);
 
-      if (result.steps_done == 0) result.first_loss = loss;
-      result.last_loss = loss;
-      result.steps_done = step;
-      interval_tokens += step_tokens;
-      if (step % cfg.metrics.log_freq == 0 || step == tc.steps) {
-        const double secs = seconds_since(t_interval);
-        StepLog log;
-        log.step = step;
-        log.loss = loss;
-        log.grad_norm = grad_norm;
-        log.lr = lr;
-        log.tokens_per_s = static_cast<double>(interval_tokens) / secs;
-        log.tflops = fpt * log.tokens_per_s / 1e12;
-        log.mfu_pct = 100.0 * fpt * log.tokens_per_s / peak.flops_per_s;
-        log.memory = alloc.stats();
-        log.data_pct = 100.0 * data_seconds / secs;
-        log.elapsed_s = seconds_since(t_start);
-        metrics.log(log);
-        run_peak = std::max(run_peak, log.memory.peak_total);
-        alloc.reset_peak();
-        t_interval = Clock::now();
-        interval_tokens = 0;
-        data_seconds = 0;
+    if (result.steps_done == 0) result.first_loss = loss;
+    result.last_loss = loss;
+    result.steps_done = step;
+    interval_tokens += step_tokens;
+    if (step % cfg.metrics.log_freq == 0 || step == tc.steps) {
+      const double secs = seconds_since(t_interval);
+      StepLog log;
+      log.step = step;
+      log.loss = loss;
+      log.grad_norm = grad_norm;
+      log.lr = lr;
+      log.tokens_per_s = static_cast<double>(interval_tokens) / secs;
+      log.tflops = fpt * log.tokens_per_s / 1e12;
+      log.mfu_pct = 100.0 * fpt * log.tokens_per_s / peak.flops_per_s;
+      log.memory = alloc.stats();
+      log.data_pct = 100.0 * data_seconds / secs;
+      log.elapsed_s = seconds_since(t_start);
+      metrics.log(log);
+      run_peak = std::max(run_peak, log.memory.peak_total);
+      alloc.reset_peak();
+      t_interval = Clock::now();
+      interval_tokens = 0;
+      data_seconds = 0;
+    }
+    if (cfg.validation.enable && step % cfg.validation.freq == 0) {
+      double vsum = 0;
+      int64_t vtok = 0;
+      for (int64_t i = 0; i < cfg.validation.steps; ++i) {
+        val_loader.next_batch(tokens[0], targets[0]);
+        const CrossEntropyResult r = model.forward(tokens[0], targets[0]);
+        vsum += r.loss_sum, vtok += r.num_tokens;
       }
-      if (cfg.validation.enable && step % cfg.validation.freq == 0) {
-        double vsum = 0;
-        int64_t vtok = 0;
-        for (int64_t i = 0; i < cfg.validation.steps; ++i) {
-          val_loader.next_batch(tokens[0], targets[0]);
-          const CrossEntropyResult r = model.forward(tokens[0], targets[0]);
-          vsum += r.loss_sum, vtok += r.num_tokens;
-        }
-        val_loader.set_state({});
-        std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step),
-                    vsum / static_cast<double>(vtok), static_cast<long long>(vtok));
-      }
-      if (g_interrupted) {
-        std::printf("anvil: interrupted after step %lld of %lld.\n", static_cast<long long>(step),
-                    static_cast<long long>(tc.steps));
-        result.interrupted = true;
-        break;
-      }
+      val_loader.set_state({});
+      std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step),
+                  vsum / static_cast<double>(vtok), static_cast<long long>(vtok));
+    }
+    if (g_interrupted) {
+      std::printf("anvil: interrupted after step %lld of %lld.\n", static_cast<long long>(step),
+                  static_cast<long long>(tc.steps));
+      result.interrupted = true;
+      break;
     }
   }
   rusage usage{};
