@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: build Anvil, fetch the Brown corpus, and train a Llama model on
-# it. Extra arguments go to `anvil train`, e.g.
+# The main job: build Anvil, fetch the Brown corpus, train a BPE tokenizer on
+# it, and train a Llama model on it. Extra arguments go to `anvil train`, e.g.
 #   scripts/train.sh --training.steps 50
 #   scripts/train.sh configs/llama3_25m.toml
 set -euo pipefail
@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build anvil
 scripts/prepare_data.sh
+# The default job's own tokenizer: byte-level BPE trained on the corpus, 2048
+# tokens to match the debug model (under a second).
+tokenizer=data/tokenizers/brown-2048/tokenizer.json
+if [ ! -f "$tokenizer" ]; then
+  mkdir -p "$(dirname "$tokenizer")"
+  build/anvil tokenizer train --brown data/brown --vocab-size 2048 --output "$tokenizer"
+fi
 
 config=configs/debugmodel.toml
 if [ $# -gt 0 ] && [[ "$1" == *.toml ]]; then config=$1; shift; fi

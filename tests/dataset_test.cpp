@@ -8,14 +8,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "anvil/cli/tokenize_cmd.h"
 #include "anvil/core/error.h"
 #include "anvil/data/shard.h"
 #include "anvil/data/text_source.h"
 #include "anvil/data/tokenizer.h"
-
-// The CLI's sources are linked only into the anvil program; the command's engine
-// is tested here directly.
-#include "../src/anvil/cli/tokenize_cmd.cpp"
 
 namespace fs = std::filesystem;
 using namespace anvil;
@@ -329,7 +326,7 @@ TEST(Tokenize, WritesShardsAndRerunsSafely) {
   o.inputs = {(d / "in").string()};
   o.output_dir = (d / "out").string();
   o.shard_tokens = 20;
-  o.progress = false;
+  o.progress = true;  // off a terminal: one final line on stderr
   ByteTokenizer tok;
   const TokenizeResult r = tokenize_to_shards(o, tok, byte_tokenizer_hash());
   std::vector<std::string> docs = kJsonlDocs;

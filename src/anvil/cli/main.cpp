@@ -1,9 +1,12 @@
-// The `anvil` program: train | estimate | info.
+// The `anvil` program: train | estimate | tokenizer | tokenize | config-docs | info.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "anvil/cli/tokenize_cmd.h"
+#include "anvil/cli/tokenizer_cmd.h"
+#include "anvil/cli/tokenizer_train_cmd.h"
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
 #include "anvil/model/llama.h"
@@ -21,6 +24,9 @@ void usage() {
       "commands:\n"
       "  train [CONFIG.toml] [--section.key value ...]   train a model (anvil train --help lists every key)\n"
       "  estimate [CONFIG.toml] [--section.key value ...] predicted peak memory per category, FLOPs per token\n"
+      "  tokenizer encode|decode --tokenizer PATH        UTF-8 text on stdin -> ids on stdout, or back\n"
+      "  tokenizer train --vocab-size N --output PATH    train a byte-level BPE tokenizer (--help for inputs)\n"
+      "  tokenize --input PATH... --output-dir DIR       text or JSON Lines (.gz) -> token shards (--help)\n"
       "  config-docs                                     the configuration reference as Markdown\n"
       "  info                                            threads, matrix-product kernels and peak FLOP/s\n");
 }
@@ -67,6 +73,12 @@ int main(int argc, char** argv) {
       const anvil::TrainResult r = anvil::train(cfg);
       return r.interrupted ? 130 : 0;
     }
+    if (cmd == "tokenizer") {
+      if (!rest.empty() && rest[0] == "train")
+        return anvil::tokenizer_train_command(std::vector<std::string>(rest.begin() + 1, rest.end()));
+      return anvil::tokenizer_command(rest);
+    }
+    if (cmd == "tokenize") return anvil::tokenize_command(rest);
     if (cmd == "config-docs") {
       std::printf("%s", anvil::config_markdown().c_str());
       return 0;

@@ -1,5 +1,7 @@
 #include "anvil/cli/tokenize_cmd.h"
 
+#include "anvil/data/bpe_tokenizer.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -20,8 +22,9 @@ namespace anvil {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: anvil tokenize --input PATH|DIR|GLOB... --output-dir DIR [--text-field text] [--shard-tokens N] "
-    "[--skip-bad]\n"
+    "usage: anvil tokenize --input PATH|DIR|GLOB... --output-dir DIR [--tokenizer PATH] [--text-field text] "
+    "[--shard-tokens N] [--skip-bad]\n"
+    "  --tokenizer     tokenizer.json (byte-level BPE) or tiktoken file (default: byte-level)\n"
     "  --input         JSON Lines (.json/.jsonl, optionally .gz) or text files (one document each), directories, "
     "globs\n"
     "  --output-dir    where shard_NNNNNN.shard files and manifest.json go\n"
@@ -132,6 +135,8 @@ TokenizeOptions parse_tokenize_args(const std::vector<std::string>& args) {
       ANVIL_CHECK(o.inputs.size() > before, "anvil tokenize: --input needs at least one path or pattern\n", kUsage);
     } else if (a == "--output-dir") {
       o.output_dir = value(i);
+    } else if (a == "--tokenizer") {
+      o.tokenizer = value(i);
     } else if (a == "--text-field") {
       o.source.text_field = value(i);
     } else if (a == "--shard-tokens") {
@@ -251,9 +256,9 @@ int tokenize_command(const std::vector<std::string>& args) {
       return 0;
     }
   const TokenizeOptions opts = parse_tokenize_args(args);
-  // The lead adds --tokenizer PATH here: load it and pass tokenizer_file_hash(PATH).
-  ByteTokenizer tokenizer;
-  const TokenizeResult r = tokenize_to_shards(opts, tokenizer, byte_tokenizer_hash());
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(opts.tokenizer.empty() ? "bytes" : opts.tokenizer);
+  const uint64_t hash = opts.tokenizer.empty() ? byte_tokenizer_hash() : tokenizer_file_hash(opts.tokenizer);
+  const TokenizeResult r = tokenize_to_shards(opts, *tokenizer, hash);
   if (r.up_to_date) {
     std::printf("anvil tokenize: %s is up to date (%zu shard(s)); nothing to do\n", opts.output_dir.c_str(),
                 r.shards.size());

@@ -20,6 +20,7 @@ struct TokenizeOptions {
   SourceOptions source;                // text field, skip-bad
   int64_t shard_tokens = 100'000'000;  // a shard closes at the first document end past this
   bool progress = true;                // progress bar on stderr
+  std::string tokenizer;               // tokenizer.json or tiktoken file; empty: byte-level
 };
 
 struct TokenizeResult {

@@ -41,7 +41,7 @@ std::vector<Key> key_table(JobConfig& c) {
       {"model", "name", &c.model.name, "model family", {"llama2", "llama3"}},
       {"model", "flavor", &c.model.flavor,
        "named shape: debugmodel, 25M, 125M, 1B, 3B, 8B, 70B, 405B (llama3); 7B, 13B, 70B (llama2)"},
-      {"model", "tokenizer_path", &c.model.tokenizer_path, "tokenizer file; empty: byte-level tokenizer"},
+      {"model", "tokenizer_path", &c.model.tokenizer_path, "tokenizer.json (Hugging Face byte-level BPE) or tiktoken file; empty: byte-level tokenizer"},
 
       {"training", "dataset", &c.training.dataset, "dataset name", {"brown", "text"}},
       {"training", "dataset_path", &c.training.dataset_path, "folder or file the dataset is read from"},

@@ -12,6 +12,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
+#include "anvil/data/bpe_tokenizer.h"
 #include "anvil/data/brown.h"
 #include "anvil/data/loader.h"
 #include "anvil/model/llama.h"
@@ -85,8 +86,6 @@ void check_supported(const JobConfig& cfg) {
               "set them to 1 (data_parallel_shard_degree may stay -1)");
   ANVIL_CHECK(!cfg.checkpoint.enable,
               "checkpoint.enable = true: saving checkpoints is not implemented in this build yet; set it to false");
-  ANVIL_CHECK(cfg.model.tokenizer_path.empty(), "model.tokenizer_path = \"", cfg.model.tokenizer_path,
-              "\": only the byte-level tokenizer exists in this build; leave tokenizer_path empty");
 }
 
 }  // namespace
@@ -110,9 +109,12 @@ TrainResult train(const JobConfig& cfg) {
   const int64_t accum_steps = global_batch / tc.local_batch_size;
   ANVIL_CHECK(tc.seq_len <= args.max_seq_len, "training.seq_len ", tc.seq_len, " exceeds ", args.name, "/",
               args.flavor, "'s max_seq_len ", args.max_seq_len);
-  ByteTokenizer tokenizer;
+  const std::unique_ptr<Tokenizer> tokenizer_ptr =
+      load_tokenizer(cfg.model.tokenizer_path.empty() ? "bytes" : cfg.model.tokenizer_path);
+  const Tokenizer& tokenizer = *tokenizer_ptr;
   ANVIL_CHECK(tokenizer.vocab_size() <= args.vocab_size, "the ", tokenizer.name(), " tokenizer has ",
-              tokenizer.vocab_size(), " tokens but the model's vocabulary is ", args.vocab_size);
+              tokenizer.vocab_size(), " tokens but the model's vocabulary is ", args.vocab_size,
+              "; pick a flavour with a larger vocabulary or a smaller tokenizer");
 
   // Refuse, before allocating anything, a run that cannot fit.
   const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac};
