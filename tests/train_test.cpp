@@ -108,3 +108,31 @@ TEST(Train, BadInputGetsOneClearLine) {
   EXPECT_EQ(out.exit_code, 1);
   EXPECT_NE(out.text.find("exceeds the"), std::string::npos) << out.text;
 }
+
+TEST(Train, ReadsTokenShardsAndJsonLines) {
+  const fs::path data = make_dataset(), dir = fs::temp_directory_path() / "anvil_train_test_shards";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream jsonl(dir / "docs.jsonl");
+    for (int i = 0; i < 200; ++i)
+      jsonl << "{\"text\": \"Document " << i << " says the jury praised the election.\"}\n";
+  }
+  Output out = run("tokenize --no-progress --input " + (dir / "docs.jsonl").string() + " --output-dir " +
+                   (dir / "shards").string());
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  const std::string common = " --training.seq_len 32 --training.local_batch_size 2 --training.steps 3"
+                             " --metrics.log_freq 1 --job.dump_folder " + (dir / "out").string();
+  out = run("train --training.dataset shards --training.dataset_path " + (dir / "shards").string() + common);
+  EXPECT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("done: 3 steps"), std::string::npos) << out.text;
+  out = run("train --training.dataset text --training.dataset_path " + (dir / "docs.jsonl").string() + common);
+  EXPECT_EQ(out.exit_code, 0) << out.text;
+  // Shards made with another tokenizer (bytes, here) are refused.
+  out = run("tokenizer train --vocab-size 300 --input " + data.string() + " --output " + (dir / "tok.json").string());
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  out = run("train --training.dataset shards --training.dataset_path " + (dir / "shards").string() +
+            " --model.tokenizer_path " + (dir / "tok.json").string() + common);
+  EXPECT_EQ(out.exit_code, 1) << out.text;
+  EXPECT_NE(out.text.find("tokenizer"), std::string::npos) << out.text;
+}

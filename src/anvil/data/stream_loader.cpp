@@ -36,6 +36,14 @@ int64_t ShardSource::read(size_t unit, int64_t offset, int64_t max_tokens, std::
   return offset + n;
 }
 
+int64_t TokenVectorSource::read(size_t, int64_t offset, int64_t max_tokens, std::vector<int32_t>& out) {
+  const int64_t size = static_cast<int64_t>(tokens_.size());
+  if (offset >= size) return -1;
+  const int64_t n = std::min(max_tokens, size - offset);
+  out.insert(out.end(), tokens_.begin() + offset, tokens_.begin() + offset + n);
+  return offset + n;
+}
+
 DocumentTokenSource::DocumentTokenSource(const std::vector<std::string>& inputs, SourceOptions opts,
                                          const Tokenizer& tokenizer)
     : opts_(std::move(opts)), tokenizer_(tokenizer) {

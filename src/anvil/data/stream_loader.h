@@ -91,6 +91,22 @@ class DocumentTokenSource final : public TokenSource {
   std::string text_;
 };
 
+// An in-memory token stream (a small corpus tokenized up front, e.g. the Brown
+// corpus after its tags are stripped) as a single unit.
+class TokenVectorSource final : public TokenSource {
+ public:
+  TokenVectorSource(std::string name, std::vector<int32_t> tokens)
+      : name_(std::move(name)), tokens_(std::move(tokens)) {}
+  size_t num_units() const override { return 1; }
+  std::string unit_name(size_t) const override { return name_; }
+  int64_t unit_tokens(size_t) override { return static_cast<int64_t>(tokens_.size()); }
+  int64_t read(size_t unit, int64_t offset, int64_t max_tokens, std::vector<int32_t>& out) override;
+
+ private:
+  std::string name_;
+  std::vector<int32_t> tokens_;
+};
+
 struct StreamLoaderOptions {
   int64_t seq_len = 0;
   int64_t batch_size = 0;  // windows per batch on this rank

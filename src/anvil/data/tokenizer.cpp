@@ -16,4 +16,15 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::vector<int32_t> tokenize_documents(const Tokenizer& tok, const std::vector<std::string>& texts) {
+  std::vector<int32_t> stream;
+  for (const std::string& t : texts) {
+    stream.push_back(tok.bos_id());
+    const auto ids = tok.encode(t);
+    stream.insert(stream.end(), ids.begin(), ids.end());
+    stream.push_back(tok.eos_id());
+  }
+  return stream;
+}
+
 }  // namespace anvil

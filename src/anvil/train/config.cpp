@@ -43,8 +43,12 @@ std::vector<Key> key_table(JobConfig& c) {
        "named shape: debugmodel, 25M, 125M, 1B, 3B, 8B, 70B, 405B (llama3); 7B, 13B, 70B (llama2)"},
       {"model", "tokenizer_path", &c.model.tokenizer_path, "tokenizer.json (Hugging Face byte-level BPE) or tiktoken file; empty: byte-level tokenizer"},
 
-      {"training", "dataset", &c.training.dataset, "dataset name", {"brown", "text"}},
-      {"training", "dataset_path", &c.training.dataset_path, "folder or file the dataset is read from"},
+      {"training", "dataset", &c.training.dataset,
+       "brown: the Brown corpus folder (tags stripped, every 20th file held out for validation); text: text "
+       "or JSON Lines files ({\"text\": ...}, optionally .gz), a folder or a glob; shards: a folder written by "
+       "anvil tokenize",
+       {"brown", "text", "shards"}},
+      {"training", "dataset_path", &c.training.dataset_path, "folder, file or glob the dataset is read from"},
       {"training", "steps", &c.training.steps, "optimizer steps to train", {}, 1, kInf},
       {"training", "local_batch_size", &c.training.local_batch_size, "sequences per micro-batch on each rank", {}, 1,
        kInf},
@@ -107,6 +111,8 @@ std::vector<Key> key_table(JobConfig& c) {
        "sequences per pipeline micro-batch", {}, 1, kInf},
 
       {"validation", "enable", &c.validation.enable, "evaluate on held-out data"},
+      {"validation", "dataset_path", &c.validation.dataset_path,
+       "held-out data in the training dataset's kind; empty: brown's own held-out split"},
       {"validation", "freq", &c.validation.freq, "evaluate every this many steps", {}, 1, kInf},
       {"validation", "steps", &c.validation.steps, "batches per evaluation", {}, 1, kInf},
   };

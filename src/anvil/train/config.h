@@ -72,6 +72,7 @@ struct JobConfig {
   } parallelism;
   struct Validation {
     bool enable = false;
+    std::string dataset_path = "";  // empty: the dataset's own held-out split (brown)
     int64_t freq = 100;
     int64_t steps = 10;
   } validation;

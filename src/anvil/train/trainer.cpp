@@ -14,7 +14,9 @@
 #include "anvil/core/parallel.h"
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/data/brown.h"
-#include "anvil/data/loader.h"
+#include "anvil/data/shard.h"
+#include "anvil/data/stream_loader.h"
+#include "anvil/data/text_source.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/grad_norm.h"
@@ -42,40 +44,40 @@ std::string with_commas(int64_t n) {
   return out;
 }
 
-// Documents of the configured dataset, split into train and validation.
-struct Corpus {
-  std::vector<std::string> train, validation;
+// The token sources of the configured dataset, for training and validation.
+struct DataSources {
+  std::unique_ptr<TokenSource> train, validation;  // validation may be null
+  std::string description;
 };
 
-Corpus load_corpus(const JobConfig::Training& t) {
-  std::vector<TextDocument> docs;
+std::unique_ptr<TokenSource> open_source(const std::string& kind, const std::string& path, const Tokenizer& tok,
+                                         uint64_t tokenizer_hash) {
+  if (kind == "shards") return std::make_unique<ShardSource>(list_shards(path), tokenizer_hash, tok.vocab_size());
+  return std::make_unique<DocumentTokenSource>(std::vector<std::string>{path}, SourceOptions{}, tok);
+}
+
+DataSources open_dataset(const JobConfig& cfg, const Tokenizer& tok, uint64_t tokenizer_hash) {
+  const auto& t = cfg.training;
+  DataSources d;
   if (t.dataset == "brown") {
-    docs = read_brown_corpus(t.dataset_path);
-  } else {  // "text": a UTF-8 file, or a folder of .txt files
-    namespace fs = std::filesystem;
-    ANVIL_CHECK(fs::exists(t.dataset_path), "training.dataset_path '", t.dataset_path, "' does not exist");
-    std::vector<fs::path> files;
-    if (fs::is_directory(t.dataset_path)) {
-      for (const auto& e : fs::directory_iterator(t.dataset_path))
-        if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path());
-      std::sort(files.begin(), files.end());
-    } else {
-      files.push_back(t.dataset_path);
-    }
-    ANVIL_CHECK(!files.empty(), "no .txt files in '", t.dataset_path, "'");
-    for (const auto& f : files) {
-      std::ifstream in(f);
-      ANVIL_CHECK(in.good(), "cannot read '", f.string(), "'");
-      std::stringstream ss;
-      ss << in.rdbuf();
-      docs.push_back({f.filename().string(), ss.str()});
-    }
+    // Small enough to tokenize up front; every 20th file is held out, so both
+    // splits span all the corpus' genres.
+    const std::vector<TextDocument> docs = read_brown_corpus(t.dataset_path);
+    std::vector<std::string> train, validation;
+    for (size_t i = 0; i < docs.size(); ++i) (i % 20 == 19 ? validation : train).push_back(docs[i].text);
+    auto train_src = std::make_unique<TokenVectorSource>("brown/train", tokenize_documents(tok, train));
+    d.description = detail::concat("brown at ", t.dataset_path, ": ", train.size(), " train documents (",
+                                   with_commas(train_src->unit_tokens(0)), " tokens), ", validation.size(),
+                                   " validation");
+    d.train = std::move(train_src);
+    d.validation = std::make_unique<TokenVectorSource>("brown/validation", tokenize_documents(tok, validation));
+    return d;
   }
-  Corpus c;
-  // Every 20th document is held out, so both splits span all genres.
-  for (size_t i = 0; i < docs.size(); ++i) (i % 20 == 19 ? c.validation : c.train).push_back(std::move(docs[i].text));
-  if (c.validation.empty()) c.validation = c.train;
-  return c;
+  d.train = open_source(t.dataset, t.dataset_path, tok, tokenizer_hash);
+  d.description = detail::concat(t.dataset, " at ", t.dataset_path, ": ", d.train->num_units(), " file(s)");
+  if (!cfg.validation.dataset_path.empty())
+    d.validation = open_source(t.dataset, cfg.validation.dataset_path, tok, tokenizer_hash);
+  return d;
 }
 
 void check_supported(const JobConfig& cfg) {
@@ -157,14 +159,24 @@ TrainResult train(const JobConfig& cfg) {
               human_bytes(est.bytes(MemCategory::activations)).c_str(),
               human_bytes(est.bytes(MemCategory::workspace)).c_str(), human_bytes(available).c_str());
 
-  // Data.
+  // Data: packed windows of seq_len + 1 tokens, prepared by a prefetch thread
+  // while the step computes.
   const auto t_data = Clock::now();
-  const Corpus corpus = load_corpus(tc);
-  PackedLoader loader(tokenize_documents(tokenizer, corpus.train), tc.seq_len);
-  PackedLoader val_loader(tokenize_documents(tokenizer, corpus.validation), tc.seq_len);
-  std::printf("anvil: dataset %s at %s: %zu train documents (%s tokens), %zu validation, %s tokenizer (%.2fs)\n",
-              tc.dataset.c_str(), tc.dataset_path.c_str(), corpus.train.size(),
-              with_commas(loader.num_tokens()).c_str(), corpus.validation.size(), tokenizer.name().c_str(),
+  const uint64_t tokenizer_hash =
+      cfg.model.tokenizer_path.empty() ? byte_tokenizer_hash() : tokenizer_file_hash(cfg.model.tokenizer_path);
+  DataSources data = open_dataset(cfg, tokenizer, tokenizer_hash);
+  ANVIL_CHECK(!cfg.validation.enable || data.validation, "validation.enable = true needs validation.dataset_path ",
+              "for the ", tc.dataset, " dataset (only brown holds out a split by itself)");
+  StreamLoaderOptions loader_opts{.seq_len = tc.seq_len, .batch_size = tc.local_batch_size,
+                                  .seed = static_cast<uint64_t>(tc.seed)};
+  StreamLoader loader(std::move(data.train), loader_opts);
+  std::unique_ptr<StreamLoader> val_loader;
+  if (cfg.validation.enable) {
+    StreamLoaderOptions val_opts = loader_opts;
+    val_opts.prefetch = false;
+    val_loader = std::make_unique<StreamLoader>(std::move(data.validation), val_opts);
+  }
+  std::printf("anvil: dataset %s; %s tokenizer (%.2fs)\n", data.description.c_str(), tokenizer.name().c_str(),
               seconds_since(t_data));
 
   // Model and optimizer.
@@ -203,8 +215,9 @@ TrainResult train(const JobConfig& cfg) {
     const auto t_fetch = Clock::now();
     int64_t step_tokens = 0;
     for (int64_t i = 0; i < accum_steps; ++i) {
-      loader.next_batch(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]);
-      step_tokens += tokens[static_cast<size_t>(i)].numel();  // the byte tokenizer never ignores a target
+      ANVIL_CHECK(loader.next_batch(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]),
+                  "the dataset ran out of tokens");
+      step_tokens += tokens[static_cast<size_t>(i)].numel();  // packed windows never ignore a target
     }
     data_seconds += seconds_since(t_fetch);
 
@@ -271,11 +284,11 @@ TrainResult train(const JobConfig& cfg) {
       double vsum = 0;
       int64_t vtok = 0;
       for (int64_t i = 0; i < cfg.validation.steps; ++i) {
-        val_loader.next_batch(tokens[0], targets[0]);
+        ANVIL_CHECK(val_loader->next_batch(tokens[0], targets[0]), "the validation set ran out of tokens");
         const CrossEntropyResult r = model.forward(tokens[0], targets[0]);
         vsum += r.loss_sum, vtok += r.num_tokens;
       }
-      val_loader.set_state({});
+      val_loader->set_state(StreamState{});  // the same held-out batches every time
       std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step),
                   vsum / static_cast<double>(vtok), static_cast<long long>(vtok));
     }
