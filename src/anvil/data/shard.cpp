@@ -106,6 +106,7 @@ ShardWriter::~ShardWriter() {
 
 void ShardWriter::append(const int32_t* ids, size_t n) {
   ANVIL_ASSERT(f_ != nullptr, "append after finish");
+  if (n == 0) return;  // an empty buffer's data() may be null, which fwrite must not get
   const uint32_t w = header_.token_bytes;
   buf_.resize(n * w);
   for (size_t i = 0; i < n; ++i) {
