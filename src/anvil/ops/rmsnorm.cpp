@@ -6,86 +6,13 @@
 #include <cstring>
 
 #include "anvil/core/parallel.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-#define ANVIL_RMSNORM_AVX512 1
-#endif
+#include "anvil/ops/vec16.h"
 
 namespace anvil {
 
 namespace {
 
-// ---- 16 floats at a time, loaded from / stored to f32 or bf16 ----
-// AVX-512 when the build targets it (bf16 <-> f32 in one instruction each way,
-// masked loads/stores for the tail of a row), a plain array the compiler
-// vectorises otherwise. `n` in the tail forms is the count of valid lanes, 1..16.
-constexpr int64_t kW = 16;
-#ifdef ANVIL_RMSNORM_AVX512
-struct V {
-  __m512 v;
-};
-inline __mmask16 lanes(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
-// bf16 -> f32 is a 16-bit left shift. The maskz forms (all lanes on) avoid GCC 12's
-// false "may be used uninitialized" on the plain intrinsics' undefined operand.
-inline V widen(__m256i h) {
-  return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16))};
-}
-inline __m256i narrow(V a) { return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(a.v)); }  // round to nearest even
-inline V load(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline V load(const float* p, int64_t n) { return {_mm512_maskz_loadu_ps(lanes(n), p)}; }
-inline V load(const bf16* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline V load(const bf16* p, int64_t n) { return widen(_mm256_maskz_loadu_epi16(lanes(n), p)); }
-inline void store(float* p, V a) { _mm512_storeu_ps(p, a.v); }
-inline void store(float* p, V a, int64_t n) { _mm512_mask_storeu_ps(p, lanes(n), a.v); }
-inline void store(bf16* p, V a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(a)); }
-inline void store(bf16* p, V a, int64_t n) { _mm256_mask_storeu_epi16(p, lanes(n), narrow(a)); }
-inline V splat(float x) { return {_mm512_set1_ps(x)}; }
-inline V operator+(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline V operator-(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
-inline V operator*(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline V madd(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a·b + c
-inline float hsum(V a) {  // once per row: a plain sum (the intrinsic trips the same GCC warning)
-  alignas(64) float t[kW];
-  _mm512_store_ps(t, a.v);
-  float s = 0;
-  for (float e : t) s += e;
-  return s;
-}
-#else
-struct V {
-  float v[kW];
-};
-template <class T>
-inline V load(const T* p, int64_t n = kW) {
-  V r{};
-  for (int64_t i = 0; i < n; ++i) r.v[i] = to_f32(p[i]);
-  return r;
-}
-template <class T>
-inline void store(T* p, V a, int64_t n = kW) {
-  for (int64_t i = 0; i < n; ++i) p[i] = from_f32<T>(a.v[i]);
-}
-inline V splat(float x) {
-  V r;
-  for (float& e : r.v) e = x;
-  return r;
-}
-template <class F>
-inline V lanewise(V a, V b, F f) {
-  for (int64_t i = 0; i < kW; ++i) a.v[i] = f(a.v[i], b.v[i]);
-  return a;
-}
-inline V operator+(V a, V b) { return lanewise(a, b, [](float x, float y) { return x + y; }); }
-inline V operator-(V a, V b) { return lanewise(a, b, [](float x, float y) { return x - y; }); }
-inline V operator*(V a, V b) { return lanewise(a, b, [](float x, float y) { return x * y; }); }
-inline V madd(V a, V b, V c) { return a * b + c; }
-inline float hsum(V a) {
-  float s = 0;
-  for (float e : a.v) s += e;
-  return s;
-}
-#endif
+using namespace vec16;  // the 16-lane vector helpers (ops/vec16.h)
 
 // Σ x² over a row, with four accumulators (shorter dependency chains, and each
 // accumulator sums a quarter of the row, which also helps f32 accuracy).
@@ -95,15 +22,15 @@ float sum_squares(const T* x, int64_t D) {
   int64_t j = 0;
   for (; j + 4 * kW <= D; j += 4 * kW) {
     const V x0 = load(x + j), x1 = load(x + j + kW), x2 = load(x + j + 2 * kW), x3 = load(x + j + 3 * kW);
-    a0 = madd(x0, x0, a0), a1 = madd(x1, x1, a1), a2 = madd(x2, x2, a2), a3 = madd(x3, x3, a3);
+    a0 = mul_add(x0, x0, a0), a1 = mul_add(x1, x1, a1), a2 = mul_add(x2, x2, a2), a3 = mul_add(x3, x3, a3);
   }
   for (; j + kW <= D; j += kW) {
     const V v = load(x + j);
-    a0 = madd(v, v, a0);
+    a0 = mul_add(v, v, a0);
   }
   if (j < D) {
     const V v = load(x + j, D - j);
-    a1 = madd(v, v, a1);
+    a1 = mul_add(v, v, a1);
   }
   return hsum((a0 + a1) + (a2 + a3));
 }
@@ -145,13 +72,13 @@ void backward_row(const T* dy, const T* x, const T* w, const float* rstd_saved, 
   int64_t j = 0;
   for (; j + kW <= D; j += kW) {
     const V xv = load(x + j);
-    d0 = madd(load(dy + j) * load(w + j), xv, d0);
-    if (!rstd_saved) s0 = madd(xv, xv, s0);
+    d0 = mul_add(load(dy + j) * load(w + j), xv, d0);
+    if (!rstd_saved) s0 = mul_add(xv, xv, s0);
   }
   if (j < D) {
     const V xv = load(x + j, D - j);
-    d1 = madd(load(dy + j, D - j) * load(w + j, D - j), xv, d1);
-    s1 = madd(xv, xv, s1);
+    d1 = mul_add(load(dy + j, D - j) * load(w + j, D - j), xv, d1);
+    s1 = mul_add(xv, xv, s1);
   }
   const float r = rstd_saved ? *rstd_saved : rstd_of(hsum(s0 + s1), D, eps);
   const float dot = hsum(d0 + d1);
@@ -163,7 +90,7 @@ void backward_row(const T* dy, const T* x, const T* w, const float* rstd_saved, 
     V g = dx_of(dyv, load(w + j), xv);
     if (accumulate_dx) g = g + load(dx + j);
     store(dx + j, g);
-    store(pdw + j, madd(dyv * xv, rv, load(pdw + j)));
+    store(pdw + j, mul_add(dyv * xv, rv, load(pdw + j)));
   }
   if (j < D) {
     const int64_t n = D - j;
@@ -171,7 +98,7 @@ void backward_row(const T* dy, const T* x, const T* w, const float* rstd_saved, 
     V g = dx_of(dyv, load(w + j, n), xv);
     if (accumulate_dx) g = g + load(dx + j, n);
     store(dx + j, g, n);
-    store(pdw + j, madd(dyv * xv, rv, load(pdw + j, n)), n);
+    store(pdw + j, mul_add(dyv * xv, rv, load(pdw + j, n)), n);
   }
 }
 
