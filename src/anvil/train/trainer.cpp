@@ -21,6 +21,7 @@
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/plan/memory.h"
+#include "anvil/train/checkpoint.h"
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/metrics.h"
 
@@ -86,8 +87,6 @@ void check_supported(const JobConfig& cfg) {
                   p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1,
               "[parallelism] degrees other than 1 need distributed training, which this build does not have yet; "
               "set them to 1 (data_parallel_shard_degree may stay -1)");
-  ANVIL_CHECK(!cfg.checkpoint.enable,
-              "checkpoint.enable = true: saving checkpoints is not implemented in this build yet; set it to false");
 }
 
 }  // namespace
@@ -192,7 +191,25 @@ TrainResult train(const JobConfig& cfg) {
   const LrSchedule schedule{cfg.optimizer.lr, tc.steps, cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
                             cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
   MetricsLog metrics(cfg.job.dump_folder);
-  std::printf("anvil: training %lld steps; metrics to %s; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps),
+
+  // Resume from the newest checkpoint in the folder (or checkpoint.load_step).
+  int64_t first_step = 1;
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (cfg.checkpoint.enable) {
+    const std::string folder = (std::filesystem::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
+    checkpointer = std::make_unique<Checkpointer>(folder, cfg.checkpoint.keep_latest_k);
+    const int64_t resume = cfg.checkpoint.load_step >= 0 ? cfg.checkpoint.load_step : checkpointer->latest_step();
+    if (resume >= 0) {
+      const auto t_load = Clock::now();
+      loader.load_state_json(checkpointer->load(resume, ps, adam_m, adam_v));
+      first_step = resume + 1;
+      std::printf("anvil: resumed from %s (step %lld) in %.2fs\n", checkpointer->path_of(resume).c_str(),
+                  static_cast<long long>(resume), seconds_since(t_load));
+    }
+    std::printf("anvil: checkpoints every %lld steps to %s\n", static_cast<long long>(cfg.checkpoint.interval),
+                folder.c_str());
+  }
+  std::printf("anvil: training to step %lld; metrics to %s; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps),
               metrics.path().c_str());
 
   // The step's micro-batches are fetched up front, so the loss can be normalised
@@ -211,7 +228,7 @@ TrainResult train(const JobConfig& cfg) {
   double data_seconds = 0;
   int64_t interval_tokens = 0;
   size_t run_peak = 0;  // the largest tracked peak of any logging interval
-  for (int64_t step = 1; step <= tc.steps; ++step) {
+  for (int64_t step = first_step; step <= tc.steps; ++step) {
     const auto t_fetch = Clock::now();
     int64_t step_tokens = 0;
     for (int64_t i = 0; i < accum_steps; ++i) {
@@ -291,6 +308,13 @@ TrainResult train(const JobConfig& cfg) {
       val_loader->set_state(StreamState{});  // the same held-out batches every time
       std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step),
                   vsum / static_cast<double>(vtok), static_cast<long long>(vtok));
+    }
+    if (checkpointer && (step % cfg.checkpoint.interval == 0 || step == tc.steps)) {
+      const auto t_save = Clock::now();
+      const size_t bytes = checkpointer->save(step, ps, adam_m, adam_v, loader.state_json(),
+                                              detail::concat(args.name, "/", args.flavor));
+      std::printf("anvil: checkpoint %s saved (%s, %.2fs)\n", checkpointer->path_of(step).c_str(),
+                  human_bytes(bytes).c_str(), seconds_since(t_save));
     }
     if (g_interrupted) {
       std::printf("anvil: interrupted after step %lld of %lld.\n", static_cast<long long>(step),
