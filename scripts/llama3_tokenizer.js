@@ -80,10 +80,23 @@ function encode(tok) {
   process.stdout.write(JSON.stringify(ids));
 }
 
+// Times the package's encoder on one text read from stdin (no BOS/EOS), after
+// loading, and prints {"bytes", "tokens", "seconds", "mb_per_s"} like
+// `anvil tokenizer encode --stats`.
+function time(tok) {
+  const text = fs.readFileSync(0, 'utf8');
+  const t0 = process.hrtime.bigint();
+  const ids = tok.encode(text, { bos: false, eos: false });
+  const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+  const bytes = Buffer.byteLength(text, 'utf8');
+  console.log(JSON.stringify({ bytes, tokens: ids.length, seconds: secs, mb_per_s: bytes / secs / 1e6 }));
+}
+
 const [mode, pkgDir, out] = process.argv.slice(2);
-if (!pkgDir || (mode === 'convert' && !out) || (mode !== 'convert' && mode !== 'encode')) {
-  console.error('usage: node llama3_tokenizer.js convert PACKAGE_DIR OUT.json | encode PACKAGE_DIR < docs.json');
+if (!pkgDir || (mode === 'convert' && !out) || !['convert', 'encode', 'time'].includes(mode)) {
+  console.error('usage: node llama3_tokenizer.js convert PACKAGE_DIR OUT.json | encode PACKAGE_DIR < docs.json | ' +
+                'time PACKAGE_DIR < text');
   process.exit(2);
 }
 const tok = await loadTokenizer(pkgDir);
-if (mode === 'convert') convert(tok, out); else encode(tok);
+if (mode === 'convert') convert(tok, out); else if (mode === 'encode') encode(tok); else time(tok);

@@ -17,6 +17,7 @@
 #include "anvil/data/bpe_trainer.h"
 
 #include "anvil/cli/tokenizer_train_cmd.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using anvil::BpeModel;
@@ -286,7 +287,7 @@ TEST(BpeTrainer, EncodeDecodeRoundTrip) {
 // encodes exactly as the minimal encoder above and decodes back to the text.
 TEST(BpeTrainer, RoundTripThroughTokenizerJsonLoader) {
   const BpeModel m = anvil::train_bpe(std::vector<std::string>{generated_text(40000, 21)}, with_vocab(2048));
-  const fs::path path = fs::temp_directory_path() / "anvil_bpe_trainer_roundtrip.json";
+  const fs::path path = anvil::testing::scratch_root() / "anvil_bpe_trainer_roundtrip.json";
   anvil::write_bpe_tokenizer_json(m, path.string());
   const auto t = anvil::BpeTokenizer::from_hf_json(path.string());
   EXPECT_EQ(t->vocab_size(), 2048);
@@ -353,7 +354,7 @@ TEST(BpeTrainer, BadInputErrors) {
 }
 
 TEST(BpeTrainerCli, TrainsAndReportsBadInput) {
-  const fs::path dir = fs::temp_directory_path() / "anvil_bpe_trainer_test";
+  const fs::path dir = anvil::testing::scratch_root() / "anvil_bpe_trainer_test";
   fs::remove_all(dir);
   fs::create_directories(dir / "corpus" / "sub");
   std::ofstream(dir / "corpus" / "a.txt") << generated_text(5000, 11);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -31,7 +32,7 @@ Output run(const std::string& args) {
 }
 
 fs::path workdir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("anvil_checkpoint_test_" + name);
+  const fs::path dir = anvil::testing::scratch_root() / ("anvil_checkpoint_test_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream text(dir / "text.txt");

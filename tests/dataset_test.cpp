@@ -13,6 +13,7 @@
 #include "anvil/data/shard.h"
 #include "anvil/data/text_source.h"
 #include "anvil/data/tokenizer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace anvil;
@@ -20,7 +21,7 @@ using namespace anvil;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / "anvil_dataset_test" / name;
+  const fs::path d = anvil::testing::scratch_root() / "anvil_dataset_test" / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

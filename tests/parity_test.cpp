@@ -118,7 +118,7 @@ void check_parity(const std::string& flavor, DType dt, Tolerances tol, bool rope
   Llama model(args, dt, kSeq);
   model.params().init(/*seed=*/3);
   auto [tokens, targets] = make_batches(args.vocab_size);
-  const fs::path dir = fs::temp_directory_path() / ("anvil_parity_" + flavor + "_" + dtype_name(dt));
+  const fs::path dir = anvil::testing::scratch_root() / ("anvil_parity_" + flavor + "_" + dtype_name(dt));
   fs::create_directories(dir);
   const Run torch = run_torch(model, tokens, targets, dir);  // before Anvil's steps change the weights
   const Run anvil = run_anvil(model, tokens, targets, AcPolicy{});

@@ -10,6 +10,7 @@
 #include "anvil/core/error.h"
 #include "anvil/data/shard.h"
 #include "anvil/data/stream_loader.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace anvil;
@@ -26,7 +27,7 @@ struct Dataset {
 };
 
 Dataset make_shards(const std::string& name, const std::vector<int64_t>& lengths = kLengths) {
-  const fs::path d = fs::temp_directory_path() / "anvil_stream_loader_test" / name;
+  const fs::path d = anvil::testing::scratch_root() / "anvil_stream_loader_test" / name;
   fs::remove_all(d);
   fs::create_directories(d);
   Dataset ds;
@@ -177,7 +178,7 @@ TEST(StreamLoader, ResumesAtTheExactToken) {
 }
 
 TEST(StreamLoader, ResumesDocumentsTokenizedOnTheFly) {
-  const fs::path d = fs::temp_directory_path() / "anvil_stream_loader_test" / "docs";
+  const fs::path d = anvil::testing::scratch_root() / "anvil_stream_loader_test" / "docs";
   fs::remove_all(d);
   fs::create_directories(d);
   for (int f = 0; f < 4; ++f) {

@@ -1,7 +1,11 @@
 // Helpers shared by the op tests: random inputs, double-precision copies,
 // error measures and central finite differences.
 #pragma once
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <string>
 #include <functional>
 #include <string_view>
 #include <vector>
@@ -10,6 +14,17 @@
 #include "anvil/core/tensor.h"
 
 namespace anvil::testing {
+
+// A folder of this process's own under the system temp dir, so that test runs
+// going on at the same time (two builds, ctest -j) never share files.
+inline std::filesystem::path scratch_root() {
+  static const std::filesystem::path root = [] {
+    const auto p = std::filesystem::temp_directory_path() / ("anvil-tests-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(p);
+    return p;
+  }();
+  return root;
+}
 
 // Uniform in [-scale, scale), keyed by name so each input is reproducible.
 // Values of exactly zero are nudged away: a zero input hides bugs.

@@ -15,6 +15,7 @@
 
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/data/brown.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -158,7 +159,7 @@ TEST(TokenizerParity, Llama3MatchesLlama3TokenizerJs) {
   const std::vector<std::string> docs = documents();
   size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
-  const fs::path dir = fs::temp_directory_path() / "anvil_tokenizer_parity";
+  const fs::path dir = anvil::testing::scratch_root() / "anvil_tokenizer_parity";
   fs::create_directories(dir);
   std::ofstream(dir / "docs.json") << nlohmann::json(docs).dump();
   const std::string cmd = cat("node '", (kSource / "scripts/llama3_tokenizer.js").string(), "' encode '",

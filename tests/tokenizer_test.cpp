@@ -13,6 +13,7 @@
 #include "anvil/core/error.h"
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/data/pretokenizer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using anvil::BpeTokenizer;
@@ -20,7 +21,7 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / "anvil_tokenizer_test";
+const fs::path kDir = anvil::testing::scratch_root() / "anvil_tokenizer_test";
 
 // GPT-2's byte alphabet, written out again here (not taken from the code under
 // test): printable Latin-1 bytes are themselves, the rest count up from U+0100.

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -32,7 +33,7 @@ Output run(const std::string& args, const std::string& prefix = "") {
 
 // A small English text from the Brown corpus if it is there, else a generated one.
 fs::path make_dataset() {
-  const fs::path dir = fs::temp_directory_path() / "anvil_train_test";
+  const fs::path dir = anvil::testing::scratch_root() / "anvil_train_test";
   fs::create_directories(dir);
   std::ofstream f(dir / "text.txt");
   for (int i = 0; i < 400; ++i)
@@ -50,7 +51,7 @@ std::string common_args(const fs::path& data, const fs::path& dump) {
 }  // namespace
 
 TEST(Train, LossFallsAndMetricsAreLogged) {
-  const fs::path data = make_dataset(), dump = fs::temp_directory_path() / "anvil_train_test_out";
+  const fs::path data = make_dataset(), dump = anvil::testing::scratch_root() / "anvil_train_test_out";
   fs::remove_all(dump);
   const Output out = run("train " + common_args(data, dump) +
                          " --training.steps 30 --training.global_batch_size 8 --activation_checkpoint.mode full");
@@ -71,7 +72,7 @@ TEST(Train, LossFallsAndMetricsAreLogged) {
 }
 
 TEST(Train, NonFiniteLossStopsWithTheStepOrIsSkipped) {
-  const fs::path data = make_dataset(), dump = fs::temp_directory_path() / "anvil_train_test_nan";
+  const fs::path data = make_dataset(), dump = anvil::testing::scratch_root() / "anvil_train_test_nan";
   // An absurd learning rate blows the weights up after the first update.
   const std::string args = "train " + common_args(data, dump) +
                            " --training.steps 6 --optimizer.lr 1e30 --lr_scheduler.warmup_steps 0 --training.max_norm 0";
@@ -85,7 +86,7 @@ TEST(Train, NonFiniteLossStopsWithTheStepOrIsSkipped) {
 }
 
 TEST(Train, CtrlCStopsCleanlyAndSaysWhere) {
-  const fs::path data = make_dataset(), dump = fs::temp_directory_path() / "anvil_train_test_int";
+  const fs::path data = make_dataset(), dump = anvil::testing::scratch_root() / "anvil_train_test_int";
   const Output out = run("train " + common_args(data, dump) + " --training.steps 100000", "timeout --preserve-status -s INT 4 ");
   EXPECT_EQ(out.exit_code, 130) << out.text;
   EXPECT_NE(out.text.find("interrupted"), std::string::npos) << out.text;
@@ -110,7 +111,7 @@ TEST(Train, BadInputGetsOneClearLine) {
 }
 
 TEST(Train, ReadsTokenShardsAndJsonLines) {
-  const fs::path data = make_dataset(), dir = fs::temp_directory_path() / "anvil_train_test_shards";
+  const fs::path data = make_dataset(), dir = anvil::testing::scratch_root() / "anvil_train_test_shards";
   fs::remove_all(dir);
   fs::create_directories(dir);
   {

@@ -1,5 +1,6 @@
 #include "anvil/cli/tokenizer_cmd.h"
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -14,7 +15,8 @@ namespace anvil {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: anvil tokenizer encode --tokenizer PATH [--bos] [--eos]   (UTF-8 text on stdin -> ids)\n"
+    "usage: anvil tokenizer encode --tokenizer PATH [--bos] [--eos] [--stats]   (UTF-8 text on stdin -> ids;\n"
+    "       --stats prints the encoding time and MB/s as JSON on stderr)\n"
     "       anvil tokenizer decode --tokenizer PATH                   (ids on stdin -> text)\n"
     "PATH is a Hugging Face tokenizer.json, a tiktoken file, or \"bytes\".\n";
 
@@ -38,7 +40,7 @@ int tokenizer_command(const std::vector<std::string>& args) {
     return 2;
   }
   std::string path;
-  bool bos = false, eos = false;
+  bool bos = false, eos = false, stats = false;
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--tokenizer" && i + 1 < args.size()) {
       path = args[++i];
@@ -48,6 +50,8 @@ int tokenizer_command(const std::vector<std::string>& args) {
       bos = true;
     } else if (sub == "encode" && args[i] == "--eos") {
       eos = true;
+    } else if (sub == "encode" && args[i] == "--stats") {
+      stats = true;
     } else {
       std::fprintf(stderr, "anvil tokenizer %s: unexpected argument \"%s\"\n%s", sub.c_str(), args[i].c_str(), kUsage);
       return 2;
@@ -65,7 +69,14 @@ int tokenizer_command(const std::vector<std::string>& args) {
         ANVIL_CHECK(tok->bos_id() >= 0, "--bos: tokenizer ", path, " has no BOS token");
         ids.push_back(tok->bos_id());
       }
-      const std::vector<int32_t> body = tok->encode(read_stdin());
+      const std::string text = read_stdin();
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::vector<int32_t> body = tok->encode(text);
+      if (stats) {  // the encoding alone, without loading the tokenizer or printing ids
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::fprintf(stderr, "{\"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f, \"mb_per_s\": %.3f}\n",
+                     text.size(), body.size(), secs, static_cast<double>(text.size()) / secs / 1e6);
+      }
       ids.insert(ids.end(), body.begin(), body.end());
       if (eos) {
         ANVIL_CHECK(tok->eos_id() >= 0, "--eos: tokenizer ", path, " has no EOS token");
