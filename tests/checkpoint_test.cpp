@@ -14,22 +14,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Output {
-  int exit_code;
-  std::string text;
-};
-
-Output run(const std::string& args) {
-  const std::string cmd = std::string(ANVIL_BINARY) + " " + args + " 2>&1";
-  Output out{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.text.append(buf, n);
-  const int status = pclose(p);
-  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
+using Output = anvil::testing::CommandOutput;
+Output run(const std::string& args, const std::string& prefix = "") { return anvil::testing::run_anvil(args, prefix); }
 
 fs::path workdir(const std::string& name) {
   const fs::path dir = anvil::testing::scratch_root() / ("anvil_checkpoint_test_" + name);

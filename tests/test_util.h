@@ -1,9 +1,11 @@
 // Helpers shared by the op tests: random inputs, double-precision copies,
 // error measures and central finite differences.
 #pragma once
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <functional>
@@ -14,6 +16,24 @@
 #include "anvil/core/tensor.h"
 
 namespace anvil::testing {
+
+// The anvil program run with `args` (and an optional command prefix, such as
+// `timeout`): its exit code and everything it printed, stdout and stderr.
+struct CommandOutput {
+  int exit_code;
+  std::string text;
+};
+inline CommandOutput run_anvil(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(ANVIL_BINARY) + " " + args + " 2>&1";
+  CommandOutput out{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.text.append(buf, n);
+  const int status = pclose(p);
+  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
 
 // A folder of this process's own under the system temp dir, so that test runs
 // going on at the same time (two builds, ctest -j) never share files.
