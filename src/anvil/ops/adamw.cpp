@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "anvil/core/parallel.h"
+#include "anvil/ops/avx512_math.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -37,16 +38,6 @@ inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1u);
 }
 
-// bf16(x) rounded to nearest even, bit for bit as bf16::from_float (NaN kept quiet).
-inline void store_bf16(bf16* dst, __m512 x, __mmask16 k) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  _mm256_mask_storeu_epi16(dst, k, _mm512_cvtepi32_epi16(r));
-}
 
 template <bool kWriteBf16>
 void adamw_range(const Coeffs& c, float* p, const float* g, float* m, float* v, bf16* pb, int64_t lo, int64_t hi) {
@@ -65,7 +56,7 @@ void adamw_range(const Coeffs& c, float* p, const float* g, float* m, float* v, 
     _mm512_mask_storeu_ps(m + i, k, mi);
     _mm512_mask_storeu_ps(v + i, k, vi);
     _mm512_mask_storeu_ps(p + i, k, pi);
-    if constexpr (kWriteBf16) store_bf16(pb + i, pi, k);
+    if constexpr (kWriteBf16) avx512::store_bf16_rne(pb + i, pi, k);
   }
 }
 

@@ -10,6 +10,7 @@
 #endif
 
 #include "anvil/core/parallel.h"
+#include "anvil/ops/avx512_math.h"
 #include "anvil/ops/matmul.h"
 
 // Design: two passes over the vocabulary for each block of rows.
@@ -39,24 +40,6 @@ constexpr int64_t kRowGrain = 4;
 constexpr float kExpMin = -86.0f;
 
 #if defined(__AVX512F__)
-// exp(x) for x ≤ 88: x = n·ln2 + r with |r| ≤ ln2/2, exp(r) by its degree-7 Taylor polynomial
-// (truncation < 1e-8 relative), scaled by 2^n. ln2 is split in two so n·ln2_hi is exact.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 = 0.693359375 − 2.12194440e-4
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // 16 floats to 16 bf16, round to nearest even (as bf16::from_float).
 inline __m256i to_bf16x16(__m512 v) {
@@ -98,12 +81,12 @@ float sum_exp(const float* l, int64_t n, float shift) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
-    s0 = _mm512_add_ps(s0, exp16(_mm512_sub_ps(_mm512_loadu_ps(l + j), sh)));
-    s1 = _mm512_add_ps(s1, exp16(_mm512_sub_ps(_mm512_loadu_ps(l + j + 16), sh)));
+    s0 = _mm512_add_ps(s0, avx512::exp(_mm512_sub_ps(_mm512_loadu_ps(l + j), sh), kExpMin));
+    s1 = _mm512_add_ps(s1, avx512::exp(_mm512_sub_ps(_mm512_loadu_ps(l + j + 16), sh), kExpMin));
   }
   for (; j < n; j += 16) {
     const __mmask16 k = tail_mask(std::min<int64_t>(16, n - j));
-    s0 = _mm512_mask_add_ps(s0, k, s0, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), sh)));
+    s0 = _mm512_mask_add_ps(s0, k, s0, avx512::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), sh), kExpMin));
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 #else
@@ -122,7 +105,7 @@ void dlogits_row(const float* in, T* out, int64_t n, float lse, float scale, int
   const __m512 vlse = _mm512_set1_ps(lse), vscale = _mm512_set1_ps(scale);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 k = tail_mask(std::min<int64_t>(16, n - j));
-    const __m512 p = _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, in + j), vlse)), vscale);
+    const __m512 p = _mm512_mul_ps(avx512::exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, in + j), vlse), kExpMin), vscale);
     if constexpr (std::is_same_v<T, bf16>) {
       _mm256_mask_storeu_epi16(out + j, k, to_bf16x16(p));
     } else {

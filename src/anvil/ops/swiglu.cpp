@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "anvil/core/parallel.h"
+#include "anvil/ops/avx512_math.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -35,15 +36,7 @@ inline void store16(bf16* p, __m512 x, __mmask16 k) {
   // to compute-bound in bf16.
   _mm256_mask_storeu_epi16(p, k, (__m256i)_mm512_cvtneps_pbh(x));
 #else
-  // Round to nearest even exactly as bf16::from_float does (integer add of
-  // 0x7fff plus the lowest kept bit), NaN kept quiet.
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(r));
+  avx512::store_bf16_rne(p, x, k);
 #endif
 }
 
@@ -51,27 +44,6 @@ inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1u);
 }
 
-// exp(x) for x ≤ 0 (NaN passes through). x = n·ln2 + r with |r| ≤ ln2/2;
-// e^r by its Taylor series to degree 7 (truncation < 6e-9 relative, below
-// f32 rounding); scalef multiplies by 2^n and underflows gracefully to
-// denormals and zero, so no overflow or bit tricks on the exponent are needed.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);  // NaN in x is kept (max returns its 2nd operand)
-  const __m512 n =
-      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // Cody–Waite: ln2 split in a part with few bits (n·hi is exact) and the rest.
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // s = sigmoid(z) and oms = 1 − s, both to full relative precision.
 // With e = exp(−|z|) ∈ (0, 1] and r = 1/(1 + e):
@@ -84,7 +56,7 @@ struct SigmoidParts {
 };
 inline SigmoidParts sigmoid_parts(__m512 z) {
   const __m512 neg_abs = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN)));
-  const __m512 e = exp_nonpositive(neg_abs);
+  const __m512 e = avx512::exp(neg_abs, -150.0f);
   const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), e);  // in [1, 2]
   // 1/d: a 14-bit estimate and one Newton step (about 1 ulp), much cheaper than a division.
   const __m512 y0 = _mm512_rcp14_ps(d);
