@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include "test_util.h"
@@ -103,4 +105,149 @@ TEST(Checkpoint, AnUnfinishedSaveIsNeverLoaded) {
   out = run(args(dir, "float32") + " --training.steps 3" + ck);
   EXPECT_EQ(out.exit_code, 0) << out.text;
   EXPECT_NE(out.text.find("resumed from " + (folder / "step-2").string()), std::string::npos) << out.text;
+}
+
+namespace {
+
+// The losses by step, the last line of a step winning (a resumed run logs the
+// steps after its checkpoint again).
+std::map<int64_t, std::string> losses_by_step(const fs::path& metrics) {
+  std::map<int64_t, std::string> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].dump();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Checkpoint, AsyncSavesResumeExactlyLikeUninterruptedRuns) {
+  const fs::path dir = workdir("async");
+  const std::string common = args(dir, "bfloat16");
+  Output whole = run(common + " --training.steps 20 --job.dump_folder " + (dir / "whole").string());
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;
+  const std::string ck = " --checkpoint.enable --checkpoint.interval 3 --checkpoint.async_mode async --job.dump_folder " +
+                         (dir / "split").string();
+  Output first = run(common + " --training.steps 10" + ck);
+  ASSERT_EQ(first.exit_code, 0) << first.text;
+  EXPECT_NE(first.text.find("in the background"), std::string::npos) << first.text;
+  Output second = run(common + " --training.steps 20" + ck);
+  ASSERT_EQ(second.exit_code, 0) << second.text;
+  EXPECT_NE(second.text.find("resumed from " + (dir / "split" / "checkpoint" / "step-10").string()), std::string::npos)
+      << second.text;
+  const auto a = losses_by_step(dir / "whole" / "metrics.jsonl"), b = losses_by_step(dir / "split" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, b);
+}
+
+TEST(Checkpoint, SigkillDuringASaveKeepsThePreviousCheckpoint) {
+  const fs::path dir = workdir("sigkill");
+  const std::string common = args(dir, "float32");
+  Output whole = run(common + " --training.steps 14 --job.dump_folder " + (dir / "whole").string());
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;
+  const fs::path folder = dir / "split" / "checkpoint";
+  const std::string ck = " --checkpoint.enable --checkpoint.interval 5 --job.dump_folder " + (dir / "split").string();
+  // The process SIGKILLs itself halfway through writing step 10's weights.
+  Output killed = run(common + " --training.steps 14" + ck, "ANVIL_FAULT_KILL_DURING_SAVE=10 ");
+  EXPECT_NE(killed.exit_code, 0) << killed.text;
+  EXPECT_EQ(killed.text.find("anvil: done"), std::string::npos) << killed.text;
+  EXPECT_TRUE(fs::exists(folder / "step-5" / "state.json"));
+  EXPECT_TRUE(fs::exists(folder / "step-10.tmp")) << "the kill should have caught the save in the middle";
+  EXPECT_FALSE(fs::exists(folder / "step-10"));
+  // The next run resumes from step 5 and ends where the uninterrupted run did.
+  Output resumed = run(common + " --training.steps 14" + ck);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.text;
+  EXPECT_NE(resumed.text.find("resumed from " + (folder / "step-5").string()), std::string::npos) << resumed.text;
+  EXPECT_EQ(losses_by_step(dir / "whole" / "metrics.jsonl"), losses_by_step(dir / "split" / "metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(folder / "step-14" / "state.json"));
+  EXPECT_FALSE(fs::exists(folder / "step-10.tmp")) << "the next save of step 10 replaced the unfinished one";
+}
+
+TEST(Checkpoint, AFullDiskFailsTheSaveClearlyAndKeepsThePreviousCheckpoint) {
+  const fs::path dir = workdir("full_disk");
+  const fs::path disk = dir / "disk";
+  fs::create_directories(disk);
+  // A small tmpfs gives a real "No space left on device"; where mounting is not
+  // allowed (not root), a file-size limit (ulimit -f) makes the large write fail.
+  const bool tmpfs = std::system(("mount -t tmpfs -o size=100m tmpfs " + disk.string() + " 2>/dev/null").c_str()) == 0;
+  struct Unmount {
+    bool on;
+    fs::path path;
+    ~Unmount() {
+      if (on) (void)std::system(("umount " + path.string()).c_str());
+    }
+  } unmount{tmpfs, disk};
+  std::printf("full disk simulated with %s\n", tmpfs ? "a 100 MiB tmpfs" : "ulimit -f 30000 (KiB)");
+  // debugmodel: 6.2M parameters, so a checkpoint is 24.7 MB of weights and 49.3 MB of
+  // AdamW moments: one fits in 100 MiB, a second does not.
+  const std::string common = "train --training.dataset text --training.dataset_path " + (dir / "text.txt").string() +
+                             " --training.seq_len 32 --training.local_batch_size 2 --metrics.log_freq 1"
+                             " --training.mixed_precision_param float32 --checkpoint.enable --checkpoint.interval 5"
+                             " --job.dump_folder " + (disk / "run").string();
+  const fs::path folder = disk / "run" / "checkpoint";
+  Output first = run(common + " --training.steps 5");
+  ASSERT_EQ(first.exit_code, 0) << first.text;
+  const std::string limit = tmpfs ? "" : "ulimit -f 30000; ";
+  Output failed = run(common + " --training.steps 10", limit);
+  EXPECT_EQ(failed.exit_code, 1) << failed.text;
+  EXPECT_NE(failed.text.find("saving checkpoint step 10 failed"), std::string::npos) << failed.text;
+  EXPECT_NE(failed.text.find(tmpfs ? "No space left on device" : "File too large"), std::string::npos) << failed.text;
+  EXPECT_NE(failed.text.find("the previous checkpoint " + (folder / "step-5").string() + " is intact"),
+            std::string::npos)
+      << failed.text;
+  EXPECT_FALSE(fs::exists(folder / "step-10.tmp")) << "the unfinished save is removed, freeing its space";
+  EXPECT_FALSE(fs::exists(folder / "step-10"));
+  // Once there is room again, the run resumes from step 5.
+  if (tmpfs) {
+    ASSERT_EQ(std::system(("mount -o remount,size=400m " + disk.string()).c_str()), 0);
+  }
+  Output resumed = run(common + " --training.steps 10");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.text;
+  EXPECT_NE(resumed.text.find("resumed from " + (folder / "step-5").string()), std::string::npos) << resumed.text;
+  EXPECT_TRUE(fs::exists(folder / "step-10" / "state.json"));
+}
+
+TEST(Checkpoint, AModelOnlyLastSaveStartsANewRunButIsNotResumed) {
+  const fs::path dir = workdir("model_only");
+  const std::string common = args(dir, "bfloat16");
+  const std::string ck = " --checkpoint.enable --checkpoint.interval 4 --checkpoint.last_save_model_only"
+                         " --checkpoint.export_dtype bfloat16 --job.dump_folder " + (dir / "a").string();
+  Output out = run(common + " --training.steps 6" + ck);
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  const fs::path last = dir / "a" / "checkpoint" / "step-6";
+  EXPECT_NE(out.text.find("model only"), std::string::npos) << out.text;
+  EXPECT_TRUE(fs::exists(last / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(last / "optimizer.safetensors"));
+  std::ifstream in(last / "state.json");
+  const nlohmann::json state = nlohmann::json::parse(in);
+  EXPECT_EQ(state["model_dtype"], "bf16");
+  EXPECT_TRUE(state["model_only"].get<bool>());
+  // bf16 weights: half the bytes of the fp32 ones in step-4.
+  EXPECT_LT(fs::file_size(last / "model.safetensors") * 10,
+            fs::file_size(dir / "a" / "checkpoint" / "step-4" / "model.safetensors") * 6);
+  // Rerunning the job resumes from the newest resumable checkpoint, step 4.
+  out = run(common + " --training.steps 6" + ck);
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("resumed from " + (dir / "a" / "checkpoint" / "step-4").string()), std::string::npos)
+      << out.text;
+  // Asking for the model-only step says why not.
+  out = run(common + " --training.steps 8 --checkpoint.load_step 6" + ck);
+  EXPECT_EQ(out.exit_code, 1) << out.text;
+  EXPECT_NE(out.text.find("initial_load_path"), std::string::npos) << out.text;
+  // A new run starts from its weights: its first loss is the loss those weights
+  // give, far below a fresh initialisation's.
+  out = run(common + " --training.steps 1 --checkpoint.initial_load_path " + last.string() +
+            " --job.dump_folder " + (dir / "b").string());
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("model weights from " + last.string()), std::string::npos) << out.text;
+  const auto fresh = losses_by_step(dir / "a" / "metrics.jsonl");
+  const auto started = losses_by_step(dir / "b" / "metrics.jsonl");
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_LT(std::stod(started.at(1)), std::stod(fresh.at(1)) - 0.05) << "fresh " << fresh.at(1);
+  out = run(common + " --training.steps 1 --checkpoint.initial_load_path " + (dir / "nowhere").string() +
+            " --job.dump_folder " + (dir / "c").string());
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("is not a folder"), std::string::npos) << out.text;
 }

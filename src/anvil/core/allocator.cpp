@@ -1,7 +1,6 @@
 #include "anvil/core/allocator.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 
 #include "anvil/core/error.h"
@@ -9,10 +8,6 @@
 namespace anvil {
 
 namespace {
-double now_us() {
-  using namespace std::chrono;
-  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
-}
 std::string human_bytes(size_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b);
@@ -34,8 +29,6 @@ const char* category_name(MemCategory c) {
   return "?";
 }
 
-TrackingAllocator::TrackingAllocator() : start_us_(now_us()) {}
-
 TrackingAllocator& TrackingAllocator::instance() {
   static TrackingAllocator a;
   return a;
@@ -46,10 +39,9 @@ void* TrackingAllocator::allocate(size_t bytes, MemCategory category, std::strin
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) {
     std::lock_guard lock(mutex_);
-    throw Error(detail::concat("out of memory allocating ", human_bytes(bytes), " for '", tag, "' (",
+    throw OutOfMemoryError(detail::concat("out of memory allocating ", human_bytes(bytes), " for '", tag, "' (",
                                category_name(category), ") with ", human_bytes(stats_.live_total),
-                               " already live; lower the batch size or sequence length, or use "
-                               "activation checkpointing"));
+                               " already live"));
   }
   std::lock_guard lock(mutex_);
   const int c = static_cast<int>(category);
@@ -58,9 +50,10 @@ void* TrackingAllocator::allocate(size_t bytes, MemCategory category, std::strin
   stats_.peak[c] = std::max(stats_.peak[c], stats_.live[c]);
   stats_.peak_total = std::max(stats_.peak_total, stats_.live_total);
   ++stats_.num_allocs;
-  live_.emplace(p, LiveAllocation{bytes, category, std::string(tag)});
+  const Phase phase = current_phase();
+  live_.emplace(p, LiveAllocation{bytes, category, std::string(tag), phase, p});
   if (timeline_on_)
-    timeline_.push_back({now_us() - start_us_, true, category, bytes, std::string(tag), stats_.live_total});
+    timeline_.push_back({steady_now_us(), true, category, bytes, std::string(tag), stats_.live_total, p, phase});
   return p;
 }
 
@@ -75,7 +68,7 @@ void TrackingAllocator::deallocate(void* ptr) {
     stats_.live[c] -= a.bytes;
     stats_.live_total -= a.bytes;
     if (timeline_on_)
-      timeline_.push_back({now_us() - start_us_, false, a.category, a.bytes, a.tag, stats_.live_total});
+      timeline_.push_back({steady_now_us(), false, a.category, a.bytes, a.tag, stats_.live_total, ptr, a.phase});
     live_.erase(it);
   }
   std::free(ptr);
@@ -109,13 +102,16 @@ void TrackingAllocator::clear_timeline() {
   timeline_.clear();
 }
 
-std::vector<LiveAllocation> TrackingAllocator::largest_live(size_t count) const {
+std::vector<LiveAllocation> TrackingAllocator::live_allocations() const {
+  std::lock_guard lock(mutex_);
   std::vector<LiveAllocation> all;
-  {
-    std::lock_guard lock(mutex_);
-    all.reserve(live_.size());
-    for (const auto& [p, a] : live_) all.push_back(a);
-  }
+  all.reserve(live_.size());
+  for (const auto& [p, a] : live_) all.push_back(a);
+  return all;
+}
+
+std::vector<LiveAllocation> TrackingAllocator::largest_live(size_t count) const {
+  std::vector<LiveAllocation> all = live_allocations();
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
   if (all.size() > count) all.resize(count);
   return all;

@@ -11,6 +11,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
+
 namespace anvil {
 
 enum class MemCategory : uint8_t {
@@ -24,19 +27,30 @@ enum class MemCategory : uint8_t {
 inline constexpr int kNumMemCategories = 6;
 const char* category_name(MemCategory c);
 
+// Thrown when the system refuses an allocation; the trainer catches it to dump
+// a memory snapshot of what was live.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct MemEvent {
-  double time_us;        // since the allocator was created
+  double time_us;        // steady clock, µs (the profiler's clock)
   bool is_alloc;         // false: a free
   MemCategory category;
   size_t bytes;
   std::string tag;
   size_t live_total;     // all categories, after the event
+  const void* ptr;       // pairs a free with its allocation
+  Phase phase;           // the phase that made the allocation
 };
 
 struct LiveAllocation {
   size_t bytes;
   MemCategory category;
   std::string tag;
+  Phase phase;           // the phase that made it
+  const void* ptr;
 };
 
 struct MemStats {
@@ -70,15 +84,16 @@ class TrackingAllocator {
 
   // The largest live allocations, largest first.
   std::vector<LiveAllocation> largest_live(size_t count) const;
+  // Every live allocation, in no particular order.
+  std::vector<LiveAllocation> live_allocations() const;
 
  private:
-  TrackingAllocator();
+  TrackingAllocator() = default;
   mutable std::mutex mutex_;
   MemStats stats_;
   std::unordered_map<void*, LiveAllocation> live_;
   bool timeline_on_ = false;
   std::vector<MemEvent> timeline_;
-  double start_us_;
 };
 
 }  // namespace anvil

@@ -1,5 +1,6 @@
 #include "anvil/core/safetensors.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -20,7 +21,7 @@ const char* st_dtype(DType t) {
 }  // namespace
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, const WriteProgress& progress) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -33,12 +34,29 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   ANVIL_CHECK(f != nullptr, "cannot write '", tmp, "': ", std::strerror(errno));
+  errno = 0;
   const uint64_t n = text.size();
   bool ok = std::fwrite(&n, 8, 1, f) == 1 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (const auto& [name, t] : tensors) ok = ok && std::fwrite(t.raw(), 1, t.nbytes(), f) == t.nbytes();
+  // In pieces, so a long write can report progress.
+  constexpr size_t kPiece = size_t{64} << 20;
+  size_t written = 0;
+  for (const auto& [name, t] : tensors) {
+    const char* p = static_cast<const char*>(t.raw());
+    for (size_t at = 0; ok && at < t.nbytes(); at += kPiece) {
+      const size_t len = std::min(kPiece, t.nbytes() - at);
+      ok = std::fwrite(p + at, 1, len, f) == len;
+      written += len;
+      if (ok && progress) progress(written, offset);
+    }
+  }
   ok = (std::fflush(f) == 0) && ok;
+  const int write_errno = errno;
   ok = (std::fclose(f) == 0) && ok;
-  ANVIL_CHECK(ok, "writing '", tmp, "' failed (disk full?): ", std::strerror(errno));
+  if (!ok) {
+    const std::string reason = std::strerror(write_errno != 0 ? write_errno : errno);
+    std::remove(tmp.c_str());  // a partial file only takes space a retry would need
+    throw Error(detail::concat("writing '", tmp, "' failed: ", reason));
+  }
   ANVIL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
               "': ", std::strerror(errno));
 }

@@ -3,6 +3,7 @@
 // and byte range, then the raw data. Used for weights, gradients exported to
 // the PyTorch oracle, and checkpoints.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -12,9 +13,14 @@
 
 namespace anvil {
 
+// Called during a write with the tensor bytes written so far and their total.
+using WriteProgress = std::function<void(size_t written, size_t total)>;
+
 // Writes to path + ".tmp" then renames, so a crash never leaves a torn file.
+// A failed write (e.g. a full disk) removes the .tmp file and throws
+// anvil::Error naming it and the system's reason.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {}, const WriteProgress& progress = {});
 
 struct SafetensorsFile {
   std::map<std::string, Tensor> tensors;

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
 #include "anvil/data/shard.h"
 
 namespace anvil {
@@ -173,6 +174,7 @@ bool StreamLoader::produce(StreamState& s, Batch& b) {
 }
 
 void StreamLoader::prefetch_loop(StreamState s) {
+  Profiler::instance().set_thread_name("data prefetch");
   for (;;) {
     {
       std::unique_lock lock(mu_);
@@ -182,6 +184,7 @@ void StreamLoader::prefetch_loop(StreamState s) {
     Batch b;
     bool ok = false;
     try {
+      const ScopedPhase phase(SpanCategory::data, "data.prefetch");
       ok = produce(s, b);
     } catch (...) {
       std::lock_guard lock(mu_);

@@ -1,9 +1,11 @@
 #include "anvil/model/llama.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
 #include "anvil/ops/attention.h"
 #include "anvil/ops/embedding.h"
 #include "anvil/ops/matmul.h"
@@ -112,14 +114,17 @@ Tensor Llama::embed(const Tensor& tokens) const {
   return h;
 }
 
-Tensor Llama::block_forward(int layer, BlockSaved& s, int64_t B, int64_t T) const {
+Tensor Llama::block_forward(int layer, BlockSaved& s, int64_t B, int64_t T, bool recomputing) const {
   const BlockParams p = block_compute(layer);
   const DType dt = compute_dtype();
   const int64_t M = B * T, D = args_.dim, hd = args_.head_dim(), Hq = args_.n_heads, Hkv = args_.n_kv_heads;
   const int64_t F = args_.ffn_hidden_dim();
   const float eps = static_cast<float>(args_.norm_eps);
 
+  const SpanCategory cat = recomputing ? SpanCategory::recompute : SpanCategory::forward;
   // Attention: h1 = norm(x); q, k, v = h1·W{q,k,v}ᵀ; RoPE; o = attention; x2 = x + o·Woᵀ
+  std::optional<ScopedPhase> phase;
+  phase.emplace(cat, recomputing ? "attention.recompute" : "attention.forward", layer);
   s.h1 = activation({M, D}, dt, "block.h1");
   s.rstd1 = activation({M}, DType::f32, "block.rstd1");
   rmsnorm_forward(s.x, p.attention_norm, eps, s.h1, s.rstd1);
@@ -140,6 +145,8 @@ Tensor Llama::block_forward(int layer, BlockSaved& s, int64_t B, int64_t T) cons
   linear_accumulate(s.o.view({M, Hq * hd}), p.wo, s.x2);
 
   // Feed-forward: h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
+  phase.reset();
+  phase.emplace(cat, recomputing ? "feed_forward.recompute" : "feed_forward.forward", layer);
   s.h2 = activation({M, D}, dt, "block.h2");
   s.rstd2 = activation({M}, DType::f32, "block.rstd2");
   rmsnorm_forward(s.x2, p.ffn_norm, eps, s.h2, s.rstd2);
@@ -169,8 +176,10 @@ void Llama::drop_unkept(int layer, BlockSaved& s, const AcPolicy& policy) const 
 }
 
 void Llama::recompute(int layer, BlockSaved& s, int64_t B, int64_t T) const {
+  if (s.q.defined() && s.h1.defined() && s.h2.defined() && s.s.defined()) return;  // everything was kept
+  const ScopedPhase phase(SpanCategory::recompute, "recompute", layer);
   if (!s.q.defined()) {  // only the input was kept: run the whole block again
-    block_forward(layer, s, B, T);
+    block_forward(layer, s, B, T, /*recomputing=*/true);
     return;
   }
   const BlockParams p = block_compute(layer);
@@ -205,6 +214,7 @@ Tensor Llama::block_backward(int layer, BlockSaved& s, Tensor dout, int64_t B, i
 
   // Feed-forward, in reverse.
   {
+    const ScopedPhase phase(SpanCategory::backward, "feed_forward.backward", layer);
     Tensor ds = activation({M, F}, dt, "block.ds");
     linear_backward_input(dout, p.w2, ds);
     linear_backward_weight(dout, s.s, gp.w2);
@@ -223,6 +233,7 @@ Tensor Llama::block_backward(int layer, BlockSaved& s, Tensor dout, int64_t B, i
   }
   // Attention, in reverse.
   {
+    const ScopedPhase phase(SpanCategory::backward, "attention.backward", layer);
     Tensor dO = activation({B, T, Hq, hd}, dt, "block.do");
     Tensor dO2 = dO.view({M, Hq * hd});
     linear_backward_input(dout, p.wo, dO2);
@@ -261,16 +272,25 @@ CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& t
   const float eps = static_cast<float>(args_.norm_eps);
 
   std::vector<BlockSaved> saved(static_cast<size_t>(args_.n_layers));
-  Tensor h = embed(tokens);
+  Tensor h;
+  {
+    const ScopedPhase phase(SpanCategory::forward, "embedding.forward");
+    h = embed(tokens);
+  }
   for (int l = 0; l < args_.n_layers; ++l) {
+    const ScopedPhase phase(SpanCategory::forward, "forward", l);
     saved[static_cast<size_t>(l)].x = h;
     h = block_forward(l, saved[static_cast<size_t>(l)], B, T);
     drop_unkept(l, saved[static_cast<size_t>(l)], policy);
   }
 
   CrossEntropyResult loss;
-  Tensor dh = activation({M, D}, dt, "grad.residual");
+  Tensor dh;
   {
+    // The final norm, output projection and cross-entropy, forward and backward fused.
+    const ScopedPhase phase(SpanCategory::loss, "loss");
+    params_.ensure_grads();  // the backward starts here
+    dh = activation({M, D}, dt, "grad.residual");
     Tensor hn = activation({M, D}, dt, "final_norm.out");
     Tensor rstd = activation({M}, DType::f32, "final_norm.rstd");
     rmsnorm_forward(h, params_.compute(norm_index_), eps, hn, rstd);
@@ -284,9 +304,11 @@ CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& t
   }
   h = Tensor();
   for (int l = args_.n_layers - 1; l >= 0; --l) {
+    const ScopedPhase phase(SpanCategory::backward, "backward", l);
     dh = block_backward(l, saved[static_cast<size_t>(l)], dh, B, T);
     saved[static_cast<size_t>(l)] = BlockSaved{};
   }
+  const ScopedPhase phase(SpanCategory::backward, "embedding.backward");
   Tensor g_embed = params_.grad(embed_index_);
   embedding_backward(dh, tokens, g_embed);
   return loss;

@@ -72,7 +72,8 @@ class Llama {
   BlockParams block_grads(int layer) const;
   Tensor embed(const Tensor& tokens) const;
   // Runs block `layer` on saved.x, filling the other fields of saved; returns the block output.
-  Tensor block_forward(int layer, BlockSaved& saved, int64_t B, int64_t T) const;
+  // recomputing: the same computation, traced as recompute during backward.
+  Tensor block_forward(int layer, BlockSaved& saved, int64_t B, int64_t T, bool recomputing = false) const;
   // Drops what `policy` does not keep for this layer.
   void drop_unkept(int layer, BlockSaved& saved, const AcPolicy& policy) const;
   // Brings back what drop_unkept removed.

@@ -62,4 +62,13 @@ void ParamStore::sync_compute_copy() {
   if (compute_dtype_ == DType::bf16) compute_.copy_from(master_);
 }
 
+void ParamStore::zero_grad() {
+  if (grads_.defined()) grads_.zero_();
+  else ensure_grads();
+}
+
+void ParamStore::ensure_grads() {
+  if (!grads_.defined()) grads_ = Tensor::zeros({numel_}, DType::f32, MemCategory::gradients, "params.grads_f32");
+}
+
 }  // namespace anvil

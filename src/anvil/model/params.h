@@ -47,7 +47,14 @@ class ParamStore {
   Tensor& master_flat() { return master_; }
   Tensor& compute_flat() { return compute_; }  // the master buffer itself in pure f32
   Tensor& grad_flat() { return grads_; }
-  void zero_grad() { grads_.zero_(); }
+  void zero_grad();
+  // The trainer frees the gradients after each optimizer step, as PyTorch's
+  // zero_grad(set_to_none=True) does, and the backward creates them again
+  // (zeroed) when it first needs them: between steps, and during the forward,
+  // they take no memory.
+  void release_grads() { grads_ = Tensor(); }
+  void ensure_grads();
+  bool has_grads() const { return grads_.defined(); }
 
  private:
   Tensor view(const Tensor& flat, int i) const;

@@ -5,6 +5,10 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -12,7 +16,9 @@
 #include <vector>
 
 #include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
 #include "anvil/core/safetensors.h"
+#include "anvil/plan/memory.h"
 
 namespace anvil {
 
@@ -21,7 +27,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kFormatVersion = 1;
-const char* const kFiles[] = {"model.safetensors", "optimizer.safetensors"};
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kConfigFile = "config.toml";
 
 uint32_t file_crc32(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -53,10 +61,87 @@ bool parse_step_dir(const std::string& name, int64_t& step) {
   return true;
 }
 
+nlohmann::json read_state(const fs::path& dir) {
+  const fs::path state_path = dir / "state.json";
+  std::ifstream in(state_path);
+  ANVIL_CHECK(in.good(), "checkpoint '", dir.string(), "' has no state.json; it is incomplete or not a checkpoint");
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat("'", state_path.string(), "' is not valid JSON: ", e.what()));
+  }
+  ANVIL_CHECK(state.value("format_version", 0) == kFormatVersion, "'", state_path.string(),
+              "' has format version ", state.value("format_version", 0), "; this build reads version ",
+              kFormatVersion);
+  return state;
+}
+
+// Every file state.json lists must be there with the CRC32 it recorded.
+void verify_files(const fs::path& dir, const nlohmann::json& state) {
+  for (const auto& [f, crc] : state.at("crc32").items()) {
+    const uint32_t want = crc.get<uint32_t>();
+    ANVIL_CHECK(fs::exists(dir / f), "checkpoint file '", (dir / f).string(), "' is missing");
+    const uint32_t got = file_crc32(dir / f);
+    ANVIL_CHECK(got == want, "checkpoint file '", (dir / f).string(), "' is corrupt: CRC32 ", got,
+                " but state.json recorded ", want);
+  }
+}
+
+void copy_into(const SafetensorsFile& file, const fs::path& path, const std::string& name, Tensor dst) {
+  auto it = file.tensors.find(name);
+  ANVIL_CHECK(it != file.tensors.end(), "checkpoint file '", path.string(), "' has no tensor '", name,
+              "'; it was saved from a different model");
+  ANVIL_CHECK(it->second.shape() == dst.shape(), "checkpoint file '", path.string(), "': tensor '", name, "' is ",
+              shape_str(it->second.shape()), " but this model needs ", shape_str(dst.shape()),
+              "; the checkpoint comes from a different model shape");
+  ANVIL_CHECK(it->second.dtype() == DType::f32 || it->second.dtype() == DType::bf16, "checkpoint file '",
+              path.string(), "': tensor '", name, "' is ", dtype_name(it->second.dtype()), "; expected f32 or bf16");
+  dst.copy_from(it->second);
+}
+
+void load_model_file(const fs::path& dir, ParamStore& params) {
+  const fs::path path = dir / kModelFile;
+  const SafetensorsFile model = load_safetensors(path.string());
+  for (size_t i = 0; i < params.specs().size(); ++i)
+    copy_into(model, path, params.specs()[i].name, params.master(static_cast<int>(i)));
+  ANVIL_CHECK(model.tensors.size() == params.specs().size(), "checkpoint file '", path.string(), "' holds ",
+              model.tensors.size(), " tensors but this model has ", params.specs().size(),
+              "; it comes from a different model");
+  params.sync_compute_copy();
+}
+
+// A test hook: ANVIL_FAULT_KILL_DURING_SAVE=<step> makes the process SIGKILL
+// itself halfway through writing that step's weights, as a power cut would.
+int64_t kill_during_save_step() {
+  const char* v = std::getenv("ANVIL_FAULT_KILL_DURING_SAVE");
+  return v != nullptr ? std::atoll(v) : -1;
+}
+
 }  // namespace
 
-Checkpointer::Checkpointer(std::string folder, int64_t keep_latest_k)
-    : folder_(std::move(folder)), keep_latest_k_(keep_latest_k) {}
+struct Checkpointer::Pending {
+  int64_t step = 0;
+  bool model_only = false;
+  std::vector<std::pair<std::string, Tensor>> model, optimizer;
+  CheckpointMeta meta;
+};
+
+Checkpointer::Checkpointer(std::string folder, int64_t keep_latest_k, bool async)
+    : folder_(std::move(folder)), keep_latest_k_(keep_latest_k), async_(async) {}
+
+Checkpointer::~Checkpointer() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "anvil: error: %s\n", e.what());
+  }
+}
+
+void Checkpointer::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (writer_error_) std::rethrow_exception(std::exchange(writer_error_, nullptr));
+}
 
 std::string Checkpointer::path_of(int64_t step) const {
   return (fs::path(folder_) / ("step-" + std::to_string(step))).string();
@@ -68,53 +153,130 @@ int64_t Checkpointer::latest_step() const {
   if (!fs::is_directory(folder_, ec)) return -1;
   for (const auto& e : fs::directory_iterator(folder_, ec)) {
     int64_t step;
-    // Only complete checkpoints: a step-N directory (never .tmp) holding its state.json.
-    if (e.is_directory() && parse_step_dir(e.path().filename().string(), step) &&
-        fs::exists(e.path() / "state.json"))
-      best = std::max(best, step);
+    // Only complete checkpoints (a step-N directory, never .tmp, holding its
+    // state.json) that hold the optimizer state.
+    if (!e.is_directory() || !parse_step_dir(e.path().filename().string(), step) || step <= best ||
+        !fs::exists(e.path() / "state.json"))
+      continue;
+    std::ifstream in(e.path() / "state.json");
+    const nlohmann::json state = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!state.is_discarded() && !state.value("model_only", false)) best = step;
   }
   return best;
 }
 
-size_t Checkpointer::save(int64_t step, const ParamStore& params, const Tensor& adam_m, const Tensor& adam_v,
-                          const nlohmann::json& loader_state, const std::string& config_summary) {
+void Checkpointer::save(int64_t step, const ParamStore& params, const Tensor* adam_m, const Tensor* adam_v,
+                        const CheckpointMeta& meta, DType model_dtype) {
+  wait();  // one save in flight at a time
+  const ScopedPhase phase(SpanCategory::checkpoint, "checkpoint.copy");
+  Pending p;
+  p.step = step;
+  p.model_only = adam_m == nullptr;
+  p.meta = meta;
+  ANVIL_CHECK(p.model_only || model_dtype == DType::f32, "a resumable checkpoint keeps fp32 weights");
+  // A synchronous save writes straight from the live tensors; an asynchronous
+  // one takes a copy now, so training can change them while the copy is written.
+  auto keep = [&](const std::string& name, Tensor t, DType dtype) {
+    if (!async_ && dtype == t.dtype()) return t;
+    return t.to(dtype, MemCategory::workspace, "checkpoint.staging");
+  };
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const ParamSpec& s = params.specs()[i];
+    p.model.emplace_back(s.name, keep(s.name, params.master(static_cast<int>(i)), model_dtype));
+    if (p.model_only) continue;
+    p.optimizer.emplace_back(s.name + ".exp_avg",
+                             keep(s.name, adam_m->slice(s.offset, s.numel()).view(s.shape), DType::f32));
+    p.optimizer.emplace_back(s.name + ".exp_avg_sq",
+                             keep(s.name, adam_v->slice(s.offset, s.numel()).view(s.shape), DType::f32));
+  }
+  if (!async_) {
+    write(p);
+    return;
+  }
+  writer_ = std::thread([this, pending = std::move(p)]() mutable {
+    Profiler::instance().set_thread_name("checkpoint writer");
+    try {
+      write(pending);
+    } catch (...) {
+      writer_error_ = std::current_exception();
+    }
+  });
+}
+
+void Checkpointer::write(Pending& p) {
+  const ScopedPhase phase(SpanCategory::checkpoint, "checkpoint.write");
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   std::error_code ec;
   fs::create_directories(folder_, ec);
   ANVIL_CHECK(!ec, "cannot create checkpoint folder '", folder_, "': ", ec.message());
-  const fs::path final_dir = path_of(step), tmp_dir = final_dir.string() + ".tmp";
+  const fs::path final_dir = path_of(p.step), tmp_dir = final_dir.string() + ".tmp";
   fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir, ec);
   ANVIL_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
 
-  std::vector<std::pair<std::string, Tensor>> model, optimizer;
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& s = params.specs()[i];
-    model.emplace_back(s.name, params.master(static_cast<int>(i)));
-    optimizer.emplace_back(s.name + ".exp_avg", adam_m.slice(s.offset, s.numel()).view(s.shape));
-    optimizer.emplace_back(s.name + ".exp_avg_sq", adam_v.slice(s.offset, s.numel()).view(s.shape));
-  }
-  save_safetensors((tmp_dir / kFiles[0]).string(), model);
-  save_safetensors((tmp_dir / kFiles[1]).string(), optimizer);
-
+  size_t total = 0, done = 0;
+  for (const auto* group : {&p.model, &p.optimizer})
+    for (const auto& [name, t] : *group) total += t.nbytes();
+  const int64_t kill_step = kill_during_save_step();
+  auto last_report = Clock::now();
+  // Long saves report progress every few seconds; a kill hook fires halfway.
+  auto progress = [&](size_t file_done, size_t) {
+    const size_t now_done = done + file_done;
+    if (kill_step == p.step && now_done * 2 >= total) std::raise(SIGKILL);
+    if (std::chrono::duration<double>(Clock::now() - last_report).count() >= 2.0) {
+      last_report = Clock::now();
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::printf("anvil: checkpoint step-%lld: %s of %s written (%.0f%%, %.0f MB/s)\n",
+                  static_cast<long long>(p.step), human_bytes(now_done).c_str(), human_bytes(total).c_str(),
+                  100.0 * static_cast<double>(now_done) / static_cast<double>(total),
+                  static_cast<double>(now_done) / secs / 1e6);
+      std::fflush(stdout);
+    }
+  };
   nlohmann::ordered_json state;
-  state["format_version"] = kFormatVersion;
-  state["step"] = step;
-  state["loader"] = loader_state;
-  state["config"] = config_summary;
-  size_t bytes = 0;
-  for (const char* f : kFiles) {
-    fsync_path(tmp_dir / f, false);
-    state["crc32"][f] = file_crc32(tmp_dir / f);
-    bytes += fs::file_size(tmp_dir / f);
+  try {
+    std::vector<std::string> files = {kModelFile};
+    save_safetensors((tmp_dir / kModelFile).string(), p.model, {}, progress);
+    done += [&] { size_t b = 0; for (auto& [n, t] : p.model) b += t.nbytes(); return b; }();
+    if (!p.model_only) {
+      save_safetensors((tmp_dir / kOptimizerFile).string(), p.optimizer, {}, progress);
+      files.push_back(kOptimizerFile);
+    }
+    {
+      std::ofstream out(tmp_dir / kConfigFile);
+      out << p.meta.config_toml;
+      out.flush();
+      ANVIL_CHECK(out.good(), "writing '", (tmp_dir / kConfigFile).string(), "' failed; is the disk full?");
+    }
+    files.push_back(kConfigFile);
+
+    state["format_version"] = kFormatVersion;
+    state["step"] = p.step;
+    state["model"] = p.meta.model;
+    state["model_only"] = p.model_only;
+    state["model_dtype"] = dtype_name(p.model.front().second.dtype());
+    state["loader"] = p.meta.loader;
+    state["rng"] = p.meta.rng;
+    for (const std::string& f : files) {
+      fsync_path(tmp_dir / f, false);
+      state["crc32"][f] = file_crc32(tmp_dir / f);
+    }
+    {
+      std::ofstream out(tmp_dir / "state.json");
+      out << state.dump(2) << "\n";
+      out.flush();
+      ANVIL_CHECK(out.good(), "writing '", (tmp_dir / "state.json").string(), "' failed; is the disk full?");
+    }
+    fsync_path(tmp_dir / "state.json", false);
+    fsync_path(tmp_dir, true);
+  } catch (const Error& e) {
+    fs::remove_all(tmp_dir, ec);  // frees the space; the previous checkpoints stay as they were
+    const int64_t previous = latest_step();
+    throw Error(detail::concat("saving checkpoint step ", p.step, " failed: ", e.what(), "; ",
+                               previous >= 0 ? "the previous checkpoint " + path_of(previous) + " is intact"
+                                             : std::string("there is no earlier checkpoint")));
   }
-  {
-    std::ofstream out(tmp_dir / "state.json");
-    out << state.dump(2) << "\n";
-    out.flush();
-    ANVIL_CHECK(out.good(), "writing '", (tmp_dir / "state.json").string(), "' failed; is the disk full?");
-  }
-  fsync_path(tmp_dir / "state.json", false);
-  fsync_path(tmp_dir, true);
   fs::remove_all(final_dir, ec);  // a stale step-N from an earlier run of the same folder
   fs::rename(tmp_dir, final_dir, ec);
   ANVIL_CHECK(!ec, "cannot rename '", tmp_dir.string(), "' to '", final_dir.string(), "': ", ec.message());
@@ -129,53 +291,35 @@ size_t Checkpointer::save(int64_t step, const ParamStore& params, const Tensor& 
     std::sort(steps.begin(), steps.end());
     for (size_t i = 0; i + static_cast<size_t>(keep_latest_k_) < steps.size(); ++i) fs::remove_all(path_of(steps[i]));
   }
-  return bytes;
+  size_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(final_dir)) bytes += fs::file_size(e.path());
+  std::printf("anvil: checkpoint %s saved (%s%s, %.2fs%s)\n", final_dir.c_str(), human_bytes(bytes).c_str(),
+              p.model_only ? ", model only" : "", std::chrono::duration<double>(Clock::now() - t0).count(),
+              async_ ? ", in the background" : "");
+  std::fflush(stdout);
 }
 
 nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const {
   const fs::path dir = path_of(step);
-  const fs::path state_path = dir / "state.json";
-  std::ifstream in(state_path);
-  ANVIL_CHECK(in.good(), "checkpoint '", dir.string(), "' has no state.json; it is incomplete or not a checkpoint");
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::concat("'", state_path.string(), "' is not valid JSON: ", e.what()));
+  const nlohmann::json state = read_state(dir);
+  ANVIL_CHECK(!state.value("model_only", false), "checkpoint '", dir.string(),
+              "' holds only the model weights (checkpoint.last_save_model_only); it cannot be resumed from. "
+              "Use it as checkpoint.initial_load_path to start a new run from its weights");
+  verify_files(dir, state);
+  load_model_file(dir, params);
+  const fs::path opt_path = dir / kOptimizerFile;
+  const SafetensorsFile optimizer = load_safetensors(opt_path.string());
+  for (const ParamSpec& s : params.specs()) {
+    copy_into(optimizer, opt_path, s.name + ".exp_avg", adam_m.slice(s.offset, s.numel()).view(s.shape));
+    copy_into(optimizer, opt_path, s.name + ".exp_avg_sq", adam_v.slice(s.offset, s.numel()).view(s.shape));
   }
-  ANVIL_CHECK(state.value("format_version", 0) == kFormatVersion, "'", state_path.string(),
-              "' has format version ", state.value("format_version", 0), "; this build reads version ",
-              kFormatVersion);
-  for (const char* f : kFiles) {
-    const uint32_t want = state.at("crc32").at(f).get<uint32_t>();
-    ANVIL_CHECK(fs::exists(dir / f), "checkpoint file '", (dir / f).string(), "' is missing");
-    const uint32_t got = file_crc32(dir / f);
-    ANVIL_CHECK(got == want, "checkpoint file '", (dir / f).string(), "' is corrupt: CRC32 ", got,
-                " but state.json recorded ", want);
-  }
-  const SafetensorsFile model = load_safetensors((dir / kFiles[0]).string());
-  const SafetensorsFile optimizer = load_safetensors((dir / kFiles[1]).string());
-  auto copy_into = [&](const SafetensorsFile& file, const std::string& name, Tensor dst, const char* which) {
-    auto it = file.tensors.find(name);
-    ANVIL_CHECK(it != file.tensors.end(), "checkpoint '", dir.string(), "' has no tensor '", name,
-                "'; it was saved from a different model (", which, ")");
-    ANVIL_CHECK(it->second.shape() == dst.shape() && it->second.dtype() == DType::f32, "checkpoint '", dir.string(),
-                "': tensor '", name, "' is ", shape_str(it->second.shape()), " ", dtype_name(it->second.dtype()),
-                " but this model needs ", shape_str(dst.shape()),
-                " f32; the checkpoint comes from a different model shape");
-    dst.copy_from(it->second);
-  };
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& s = params.specs()[i];
-    copy_into(model, s.name, params.master(static_cast<int>(i)), kFiles[0]);
-    copy_into(optimizer, s.name + ".exp_avg", adam_m.slice(s.offset, s.numel()).view(s.shape), kFiles[1]);
-    copy_into(optimizer, s.name + ".exp_avg_sq", adam_v.slice(s.offset, s.numel()).view(s.shape), kFiles[1]);
-  }
-  ANVIL_CHECK(model.tensors.size() == params.specs().size(), "checkpoint '", dir.string(), "' holds ",
-              model.tensors.size(), " tensors but this model has ", params.specs().size(),
-              "; it comes from a different model");
-  params.sync_compute_copy();
-  return state.at("loader");
+  return state;
+}
+
+void load_checkpoint_model(const std::string& step_dir, ParamStore& params) {
+  const nlohmann::json state = read_state(step_dir);
+  verify_files(step_dir, state);
+  load_model_file(step_dir, params);
 }
 
 }  // namespace anvil

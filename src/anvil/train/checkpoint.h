@@ -1,41 +1,71 @@
 // Checkpoints: everything a run needs to continue exactly — fp32 master
-// weights, AdamW's moments, the step, the data loader's position and the
-// configuration — in a folder per step, written atomically:
+// weights, AdamW's moments, the step, the data loader's position, the RNG
+// state and the configuration — in a folder per step, written atomically:
 //   <folder>/step-<N>.tmp/ is filled and fsynced, then renamed to step-<N>/,
 // so a crash mid-save leaves the previous checkpoint as it was. Tensors are
 // stored by Hugging Face parameter name with their global shape (safetensors),
 // so a later parallel layout can load them; every file's CRC32 is checked on load.
 #pragma once
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "anvil/core/tensor.h"
 #include "anvil/model/params.h"
 
 namespace anvil {
 
+struct CheckpointMeta {
+  nlohmann::json loader;    // the data loader's position
+  nlohmann::json rng;       // the run's random state
+  std::string config_toml;  // the whole job configuration
+  std::string model;        // "llama3/debugmodel"
+};
+
 class Checkpointer {
  public:
-  // keep_latest_k: how many checkpoints to keep (0: all).
-  Checkpointer(std::string folder, int64_t keep_latest_k);
+  // keep_latest_k: how many checkpoints to keep (0: all). async: save() copies
+  // the state and a background thread writes it while training goes on.
+  Checkpointer(std::string folder, int64_t keep_latest_k, bool async = false);
+  ~Checkpointer();  // finishes a pending background save (errors are printed)
 
-  // Saves step `step`; returns the bytes written.
-  size_t save(int64_t step, const ParamStore& params, const Tensor& adam_m, const Tensor& adam_v,
-              const nlohmann::json& loader_state, const std::string& config_summary);
+  // Saves step `step`: the model, and unless adam_m is null the optimizer
+  // state. A model-only save stores the weights in `model_dtype` and cannot be
+  // resumed from. Waits for the previous background save first and rethrows
+  // its error. A failed write removes the unfinished folder and throws
+  // anvil::Error; earlier checkpoints are untouched.
+  void save(int64_t step, const ParamStore& params, const Tensor* adam_m, const Tensor* adam_v,
+            const CheckpointMeta& meta, DType model_dtype = DType::f32);
+  // Waits for a background save; rethrows its error.
+  void wait();
 
-  // The newest complete checkpoint's step, or -1 when there is none.
+  // The newest complete resumable checkpoint's step, or -1 when there is none.
   int64_t latest_step() const;
   std::string path_of(int64_t step) const;
+  const std::string& folder() const { return folder_; }
 
   // Loads step `step` into the master weights (and their compute copy) and the
-  // AdamW moments; returns the saved loader state. Throws anvil::Error naming
+  // AdamW moments; returns the saved state.json. Throws anvil::Error naming
   // the file and the reason (checksum, missing file, mismatching tensor shape).
   nlohmann::json load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const;
 
  private:
+  struct Pending;  // a save's copied state
+  void write(Pending& p);
   std::string folder_;
   int64_t keep_latest_k_;
+  bool async_;
+  std::thread writer_;
+  std::exception_ptr writer_error_;
 };
+
+// The model weights of an Anvil checkpoint folder (step-N, full or model-only),
+// checksums verified, into the master weights and their compute copy.
+void load_checkpoint_model(const std::string& step_dir, ParamStore& params);
 
 }  // namespace anvil

@@ -90,12 +90,35 @@ std::vector<Key> key_table(JobConfig& c) {
       {"metrics", "log_freq", &c.metrics.log_freq, "log every this many steps", {}, 1, kInf},
       {"metrics", "peak_tflops", &c.metrics.peak_tflops,
        "peak TFLOP/s of one process for MFU; 0: derive from ISA, cores and clock", {}, 0, kInf},
+      {"metrics", "enable_tensorboard", &c.metrics.enable_tensorboard,
+       "write TensorBoard scalar event files (loss, lr, grad norm, throughput, MFU, memory)"},
+      {"metrics", "save_tb_folder", &c.metrics.save_tb_folder, "TensorBoard folder, inside dump_folder"},
+
+      {"profiling", "enable_profiling", &c.profiling.enable_profiling,
+       "write a Chrome trace (Perfetto, chrome://tracing) of the run's first step and every profile_freq-th"},
+      {"profiling", "save_traces_folder", &c.profiling.save_traces_folder, "trace folder, inside dump_folder"},
+      {"profiling", "profile_freq", &c.profiling.profile_freq, "profile every this many steps", {}, 1, kInf},
+      {"profiling", "enable_memory_snapshot", &c.profiling.enable_memory_snapshot,
+       "at the memory peak of the profiled steps, record the largest live tensors (always done when memory "
+       "runs out)"},
+      {"profiling", "save_memory_snapshot_folder", &c.profiling.save_memory_snapshot_folder,
+       "memory snapshot folder, inside dump_folder"},
 
       {"checkpoint", "enable", &c.checkpoint.enable, "save checkpoints"},
       {"checkpoint", "folder", &c.checkpoint.folder, "checkpoint folder, inside dump_folder"},
       {"checkpoint", "interval", &c.checkpoint.interval, "save every this many steps", {}, 1, kInf},
       {"checkpoint", "keep_latest_k", &c.checkpoint.keep_latest_k, "checkpoints kept; 0: all", {}, 0, kInf},
       {"checkpoint", "load_step", &c.checkpoint.load_step, "resume from this step; -1: the latest", {}, -1, kInf},
+      {"checkpoint", "initial_load_path", &c.checkpoint.initial_load_path,
+       "when the folder holds no checkpoint yet, start from the model weights in this Anvil step-N folder or "
+       "Hugging Face folder (config.json + safetensors); the step, optimizer and data position start afresh"},
+      {"checkpoint", "last_save_model_only", &c.checkpoint.last_save_model_only,
+       "the final save holds only the model weights (in export_dtype), for export; it is not resumable"},
+      {"checkpoint", "export_dtype", &c.checkpoint.export_dtype, "dtype of a model-only final save",
+       {"float32", "bfloat16"}},
+      {"checkpoint", "async_mode", &c.checkpoint.async_mode,
+       "async: copy the state at the step, write it on a background thread while training goes on",
+       {"disabled", "async"}},
 
       {"parallelism", "data_parallel_replicate_degree", &c.parallelism.data_parallel_replicate_degree,
        "DDP/HSDP replicas", {}, 1, kInf},
@@ -335,6 +358,28 @@ JobConfig parse_config(const std::vector<std::string>& args) {
     text = ss.str();
   }
   return parse_config_text(text, file.empty() ? "<defaults>" : file, overrides);
+}
+
+std::string config_to_toml(const JobConfig& config) {
+  JobConfig c = config;
+  toml::table root;
+  for (const Key& k : key_table(c)) {
+    if (!root.contains(k.section)) root.insert(k.section, toml::table{});
+    toml::table& t = *root[k.section].as_table();
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, double>) {
+            if (std::isfinite(*p)) t.insert(k.name, *p);
+          } else {
+            t.insert(k.name, *p);
+          }
+        },
+        k.target);
+  }
+  std::ostringstream out;
+  out << root << "\n";
+  return out.str();
 }
 
 std::string config_help() {

@@ -54,13 +54,26 @@ struct JobConfig {
   struct Metrics {
     int64_t log_freq = 10;
     double peak_tflops = 0;  // 0: derive from the CPU's ISA, cores and clock
+    bool enable_tensorboard = true;
+    std::string save_tb_folder = "tb";
   } metrics;
+  struct Profiling {
+    bool enable_profiling = false;
+    std::string save_traces_folder = "profile_traces";
+    int64_t profile_freq = 10;
+    bool enable_memory_snapshot = false;
+    std::string save_memory_snapshot_folder = "memory_snapshot";
+  } profiling;
   struct Checkpoint {
     bool enable = false;
     std::string folder = "checkpoint";
     int64_t interval = 500;
     int64_t keep_latest_k = 2;
     int64_t load_step = -1;
+    std::string initial_load_path = "";
+    bool last_save_model_only = false;
+    std::string export_dtype = "float32";
+    std::string async_mode = "disabled";
   } checkpoint;
   struct Parallelism {
     int64_t data_parallel_replicate_degree = 1;
@@ -86,6 +99,10 @@ struct JobConfig {
 JobConfig parse_config(const std::vector<std::string>& args);
 JobConfig parse_config_text(const std::string& toml_text, const std::string& source_name,
                             const std::vector<std::string>& overrides = {});
+
+// Every key and its value, as TOML that parse_config_text reads back; saved
+// with each checkpoint.
+std::string config_to_toml(const JobConfig& config);
 
 // `anvil train --help`: every key, its type, default and meaning.
 std::string config_help();

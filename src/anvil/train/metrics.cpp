@@ -96,4 +96,13 @@ void MetricsLog::log(const StepLog& s) {
   jsonl_.flush();
 }
 
+void MetricsLog::log_validation(int64_t step, double loss, int64_t tokens) {
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  j["validation_loss"] = loss;
+  j["validation_tokens"] = tokens;
+  jsonl_ << j.dump() << "\n";
+  jsonl_.flush();
+}
+
 }  // namespace anvil

@@ -42,6 +42,8 @@ class MetricsLog {
   // Appends to <dump_folder>/metrics.jsonl (the folder is created).
   explicit MetricsLog(const std::string& dump_folder);
   void log(const StepLog& s);
+  // A JSON line {"step", "validation_loss", "validation_tokens"}.
+  void log_validation(int64_t step, double loss, int64_t tokens);
   const std::string& path() const { return path_; }
 
  private:

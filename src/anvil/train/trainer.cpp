@@ -7,17 +7,22 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <sys/resource.h>
 
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
+#include "anvil/core/profiler.h"
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/data/brown.h"
 #include "anvil/data/shard.h"
 #include "anvil/data/stream_loader.h"
 #include "anvil/data/text_source.h"
 #include "anvil/model/llama.h"
+#include "anvil/obs/memory_snapshot.h"
+#include "anvil/obs/tensorboard.h"
+#include "anvil/obs/trace.h"
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/plan/memory.h"
@@ -81,6 +86,76 @@ DataSources open_dataset(const JobConfig& cfg, const Tokenizer& tok, uint64_t to
   return d;
 }
 
+// Captures one step: the profiler's spans and the allocator's timeline, then
+// writes the Chrome trace and, if asked, the memory snapshot at the step's peak.
+class StepCapture {
+ public:
+  StepCapture(int64_t step, const std::string& trace_path, const std::string& snapshot_path)
+      : step_(step), trace_path_(trace_path), snapshot_path_(snapshot_path) {
+    auto& alloc = TrackingAllocator::instance();
+    trace_.step = step;
+    trace_.live_at_start = alloc.stats().live;
+    if (!snapshot_path_.empty()) live_before_ = alloc.live_allocations();
+    alloc.clear_timeline();
+    alloc.set_timeline(true);
+    trace_.start_us = steady_now_us();
+    Profiler::instance().start();
+  }
+  // A step that ends early (skipped, interrupted) writes nothing.
+  ~StepCapture() {
+    if (finished_) return;
+    Profiler::instance().stop();
+    TrackingAllocator::instance().set_timeline(false);
+    TrackingAllocator::instance().clear_timeline();
+  }
+  // Returns what was written, for the console.
+  std::string finish() {
+    finished_ = true;
+    auto& alloc = TrackingAllocator::instance();
+    Profiler::instance().stop();
+    alloc.set_timeline(false);
+    trace_.memory_events = alloc.timeline();
+    alloc.clear_timeline();
+    trace_.spans = Profiler::instance().spans();
+    trace_.thread_names = Profiler::instance().thread_names();
+    std::string written;
+    if (!trace_path_.empty()) {
+      write_chrome_trace(trace_, trace_path_);
+      written = "trace " + trace_path_;
+    }
+    if (!snapshot_path_.empty()) {
+      MemorySnapshot snap = snapshot_at_peak(live_before_, trace_.memory_events, 25);
+      snap.step = step_;
+      snap.reason = "peak";
+      write_memory_snapshot(snap, snapshot_path_);
+      written += (written.empty() ? "" : ", ") + ("memory snapshot " + snapshot_path_ + " (peak " +
+                                                  human_bytes(snap.total_bytes) + ")");
+    }
+    return written;
+  }
+
+ private:
+  int64_t step_;
+  std::string trace_path_, snapshot_path_;
+  StepTrace trace_;
+  std::vector<LiveAllocation> live_before_;
+  bool finished_ = false;
+};
+
+// checkpoint.initial_load_path: the weights of an Anvil checkpoint folder or a
+// Hugging Face one.
+void load_initial_weights(const std::string& path, const ModelArgs& args, ParamStore& ps) {
+  namespace fs = std::filesystem;
+  (void)args;
+  ANVIL_CHECK(fs::is_directory(path), "checkpoint.initial_load_path '", path,
+              "' is not a folder; give an Anvil checkpoint folder (step-N, holding state.json) or a Hugging Face "
+              "folder (config.json and model.safetensors)");
+  if (fs::exists(fs::path(path) / "state.json")) return load_checkpoint_model(path, ps);
+  throw Error(detail::concat("checkpoint.initial_load_path '", path,
+                             "' holds neither state.json (an Anvil checkpoint) nor config.json (a Hugging Face "
+                             "model)"));
+}
+
 void check_supported(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
   ANVIL_CHECK(p.data_parallel_replicate_degree == 1 && (p.data_parallel_shard_degree == 1 || p.data_parallel_shard_degree == -1) &&
@@ -98,6 +173,10 @@ TrainResult train(const JobConfig& cfg) {
     void (*previous)(int);
     ~RestoreSigint() { std::signal(SIGINT, previous); }
   } restore{std::signal(SIGINT, on_sigint)};
+  // A write past a file-size limit (ulimit -f) fails with EFBIG and a message
+  // instead of killing the process.
+  std::signal(SIGXFSZ, SIG_IGN);
+  Profiler::instance().set_thread_name("main");
   check_supported(cfg);
   const auto& tc = cfg.training;
   ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
@@ -179,11 +258,19 @@ TrainResult train(const JobConfig& cfg) {
               seconds_since(t_data));
 
   // Model and optimizer.
+  std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
   Llama model(args, dt, tc.seq_len);
   model.params().init(static_cast<uint64_t>(tc.seed));
+  setup_phase.reset();
   ParamStore& ps = model.params();
-  Tensor adam_m = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.m");
-  Tensor adam_v = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.v");
+  ps.release_grads();  // each step's backward creates them
+  // AdamW's moments are created at the first optimizer step (or by a resume),
+  // as in PyTorch: the first step's forward and backward run without them.
+  Tensor adam_m, adam_v;
+  auto create_optimizer_state = [&] {
+    adam_m = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg");
+    adam_v = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg_sq");
+  };
   AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
                     static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
                     static_cast<float>(cfg.optimizer.weight_decay)};
@@ -191,26 +278,55 @@ TrainResult train(const JobConfig& cfg) {
   const LrSchedule schedule{cfg.optimizer.lr, tc.steps, cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
                             cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
   MetricsLog metrics(cfg.job.dump_folder);
+  const std::filesystem::path dump(cfg.job.dump_folder);
+  std::unique_ptr<TensorBoardWriter> tb;
+  if (cfg.metrics.enable_tensorboard) tb = std::make_unique<TensorBoardWriter>((dump / cfg.metrics.save_tb_folder).string());
+  const std::string model_desc = detail::concat(args.name, "/", args.flavor);
 
-  // Resume from the newest checkpoint in the folder (or checkpoint.load_step).
+  // Resume from the newest checkpoint in the folder (or checkpoint.load_step);
+  // failing that, start from checkpoint.initial_load_path's weights.
   int64_t first_step = 1;
   std::unique_ptr<Checkpointer> checkpointer;
   if (cfg.checkpoint.enable) {
-    const std::string folder = (std::filesystem::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
-    checkpointer = std::make_unique<Checkpointer>(folder, cfg.checkpoint.keep_latest_k);
+    const std::string folder = (dump / cfg.checkpoint.folder).string();
+    checkpointer = std::make_unique<Checkpointer>(folder, cfg.checkpoint.keep_latest_k, cfg.checkpoint.async_mode == "async");
     const int64_t resume = cfg.checkpoint.load_step >= 0 ? cfg.checkpoint.load_step : checkpointer->latest_step();
     if (resume >= 0) {
       const auto t_load = Clock::now();
-      loader.load_state_json(checkpointer->load(resume, ps, adam_m, adam_v));
+      create_optimizer_state();
+      const nlohmann::json state = checkpointer->load(resume, ps, adam_m, adam_v);
+      ANVIL_CHECK(state.value("model", model_desc) == model_desc, "checkpoint ", checkpointer->path_of(resume),
+                  " holds a ", state.value("model", std::string()), " model but this run trains ", model_desc);
+      loader.load_state_json(state.at("loader"));
       first_step = resume + 1;
       std::printf("anvil: resumed from %s (step %lld) in %.2fs\n", checkpointer->path_of(resume).c_str(),
                   static_cast<long long>(resume), seconds_since(t_load));
     }
-    std::printf("anvil: checkpoints every %lld steps to %s\n", static_cast<long long>(cfg.checkpoint.interval),
-                folder.c_str());
   }
-  std::printf("anvil: training to step %lld; metrics to %s; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps),
-              metrics.path().c_str());
+  if (first_step == 1 && !cfg.checkpoint.initial_load_path.empty()) {
+    const auto t_load = Clock::now();
+    load_initial_weights(cfg.checkpoint.initial_load_path, args, ps);
+    std::printf("anvil: model weights from %s (%.2fs); optimizer, step and data start afresh\n",
+                cfg.checkpoint.initial_load_path.c_str(), seconds_since(t_load));
+  }
+
+  // Where everything goes, before the first step.
+  const std::string trace_dir = (dump / cfg.profiling.save_traces_folder).string();
+  const std::string snapshot_dir = (dump / cfg.profiling.save_memory_snapshot_folder).string();
+  std::printf("anvil: dump folder %s: metrics %s", cfg.job.dump_folder.c_str(), metrics.path().c_str());
+  if (tb) std::printf(", TensorBoard %s", (dump / cfg.metrics.save_tb_folder).c_str());
+  std::printf("\n");
+  if (checkpointer)
+    std::printf("anvil: checkpoints every %lld steps to %s%s\n", static_cast<long long>(cfg.checkpoint.interval),
+                checkpointer->folder().c_str(), cfg.checkpoint.async_mode == "async" ? " (written in the background)" : "");
+  if (cfg.profiling.enable_profiling)
+    std::printf("anvil: traces of step %lld and every %lld-th step to %s\n", static_cast<long long>(first_step),
+                static_cast<long long>(cfg.profiling.profile_freq), trace_dir.c_str());
+  if (cfg.profiling.enable_memory_snapshot || cfg.profiling.enable_profiling)
+    std::printf("anvil: memory snapshots (at a profiled step's peak%s, or if memory runs out) to %s\n",
+                cfg.profiling.enable_memory_snapshot ? "" : ": off", snapshot_dir.c_str());
+  std::printf("anvil: report: anvil report %s\n", cfg.job.dump_folder.c_str());
+  std::printf("anvil: training to step %lld; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps));
 
   // The step's micro-batches are fetched up front, so the loss can be normalised
   // by the token count of the whole step before any backward runs.
@@ -228,100 +344,170 @@ TrainResult train(const JobConfig& cfg) {
   double data_seconds = 0;
   int64_t interval_tokens = 0;
   size_t run_peak = 0;  // the largest tracked peak of any logging interval
-  for (int64_t step = first_step; step <= tc.steps; ++step) {
-    const auto t_fetch = Clock::now();
-    int64_t step_tokens = 0;
-    for (int64_t i = 0; i < accum_steps; ++i) {
-      ANVIL_CHECK(loader.next_batch(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]),
-                  "the dataset ran out of tokens");
-      step_tokens += tokens[static_cast<size_t>(i)].numel();  // packed windows never ignore a target
-    }
-    data_seconds += seconds_since(t_fetch);
-
-    ps.zero_grad();
-    double loss_sum = 0;
-    int64_t loss_tokens = 0;
-    for (int64_t i = 0; i < accum_steps; ++i) {
-      const CrossEntropyResult r = model.forward_backward(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)],
-                                                          1.0f / static_cast<float>(step_tokens), ac);
-      loss_sum += r.loss_sum;
-      loss_tokens += r.num_tokens;
-      if (g_interrupted) break;
-    }
-    if (g_interrupted) {
-      std::printf("anvil: interrupted during step %lld; its gradients were discarded. %lld steps completed.\n",
-                  static_cast<long long>(step), static_cast<long long>(step - 1));
-      result.interrupted = true;
-      break;
-    }
-    const double loss = loss_sum / static_cast<double>(loss_tokens);
-    const Tensor grads[] = {ps.grad_flat()};
-    const double grad_norm = grad_norm_from_sum_of_squares(grad_sum_of_squares(grads));
-    const double lr = schedule.at(step);
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      if (!tc.skip_nonfinite_steps)
-        throw Error(detail::concat("step ", step, ": the ", std::isfinite(loss) ? "gradient norm" : "loss",
-                                   " is not finite (loss ", loss, ", grad_norm ", grad_norm,
-                                   "); lower optimizer.lr, keep training.max_norm > 0, or set "
-                                   "training.skip_nonfinite_steps = true to skip such steps"));
-      std::printf("anvil: step %lld skipped: loss %g, grad_norm %g are not finite\n", static_cast<long long>(step),
-                  loss, grad_norm);
-      continue;
-    }
-    const float clip = tc.max_norm > 0 ? static_cast<float>(clip_coefficient(grad_norm, tc.max_norm)) : 1.0f;
-    adamw.lr = static_cast<float>(lr);
-    Tensor* compute_copy = dt == DType::bf16 ? &ps.compute_flat() : nullptr;
-    adamw_step(adamw, step, ps.master_flat(), ps.grad_flat(), adam_m, adam_v, compute_copy, clip);
-
-    if (result.steps_done == 0) result.first_loss = loss;
-    result.last_loss = loss;
-    result.steps_done = step;
-    interval_tokens += step_tokens;
-    if (step % cfg.metrics.log_freq == 0 || step == tc.steps) {
-      const double secs = seconds_since(t_interval);
-      StepLog log;
-      log.step = step;
-      log.loss = loss;
-      log.grad_norm = grad_norm;
-      log.lr = lr;
-      log.tokens_per_s = static_cast<double>(interval_tokens) / secs;
-      log.tflops = fpt * log.tokens_per_s / 1e12;
-      log.mfu_pct = 100.0 * fpt * log.tokens_per_s / peak.flops_per_s;
-      log.memory = alloc.stats();
-      log.data_pct = 100.0 * data_seconds / secs;
-      log.elapsed_s = seconds_since(t_start);
-      metrics.log(log);
-      run_peak = std::max(run_peak, log.memory.peak_total);
-      alloc.reset_peak();
-      t_interval = Clock::now();
-      interval_tokens = 0;
-      data_seconds = 0;
-    }
-    if (cfg.validation.enable && step % cfg.validation.freq == 0) {
-      double vsum = 0;
-      int64_t vtok = 0;
-      for (int64_t i = 0; i < cfg.validation.steps; ++i) {
-        ANVIL_CHECK(val_loader->next_batch(tokens[0], targets[0]), "the validation set ran out of tokens");
-        const CrossEntropyResult r = model.forward(tokens[0], targets[0]);
-        vsum += r.loss_sum, vtok += r.num_tokens;
+  int64_t step = first_step;
+  auto checkpoint_meta = [&] {
+    // Training draws random numbers only to initialise the weights and order
+    // the data, both from the seed; the loader's position carries the rest.
+    return CheckpointMeta{loader.state_json(), {{"seed", tc.seed}, {"draws_after_init", 0}}, config_to_toml(cfg),
+                          model_desc};
+  };
+  try {
+    for (; step <= tc.steps; ++step) {
+      std::unique_ptr<StepCapture> capture;
+      const bool profile_step =
+          (cfg.profiling.enable_profiling || cfg.profiling.enable_memory_snapshot) &&
+          (step == first_step || step % cfg.profiling.profile_freq == 0);
+      if (profile_step) {
+        const std::string name = "step-" + std::to_string(step);
+        capture = std::make_unique<StepCapture>(
+            step, cfg.profiling.enable_profiling ? (std::filesystem::path(trace_dir) / (name + ".trace.json")).string() : "",
+            cfg.profiling.enable_memory_snapshot ? (std::filesystem::path(snapshot_dir) / (name + ".snapshot.json")).string()
+                                                 : "");
       }
-      val_loader->set_state(StreamState{});  // the same held-out batches every time
-      std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step),
-                  vsum / static_cast<double>(vtok), static_cast<long long>(vtok));
+      std::optional<ScopedPhase> step_phase(std::in_place, SpanCategory::step, "step");
+      const auto t_fetch = Clock::now();
+      int64_t step_tokens = 0;
+      {
+        const ScopedPhase phase(SpanCategory::data, "data");
+        for (int64_t i = 0; i < accum_steps; ++i) {
+          ANVIL_CHECK(loader.next_batch(tokens[static_cast<size_t>(i)], targets[static_cast<size_t>(i)]),
+                      "the dataset ran out of tokens");
+          step_tokens += tokens[static_cast<size_t>(i)].numel();  // packed windows never ignore a target
+        }
+      }
+      data_seconds += seconds_since(t_fetch);
+
+      ps.release_grads();  // a skipped or interrupted step may have left some
+      double loss_sum = 0;
+      int64_t loss_tokens = 0;
+      for (int64_t i = 0; i < accum_steps; ++i) {
+        const CrossEntropyResult r = model.forward_backward(tokens[static_cast<size_t>(i)],
+                                                            targets[static_cast<size_t>(i)],
+                                                            1.0f / static_cast<float>(step_tokens), ac);
+        loss_sum += r.loss_sum;
+        loss_tokens += r.num_tokens;
+        if (g_interrupted) break;
+      }
+      if (g_interrupted) {
+        std::printf("anvil: interrupted during step %lld; its gradients were discarded. %lld steps completed.\n",
+                    static_cast<long long>(step), static_cast<long long>(step - 1));
+        result.interrupted = true;
+        break;
+      }
+      const double loss = loss_sum / static_cast<double>(loss_tokens);
+      double grad_norm, lr;
+      {
+        const ScopedPhase phase(SpanCategory::optimizer, "optimizer");
+        const Tensor grads[] = {ps.grad_flat()};
+        grad_norm = grad_norm_from_sum_of_squares(grad_sum_of_squares(grads));
+        lr = schedule.at(step);
+        if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+          if (!tc.skip_nonfinite_steps)
+            throw Error(detail::concat("step ", step, ": the ", std::isfinite(loss) ? "gradient norm" : "loss",
+                                       " is not finite (loss ", loss, ", grad_norm ", grad_norm,
+                                       "); lower optimizer.lr, keep training.max_norm > 0, or set "
+                                       "training.skip_nonfinite_steps = true to skip such steps"));
+          std::printf("anvil: step %lld skipped: loss %g, grad_norm %g are not finite\n", static_cast<long long>(step),
+                      loss, grad_norm);
+          continue;
+        }
+        const float clip = tc.max_norm > 0 ? static_cast<float>(clip_coefficient(grad_norm, tc.max_norm)) : 1.0f;
+        adamw.lr = static_cast<float>(lr);
+        if (!adam_m.defined()) create_optimizer_state();
+        Tensor* compute_copy = dt == DType::bf16 ? &ps.compute_flat() : nullptr;
+        adamw_step(adamw, step, ps.master_flat(), ps.grad_flat(), adam_m, adam_v, compute_copy, clip);
+        ps.release_grads();
+      }
+      step_phase.reset();
+
+      if (result.steps_done == 0) result.first_loss = loss;
+      result.last_loss = loss;
+      result.steps_done = step;
+      interval_tokens += step_tokens;
+      if (step % cfg.metrics.log_freq == 0 || step == tc.steps) {
+        const double secs = seconds_since(t_interval);
+        StepLog log;
+        log.step = step;
+        log.loss = loss;
+        log.grad_norm = grad_norm;
+        log.lr = lr;
+        log.tokens_per_s = static_cast<double>(interval_tokens) / secs;
+        log.tflops = fpt * log.tokens_per_s / 1e12;
+        log.mfu_pct = 100.0 * fpt * log.tokens_per_s / peak.flops_per_s;
+        log.memory = alloc.stats();
+        log.data_pct = 100.0 * data_seconds / secs;
+        log.elapsed_s = seconds_since(t_start);
+        metrics.log(log);
+        if (tb) {
+          tb->add_scalar("loss/train", log.loss, step);
+          tb->add_scalar("grad_norm", log.grad_norm, step);
+          tb->add_scalar("lr", log.lr, step);
+          tb->add_scalar("throughput/tokens_per_s", log.tokens_per_s, step);
+          tb->add_scalar("throughput/tflops", log.tflops, step);
+          tb->add_scalar("throughput/mfu_pct", log.mfu_pct, step);
+          tb->add_scalar("throughput/data_loading_pct", log.data_pct, step);
+          tb->add_scalar("memory/max_active_bytes", static_cast<double>(log.memory.peak_total), step);
+          for (int c = 0; c < kNumMemCategories; ++c)
+            tb->add_scalar(std::string("memory/") + category_name(static_cast<MemCategory>(c)),
+                           static_cast<double>(log.memory.peak[c]), step);
+          tb->flush();
+        }
+        run_peak = std::max(run_peak, log.memory.peak_total);
+        alloc.reset_peak();
+        t_interval = Clock::now();
+        interval_tokens = 0;
+        data_seconds = 0;
+      }
+      if (cfg.validation.enable && step % cfg.validation.freq == 0) {
+        double vsum = 0;
+        int64_t vtok = 0;
+        for (int64_t i = 0; i < cfg.validation.steps; ++i) {
+          ANVIL_CHECK(val_loader->next_batch(tokens[0], targets[0]), "the validation set ran out of tokens");
+          const CrossEntropyResult r = model.forward(tokens[0], targets[0]);
+          vsum += r.loss_sum, vtok += r.num_tokens;
+        }
+        val_loader->set_state(StreamState{});  // the same held-out batches every time
+        const double vloss = vsum / static_cast<double>(vtok);
+        std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step), vloss,
+                    static_cast<long long>(vtok));
+        metrics.log_validation(step, vloss, vtok);
+        if (tb) {
+          tb->add_scalar("loss/validation", vloss, step);
+          tb->flush();
+        }
+      }
+      const bool last = step == tc.steps;
+      if (checkpointer && (step % cfg.checkpoint.interval == 0 || last)) {
+        if (last && cfg.checkpoint.last_save_model_only)
+          checkpointer->save(step, ps, nullptr, nullptr, checkpoint_meta(),
+                             cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16 : DType::f32);
+        else
+          checkpointer->save(step, ps, &adam_m, &adam_v, checkpoint_meta());
+      }
+      if (capture) {
+        const std::string written = capture->finish();
+        if (!written.empty()) std::printf("anvil: step %lld: %s\n", static_cast<long long>(step), written.c_str());
+      }
+      if (g_interrupted) {
+        std::printf("anvil: interrupted after step %lld of %lld.\n", static_cast<long long>(step),
+                    static_cast<long long>(tc.steps));
+        result.interrupted = true;
+        break;
+      }
     }
-    if (checkpointer && (step % cfg.checkpoint.interval == 0 || step == tc.steps)) {
-      const auto t_save = Clock::now();
-      const size_t bytes = checkpointer->save(step, ps, adam_m, adam_v, loader.state_json(),
-                                              detail::concat(args.name, "/", args.flavor));
-      std::printf("anvil: checkpoint %s saved (%s, %.2fs)\n", checkpointer->path_of(step).c_str(),
-                  human_bytes(bytes).c_str(), seconds_since(t_save));
-    }
-    if (g_interrupted) {
-      std::printf("anvil: interrupted after step %lld of %lld.\n", static_cast<long long>(step),
-                  static_cast<long long>(tc.steps));
-      result.interrupted = true;
-      break;
-    }
+    if (checkpointer) checkpointer->wait();  // a background save finishes before the run reports done
+  } catch (const OutOfMemoryError& e) {
+    // What was live when memory ran out, for the user to see where it went.
+    Profiler::instance().stop();
+    alloc.set_timeline(false);
+    MemorySnapshot snap = snapshot_now(alloc.live_allocations(), 25);
+    snap.step = step;
+    snap.reason = "out_of_memory";
+    const std::string path = (std::filesystem::path(snapshot_dir) / ("step-" + std::to_string(step) + ".oom.snapshot.json")).string();
+    write_memory_snapshot(snap, path);
+    throw OutOfMemoryError(detail::concat(e.what(), "; the ", snap.num_live, " live tensors are listed in ", path,
+                                          ". Lower training.local_batch_size or training.seq_len, use "
+                                          "activation_checkpoint.mode = \"full\", or pick a smaller model.flavor"));
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
