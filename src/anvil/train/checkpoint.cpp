@@ -1,16 +1,13 @@
 #include "anvil/train/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
+#include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 #include "anvil/core/safetensors.h"
 
@@ -36,13 +33,32 @@ uint32_t file_crc32(const fs::path& p) {
   return static_cast<uint32_t>(crc);
 }
 
-// Data reaches the disk before the rename makes it visible.
-void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  ANVIL_CHECK(fd >= 0, "cannot open '", p.string(), "' to sync it: ", std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  ANVIL_CHECK(rc == 0, "fsync of '", p.string(), "' failed: ", std::strerror(errno), "; is the disk full?");
+// state.json of a step folder, parsed, of a format this build reads.
+nlohmann::json read_state(const fs::path& dir) {
+  const fs::path state_path = dir / "state.json";
+  std::ifstream in(state_path);
+  ANVIL_CHECK(in.good(), "checkpoint '", dir.string(), "' has no state.json; it is incomplete or not a checkpoint");
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat("'", state_path.string(), "' is not valid JSON: ", e.what()));
+  }
+  ANVIL_CHECK(state.value("format_version", 0) == kFormatVersion, "'", state_path.string(),
+              "' has format version ", state.value("format_version", 0), "; this build reads version ",
+              kFormatVersion);
+  return state;
+}
+
+// The file's CRC32 equals the one state.json recorded.
+void verify_file(const fs::path& dir, const nlohmann::json& state, const char* file) {
+  ANVIL_CHECK(state.contains("crc32") && state["crc32"].contains(file), "'", (dir / "state.json").string(),
+              "' records no CRC32 for ", file);
+  const uint32_t want = state["crc32"][file].get<uint32_t>();
+  ANVIL_CHECK(fs::exists(dir / file), "checkpoint file '", (dir / file).string(), "' is missing");
+  const uint32_t got = file_crc32(dir / file);
+  ANVIL_CHECK(got == want, "checkpoint file '", (dir / file).string(), "' is corrupt: CRC32 ", got,
+              " but state.json recorded ", want);
 }
 
 bool parse_step_dir(const std::string& name, int64_t& step) {
@@ -134,25 +150,12 @@ size_t Checkpointer::save(int64_t step, const ParamStore& params, const Tensor& 
 
 nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const {
   const fs::path dir = path_of(step);
-  const fs::path state_path = dir / "state.json";
-  std::ifstream in(state_path);
-  ANVIL_CHECK(in.good(), "checkpoint '", dir.string(), "' has no state.json; it is incomplete or not a checkpoint");
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::concat("'", state_path.string(), "' is not valid JSON: ", e.what()));
-  }
-  ANVIL_CHECK(state.value("format_version", 0) == kFormatVersion, "'", state_path.string(),
-              "' has format version ", state.value("format_version", 0), "; this build reads version ",
-              kFormatVersion);
-  for (const char* f : kFiles) {
-    const uint32_t want = state.at("crc32").at(f).get<uint32_t>();
-    ANVIL_CHECK(fs::exists(dir / f), "checkpoint file '", (dir / f).string(), "' is missing");
-    const uint32_t got = file_crc32(dir / f);
-    ANVIL_CHECK(got == want, "checkpoint file '", (dir / f).string(), "' is corrupt: CRC32 ", got,
-                " but state.json recorded ", want);
-  }
+  const nlohmann::json state = read_state(dir);
+  ANVIL_CHECK(!state.value("model_only", false), "checkpoint '", dir.string(),
+              "' is model-only (written by anvil convert import): it holds weights but no optimizer state or data ",
+              "position, so no run can resume from it; train with another job.dump_folder and start from these ",
+              "weights instead (docs/checkpoint.md, Hugging Face interop)");
+  for (const char* f : kFiles) verify_file(dir, state, f);
   const SafetensorsFile model = load_safetensors((dir / kFiles[0]).string());
   const SafetensorsFile optimizer = load_safetensors((dir / kFiles[1]).string());
   auto copy_into = [&](const SafetensorsFile& file, const std::string& name, Tensor dst, const char* which) {
@@ -176,6 +179,47 @@ nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam
               "; it comes from a different model");
   params.sync_compute_copy();
   return state.at("loader");
+}
+
+CheckpointWeights load_checkpoint_weights(const std::string& step_dir) {
+  const fs::path dir(step_dir);
+  CheckpointWeights out;
+  out.state = read_state(dir);
+  verify_file(dir, out.state, kFiles[0]);
+  out.tensors = load_safetensors((dir / kFiles[0]).string(), MemCategory::parameters).tensors;
+  for (const auto& [name, t] : out.tensors)
+    ANVIL_CHECK(t.dtype() == DType::f32, "'", (dir / kFiles[0]).string(), "': tensor '", name, "' is ",
+                dtype_name(t.dtype()), "; checkpoints hold f32 master weights");
+  return out;
+}
+
+size_t save_model_only_checkpoint(const std::string& folder, int64_t step,
+                                  const std::vector<std::pair<std::string, Tensor>>& weights,
+                                  const std::string& config_summary, const nlohmann::json& extra) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  ANVIL_CHECK(!ec, "cannot create checkpoint folder '", folder, "': ", ec.message());
+  const fs::path final_dir = fs::path(folder) / ("step-" + std::to_string(step)), tmp_dir = final_dir.string() + ".tmp";
+  ANVIL_CHECK(!fs::exists(final_dir), "'", final_dir.string(), "' already exists; remove it or choose another folder");
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  ANVIL_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
+  save_safetensors((tmp_dir / kFiles[0]).string(), weights);
+  fsync_path(tmp_dir / kFiles[0], false);
+
+  nlohmann::ordered_json state;
+  state["format_version"] = kFormatVersion;
+  state["step"] = step;
+  state["model_only"] = true;
+  state["config"] = config_summary;
+  for (const auto& [k, v] : extra.items()) state[k] = v;
+  state["crc32"][kFiles[0]] = file_crc32(tmp_dir / kFiles[0]);
+  write_file_durably(tmp_dir / "state.json", state.dump(2) + "\n");
+  fsync_path(tmp_dir, true);
+  fs::rename(tmp_dir, final_dir, ec);
+  ANVIL_CHECK(!ec, "cannot rename '", tmp_dir.string(), "' to '", final_dir.string(), "': ", ec.message());
+  fsync_path(folder, true);
+  return fs::file_size(final_dir / kFiles[0]);
 }
 
 }  // namespace anvil

@@ -7,8 +7,11 @@
 // so a later parallel layout can load them; every file's CRC32 is checked on load.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "anvil/core/tensor.h"
 #include "anvil/model/params.h"
@@ -37,5 +40,26 @@ class Checkpointer {
   std::string folder_;
   int64_t keep_latest_k_;
 };
+
+// A step folder's state.json and master weights (f32, by Hugging Face name),
+// the weights file checked against the CRC32 state.json recorded. For exports
+// and for starting a run from a checkpoint's weights; reads full and
+// model-only checkpoints alike. Throws anvil::Error naming the file.
+struct CheckpointWeights {
+  nlohmann::json state;
+  std::map<std::string, Tensor> tensors;
+};
+CheckpointWeights load_checkpoint_weights(const std::string& step_dir);
+
+// Writes <folder>/step-<step>/ with model.safetensors and a state.json marked
+// "model_only" (plus the fields of `extra`): weights without optimizer moments
+// or a data position, as `anvil convert import` makes them. Atomic like
+// Checkpointer::save; refuses to replace an existing step folder. Returns the
+// bytes written. Checkpointer::load refuses such a checkpoint, since there is
+// no run to resume. config_summary is "<model name>/<flavor>", as
+// Checkpointer::save's caller records it.
+size_t save_model_only_checkpoint(const std::string& folder, int64_t step,
+                                  const std::vector<std::pair<std::string, Tensor>>& weights,
+                                  const std::string& config_summary, const nlohmann::json& extra = {});
 
 }  // namespace anvil
