@@ -11,6 +11,13 @@ and writes
   torch_grads.safetensors  every parameter's gradient after the first step's backward
   torch_result.json        the loss of every step
 
+HF-eval mode (--hf-eval FOLDER --tokens FILE) reads a Hugging Face Llama folder
+as `anvil convert export` writes it (config.json, model.safetensors or a
+model.safetensors.index.json with shards; F32, BF16 or F16), builds the model
+from config.json's fields alone, and prints the mean cross-entropy in fp32 of
+the "tokens" and "targets" (I32, (B, T); target -100 is ignored) in FILE as one
+JSON line (also written to --out when given).
+
 RoPE rotates halves (Hugging Face's rotate_half), as Anvil does.
 """
 import argparse
@@ -30,7 +37,7 @@ def read_safetensors(path):
         header = json.loads(f.read(n))
         data = f.read()
     out = {}
-    np_types = {"F32": np.float32, "I32": np.int32}
+    np_types = {"F32": np.float32, "I32": np.int32, "F16": np.float16}
     for name, e in header.items():
         if name == "__metadata__":
             continue
@@ -40,6 +47,8 @@ def read_safetensors(path):
             arr = raw.view(np.float32)
         else:
             arr = np.frombuffer(data[lo:hi], dtype=np_types[e["dtype"]])
+            if arr.dtype == np.float16:
+                arr = arr.astype(np.float32)  # exact: every f16 value is an f32 value
         out[name] = torch.from_numpy(arr.copy().reshape(e["shape"]))
     return out
 
@@ -166,6 +175,69 @@ def parity(folder, threads):
     json.dump({"losses": losses}, open(f"{folder}/torch_result.json", "w"))
 
 
+def read_hf_weights(folder):
+    """Every tensor of a Hugging Face folder: model.safetensors, or the shards of its index."""
+    import os
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.exists(single):
+        return read_safetensors(single)
+    index = json.load(open(os.path.join(folder, "model.safetensors.index.json")))
+    out = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out.update(read_safetensors(os.path.join(folder, shard)))
+    return {name: out[name] for name in index["weight_map"]}
+
+
+def hf_eval(folder, tokens_path, out_path, threads):
+    """Mean cross-entropy of a Hugging Face Llama folder in fp32, the model built from config.json alone."""
+    torch.set_num_threads(threads)
+    hf = json.load(open(f"{folder}/config.json"))
+    assert hf["model_type"] == "llama" and hf.get("hidden_act", "silu") == "silu", hf
+    assert not hf.get("attention_bias", False) and not hf.get("mlp_bias", False), "biases are not modelled here"
+    heads = hf["num_attention_heads"]
+    assert hf.get("head_dim") in (None, hf["hidden_size"] // heads), "head_dim must be hidden_size / heads here"
+    rs = hf.get("rope_scaling")
+    if rs is not None and rs.get("rope_type", rs.get("type")) == "llama3":
+        scaling = {"enabled": True, "factor": rs["factor"], "low_freq_factor": rs["low_freq_factor"],
+                   "high_freq_factor": rs["high_freq_factor"],
+                   "original_max_position": rs["original_max_position_embeddings"]}
+    else:
+        assert rs is None or rs.get("rope_type", rs.get("type")) == "default", f"rope_scaling {rs} not modelled"
+        scaling = {"enabled": False}
+    batch = read_safetensors(tokens_path)
+    tokens, targets = batch["tokens"], batch["targets"]
+    cfg = {"dim": hf["hidden_size"], "n_layers": hf["num_hidden_layers"], "n_heads": heads,
+           "n_kv_heads": hf.get("num_key_value_heads", heads), "norm_eps": hf.get("rms_norm_eps", 1e-6),
+           "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling, "max_seq_len": tokens.shape[-1],
+           "tie_embeddings": hf.get("tie_word_embeddings", False)}
+    weights = read_hf_weights(folder)
+    weights = {n: w for n, w in weights.items() if not n.endswith("rotary_emb.inv_freq")}
+    # The weights must be exactly what config.json describes.
+    D, F_, V = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+    hd = D // heads
+    want = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+    if not cfg["tie_embeddings"]:
+        want["lm_head.weight"] = (V, D)
+    for l in range(cfg["n_layers"]):
+        p = f"model.layers.{l}."
+        want.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
+                     p + "self_attn.q_proj.weight": (heads * hd, D),
+                     p + "self_attn.k_proj.weight": (cfg["n_kv_heads"] * hd, D),
+                     p + "self_attn.v_proj.weight": (cfg["n_kv_heads"] * hd, D),
+                     p + "self_attn.o_proj.weight": (D, heads * hd),
+                     p + "mlp.gate_proj.weight": (F_, D), p + "mlp.up_proj.weight": (F_, D),
+                     p + "mlp.down_proj.weight": (D, F_)})
+    got = {n: tuple(w.shape) for n, w in weights.items()}
+    assert got == want, f"weights do not match config.json: {set(got.items()) ^ set(want.items())}"
+    model = Llama(cfg, weights)
+    with torch.no_grad():
+        loss_sum, n = model(tokens.view(-1, tokens.shape[-1]), targets.view(-1, targets.shape[-1]))
+    result = {"loss": float(loss_sum) / n, "loss_sum": float(loss_sum), "tokens": n}
+    print(json.dumps(result))
+    if out_path:
+        json.dump(result, open(out_path, "w"))
+
+
 FLAVORS = {  # name: (dim, n_layers, n_heads, n_kv_heads, vocab, ffn_hidden, rope_theta)
     "debugmodel": (256, 6, 16, 16, 2048, 768, 500000.0),
     "25M": (512, 6, 8, 4, 8192, 1536, 500000.0),
@@ -253,9 +325,16 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--data", default="data/brown")
+    ap.add_argument("--hf-eval", metavar="FOLDER", help="mean cross-entropy of a Hugging Face Llama folder (fp32)")
+    ap.add_argument("--tokens", metavar="FILE", help="--hf-eval's tokens and targets (safetensors, I32)")
+    ap.add_argument("--out", metavar="FILE", help="--hf-eval also writes its JSON result here")
     args = ap.parse_args()
     if args.parity:
         parity(args.parity, args.threads)
+    elif args.hf_eval:
+        if not args.tokens:
+            ap.error("--hf-eval needs --tokens")
+        hf_eval(args.hf_eval, args.tokens, args.out, args.threads)
     elif args.bench:
         bench(args)
     else:

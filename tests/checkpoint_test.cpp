@@ -246,6 +246,13 @@ TEST(Checkpoint, AModelOnlyLastSaveStartsANewRunButIsNotResumed) {
   const auto started = losses_by_step(dir / "b" / "metrics.jsonl");
   ASSERT_EQ(started.size(), 1u);
   EXPECT_LT(std::stod(started.at(1)), std::stod(fresh.at(1)) - 0.05) << "fresh " << fresh.at(1);
+  // The same weights through a Hugging Face folder give the same first loss, bit for bit.
+  out = run("convert export " + last.string() + " " + (dir / "hf").string());
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  out = run(common + " --training.steps 1 --checkpoint.initial_load_path " + (dir / "hf").string() +
+            " --job.dump_folder " + (dir / "from_hf").string());
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_EQ(losses_by_step(dir / "from_hf" / "metrics.jsonl"), started);
   out = run(common + " --training.steps 1 --checkpoint.initial_load_path " + (dir / "nowhere").string() +
             " --job.dump_folder " + (dir / "c").string());
   EXPECT_EQ(out.exit_code, 1);

@@ -383,7 +383,7 @@ TEST(ReportReader, TraceSpansNestAndMemoryCountersFollowTheStep) {
   ASSERT_EQ(files.size(), 2u);
   EXPECT_EQ(files[0].step, 1);
   EXPECT_EQ(files[1].step, 3);
-  const anvil::StepTrace t = anvil::read_trace(files[0]);
+  const anvil::TraceFileStep t = anvil::read_trace(files[0]);
   EXPECT_EQ(t.main_thread, 1);
   EXPECT_EQ(t.thread_names.at(2), "loader");
   auto depth_of = [&](const std::string& name) {
@@ -411,7 +411,7 @@ TEST(ReportReader, TraceSpansNestAndMemoryCountersFollowTheStep) {
   EXPECT_NEAR(last[static_cast<int>(MemCategory::gradients)], 0, 8);
   EXPECT_NEAR(last[static_cast<int>(MemCategory::activations)], 0, 8);
 
-  const std::vector<anvil::MemorySnapshot> snaps = anvil::read_snapshots(dir);
+  const std::vector<anvil::SnapshotFile> snaps = anvil::read_snapshots(dir);
   ASSERT_EQ(snaps.size(), 1u);
   EXPECT_EQ(snaps[0].reason, "peak");
   ASSERT_EQ(snaps[0].largest.size(), 24u);

@@ -16,4 +16,10 @@ void convert_bf16_to_f32(const bf16* src, float* dst, int64_t n) {
   });
 }
 
+void convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] = f16_to_f32(src[i]);
+  });
+}
+
 }  // namespace anvil

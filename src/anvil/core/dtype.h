@@ -58,8 +58,33 @@ inline float from_f32<float>(float x) { return x; }
 template <>
 inline bf16 from_f32<bf16>(float x) { bf16 r; r.bits = bf16::from_float(x); return r; }
 
+// IEEE binary16 (sign, 5 exponent bits, 10 mantissa bits), which Anvil only
+// reads (Llama 2's Hugging Face checkpoints are stored in it). Every f16 value,
+// subnormals, infinities and NaN included, is exactly representable in f32.
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (mant << 13);  // inf, NaN (payload kept)
+  } else if (exp != 0) {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    u = sign;  // ±0
+  } else {  // subnormal mant·2^-24: shift the leading 1 into the implicit bit
+    exp = 127 - 15 + 1;
+    while ((mant & 0x400u) == 0) mant <<= 1, --exp;
+    u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 // Bulk conversions, parallel over the cores.
 void convert_f32_to_bf16(const float* src, bf16* dst, int64_t n);
 void convert_bf16_to_f32(const bf16* src, float* dst, int64_t n);
+void convert_f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 
 }  // namespace anvil

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 namespace anvil {
@@ -61,46 +62,80 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
               "': ", std::strerror(errno));
 }
 
-SafetensorsFile load_safetensors(const std::string& path, MemCategory category) {
-  std::ifstream in(path, std::ios::binary);
-  ANVIL_CHECK(in.good(), "cannot read '", path, "': ", std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+namespace {
+// Bytes per element of the format's dtypes; 0 for a name it does not define.
+uint64_t st_element_size(const std::string& dt) {
+  static const std::map<std::string, uint64_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
+  auto it = sizes.find(dt);
+  return it == sizes.end() ? 0 : it->second;
+}
+}  // namespace
+
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
+  ANVIL_CHECK(in_.good(), "cannot read '", path_, "': ", std::strerror(errno));
+  in_.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in_.tellg());
+  in_.seekg(0);
   uint64_t header_len = 0;
-  in.read(reinterpret_cast<char*>(&header_len), 8);
-  ANVIL_CHECK(in.good() && header_len <= file_size - 8, "'", path,
+  in_.read(reinterpret_cast<char*>(&header_len), 8);
+  ANVIL_CHECK(in_.good() && file_size >= 8 && header_len <= file_size - 8, "'", path_,
               "' is not a safetensors file (bad header length); is it truncated?");
   std::string text(header_len, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_len));
+  in_.read(text.data(), static_cast<std::streamsize>(header_len));
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::concat("'", path, "': the safetensors header is not valid JSON: ", e.what()));
+    throw Error(detail::concat("'", path_, "': the safetensors header is not valid JSON: ", e.what()));
   }
   const uint64_t data_start = 8 + header_len;
-  SafetensorsFile out;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      for (const auto& [k, v] : entry.items()) out.metadata[k] = v.get<std::string>();
-      continue;
+  try {
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        for (const auto& [k, v] : entry.items()) metadata_[k] = v.get<std::string>();
+        continue;
+      }
+      SafetensorsEntry e;
+      e.dtype = entry.at("dtype").get<std::string>();
+      e.shape = entry.at("shape").get<Shape>();
+      const auto range = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      const uint64_t elem = st_element_size(e.dtype);
+      const bool fits = range.size() == 2 && range[0] <= range[1] && range[1] <= file_size - data_start &&
+                        (elem == 0 || range[1] - range[0] == static_cast<uint64_t>(shape_numel(e.shape)) * elem);
+      ANVIL_CHECK(fits, "'", path_, "': tensor '", name, "' has a byte range that does not match its shape ",
+                  shape_str(e.shape), " or the file size; the file is corrupt or truncated");
+      e.begin = data_start + range[0];
+      e.end = data_start + range[1];
+      entries_.emplace(name, std::move(e));
     }
-    const std::string dt = entry.at("dtype").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat("'", path_, "': malformed safetensors header: ", e.what()));
+  }
+}
+
+void SafetensorsReader::read(const std::string& name, void* dst) {
+  auto it = entries_.find(name);
+  ANVIL_CHECK(it != entries_.end(), "'", path_, "' has no tensor '", name, "'");
+  in_.clear();
+  in_.seekg(static_cast<std::streamoff>(it->second.begin));
+  in_.read(static_cast<char*>(dst), static_cast<std::streamsize>(it->second.nbytes()));
+  ANVIL_CHECK(in_.good(), "'", path_, "': reading tensor '", name, "' failed");
+}
+
+SafetensorsFile load_safetensors(const std::string& path, MemCategory category) {
+  SafetensorsReader reader(path);
+  SafetensorsFile out;
+  out.metadata = reader.metadata();
+  for (const auto& [name, entry] : reader.entries()) {
     DType dtype;
-    if (dt == "F32") dtype = DType::f32;
-    else if (dt == "BF16") dtype = DType::bf16;
-    else if (dt == "I32") dtype = DType::i32;
-    else throw Error(detail::concat("'", path, "': tensor '", name, "' has dtype ", dt, "; Anvil reads F32, BF16, I32"));
-    const Shape shape = entry.at("shape").get<Shape>();
-    const auto range = entry.at("data_offsets").get<std::vector<uint64_t>>();
-    Tensor t = Tensor::empty(shape, dtype, category, name);
-    ANVIL_CHECK(range.size() == 2 && range[1] - range[0] == t.nbytes() && data_start + range[1] <= file_size, "'",
-                path, "': tensor '", name, "' has a byte range that does not match its shape ", shape_str(shape),
-                " or the file size; the file is corrupt or truncated");
-    in.seekg(static_cast<std::streamoff>(data_start + range[0]));
-    in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-    ANVIL_CHECK(in.good(), "'", path, "': reading tensor '", name, "' failed");
+    if (entry.dtype == "F32") dtype = DType::f32;
+    else if (entry.dtype == "BF16") dtype = DType::bf16;
+    else if (entry.dtype == "I32") dtype = DType::i32;
+    else throw Error(detail::concat("'", path, "': tensor '", name, "' has dtype ", entry.dtype, "; Anvil reads F32, BF16, I32"));
+    Tensor t = Tensor::empty(entry.shape, dtype, category, name);
+    reader.read(name, t.raw());
     out.tensors.emplace(name, std::move(t));
   }
   return out;

@@ -211,8 +211,8 @@ std::vector<TraceFile> find_traces(const fs::path& dump_folder) {
   return out;
 }
 
-StepTrace read_trace(const TraceFile& file) {
-  StepTrace t;
+TraceFileStep read_trace(const TraceFile& file) {
+  TraceFileStep t;
   t.path = file.path;
   t.step = file.step;
   const json root = parse_file(file.path);
@@ -260,15 +260,15 @@ StepTrace read_trace(const TraceFile& file) {
   return t;
 }
 
-std::vector<MemorySnapshot> read_snapshots(const fs::path& dump_folder) {
+std::vector<SnapshotFile> read_snapshots(const fs::path& dump_folder) {
   check_folder(dump_folder);
   constexpr std::string_view suffix = ".snapshot.json";
-  std::vector<MemorySnapshot> out;
+  std::vector<SnapshotFile> out;
   for (const fs::path& p : files_ending_with(dump_folder, suffix)) {
     const json j = parse_file(p);
     const std::string where = p.string();
     ANVIL_CHECK(j.is_object(), where, ": expected a JSON object, found ", j.type_name());
-    MemorySnapshot s;
+    SnapshotFile s;
     s.path = where;
     const std::optional<int64_t> named = step_from_name(p, suffix);
     s.step = j.contains("step") || !named ? whole_number(j, "step", where) : *named;
@@ -292,7 +292,7 @@ std::vector<MemorySnapshot> read_snapshots(const fs::path& dump_folder) {
     out.push_back(std::move(s));
   }
   std::stable_sort(out.begin(), out.end(),
-                   [](const MemorySnapshot& a, const MemorySnapshot& b) { return a.step < b.step; });
+                   [](const SnapshotFile& a, const SnapshotFile& b) { return a.step < b.step; });
   return out;
 }
 

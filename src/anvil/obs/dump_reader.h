@@ -66,7 +66,7 @@ struct MemorySample {
   double total() const;
 };
 
-struct StepTrace {
+struct TraceFileStep {
   std::string path;
   int64_t step = 0;
   std::vector<TraceSpan> spans;      // by start time; depth set
@@ -83,14 +83,14 @@ struct TraceFile {
 // Every *.trace.json under the folder (recursively), by step then path. The
 // step comes from a step-N.trace.json name, else from the file's otherData.step.
 std::vector<TraceFile> find_traces(const std::filesystem::path& dump_folder);
-StepTrace read_trace(const TraceFile& file);
+TraceFileStep read_trace(const TraceFile& file);
 
 struct SnapshotTensor {
   std::string name, category, phase;
   double bytes = 0;
 };
 
-struct MemorySnapshot {
+struct SnapshotFile {
   std::string path;
   int64_t step = 0;
   std::string reason;  // "peak" or "out_of_memory"
@@ -100,6 +100,6 @@ struct MemorySnapshot {
 };
 
 // Every *.snapshot.json under the folder (recursively), by step then path.
-std::vector<MemorySnapshot> read_snapshots(const std::filesystem::path& dump_folder);
+std::vector<SnapshotFile> read_snapshots(const std::filesystem::path& dump_folder);
 
 }  // namespace anvil

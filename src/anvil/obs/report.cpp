@@ -324,7 +324,7 @@ std::vector<Phase> merge_phases(const std::vector<const TraceSpan*>& spans) {
   return out;
 }
 
-std::string timeline_html(const StepTrace& t, const std::vector<TraceFile>& traces, const fs::path& folder) {
+std::string timeline_html(const TraceFileStep& t, const std::vector<TraceFile>& traces, const fs::path& folder) {
   // The phases are the children of the step span on its thread (or the outermost spans without one).
   const auto step_span = std::find_if(t.spans.begin(), t.spans.end(), [&](const TraceSpan& s) {
     return s.category == "step" && s.depth == 0 && s.thread == t.main_thread;
@@ -475,8 +475,8 @@ std::string no_trace_html(const fs::path& folder) {
 
 // An out-of-memory snapshot says why a run died, so it comes first; otherwise
 // the snapshot with the highest peak, where memory was tightest.
-const MemorySnapshot& pick_snapshot(const std::vector<MemorySnapshot>& snapshots) {
-  const MemorySnapshot* best = &snapshots.front();
+const SnapshotFile& pick_snapshot(const std::vector<SnapshotFile>& snapshots) {
+  const SnapshotFile* best = &snapshots.front();
   for (const auto& s : snapshots) {
     const bool oom = s.reason == "out_of_memory", best_oom = best->reason == "out_of_memory";
     if (oom != best_oom ? oom : s.peak_bytes >= best->peak_bytes) best = &s;
@@ -484,9 +484,9 @@ const MemorySnapshot& pick_snapshot(const std::vector<MemorySnapshot>& snapshots
   return *best;
 }
 
-std::string snapshot_html(const std::vector<MemorySnapshot>& snapshots, const fs::path& folder) {
+std::string snapshot_html(const std::vector<SnapshotFile>& snapshots, const fs::path& folder) {
   if (snapshots.empty()) return "";
-  const MemorySnapshot& s = pick_snapshot(snapshots);
+  const SnapshotFile& s = pick_snapshot(snapshots);
   constexpr size_t kRows = 20;
   std::string h = "<section class=\"card snapshot\"><div class=\"title\"><b>Largest tensors at " +
                   escape_xml(s.reason == "out_of_memory" ? "the out-of-memory error" : "the peak") +
@@ -673,7 +673,7 @@ std::string render_report(const ReportOptions& options) {
         break;
       }
   }
-  const std::vector<MemorySnapshot> snapshots = read_snapshots(options.dump_folder);
+  const std::vector<SnapshotFile> snapshots = read_snapshots(options.dump_folder);
 
   std::string page =
       "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
+#include "anvil/core/durable_file.h"
 #include "anvil/core/profiler.h"
 #include "anvil/core/safetensors.h"
 #include "anvil/plan/memory.h"
@@ -42,15 +43,6 @@ uint32_t file_crc32(const fs::path& p) {
     if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
   }
   return static_cast<uint32_t>(crc);
-}
-
-// Data reaches the disk before the rename makes it visible.
-void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  ANVIL_CHECK(fd >= 0, "cannot open '", p.string(), "' to sync it: ", std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  ANVIL_CHECK(rc == 0, "fsync of '", p.string(), "' failed: ", std::strerror(errno), "; is the disk full?");
 }
 
 bool parse_step_dir(const std::string& name, int64_t& step) {
@@ -320,6 +312,59 @@ void load_checkpoint_model(const std::string& step_dir, ParamStore& params) {
   const nlohmann::json state = read_state(step_dir);
   verify_files(step_dir, state);
   load_model_file(step_dir, params);
+}
+
+CheckpointWeights load_checkpoint_weights(const std::string& step_dir) {
+  const fs::path dir(step_dir);
+  CheckpointWeights out;
+  out.state = read_state(dir);
+  verify_files(dir, out.state);
+  out.tensors = load_safetensors((dir / kModelFile).string(), MemCategory::parameters).tensors;
+  for (auto& [name, t] : out.tensors) {
+    ANVIL_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "'", (dir / kModelFile).string(),
+                "': tensor '", name, "' is ", dtype_name(t.dtype()), "; checkpoints hold f32 or bf16 weights");
+    if (t.dtype() == DType::bf16) t = t.to(DType::f32, MemCategory::parameters, name);  // exact
+  }
+  return out;
+}
+
+std::string checkpoint_model(const nlohmann::json& state) {
+  // "model" since the format gained config.toml; "config" held it before.
+  for (const char* key : {"model", "config"}) {
+    const auto it = state.find(key);
+    if (it != state.end() && it->is_string()) return it->get<std::string>();
+  }
+  return "";
+}
+
+size_t save_model_only_checkpoint(const std::string& folder, int64_t step,
+                                  const std::vector<std::pair<std::string, Tensor>>& weights,
+                                  const std::string& model, const nlohmann::json& extra) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  ANVIL_CHECK(!ec, "cannot create checkpoint folder '", folder, "': ", ec.message());
+  const fs::path final_dir = fs::path(folder) / ("step-" + std::to_string(step)), tmp_dir = final_dir.string() + ".tmp";
+  ANVIL_CHECK(!fs::exists(final_dir), "'", final_dir.string(), "' already exists; remove it or choose another folder");
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  ANVIL_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
+  save_safetensors((tmp_dir / kModelFile).string(), weights);
+  fsync_path(tmp_dir / kModelFile, false);
+
+  nlohmann::ordered_json state;
+  state["format_version"] = kFormatVersion;
+  state["step"] = step;
+  state["model"] = model;
+  state["model_only"] = true;
+  state["model_dtype"] = dtype_name(weights.front().second.dtype());
+  for (const auto& [k, v] : extra.items()) state[k] = v;
+  state["crc32"][kModelFile] = file_crc32(tmp_dir / kModelFile);
+  write_file_durably(tmp_dir / "state.json", state.dump(2) + "\n");
+  fsync_path(tmp_dir, true);
+  fs::rename(tmp_dir, final_dir, ec);
+  ANVIL_CHECK(!ec, "cannot rename '", tmp_dir.string(), "' to '", final_dir.string(), "': ", ec.message());
+  fsync_path(folder, true);
+  return fs::file_size(final_dir / kModelFile);
 }
 
 }  // namespace anvil

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -67,5 +68,25 @@ class Checkpointer {
 // The model weights of an Anvil checkpoint folder (step-N, full or model-only),
 // checksums verified, into the master weights and their compute copy.
 void load_checkpoint_model(const std::string& step_dir, ParamStore& params);
+
+// A step folder's state.json and weights (as f32, by Hugging Face name), the
+// files checked against the CRC32s state.json recorded. For exports; reads
+// full and model-only checkpoints alike. Throws anvil::Error naming the file.
+struct CheckpointWeights {
+  nlohmann::json state;
+  std::map<std::string, Tensor> tensors;
+};
+CheckpointWeights load_checkpoint_weights(const std::string& step_dir);
+// The model a checkpoint holds, "<name>/<flavor>" ("" when unknown).
+std::string checkpoint_model(const nlohmann::json& state);
+
+// Writes <folder>/step-<step>/ with model.safetensors and a state.json marked
+// "model_only" (plus the fields of `extra`): weights without optimizer moments
+// or a data position, as `anvil convert import` makes them. Atomic like
+// Checkpointer::save; refuses to replace an existing step folder. Returns the
+// bytes written. `model` is "<name>/<flavor>".
+size_t save_model_only_checkpoint(const std::string& folder, int64_t step,
+                                  const std::vector<std::pair<std::string, Tensor>>& weights,
+                                  const std::string& model, const nlohmann::json& extra = {});
 
 }  // namespace anvil

@@ -19,6 +19,7 @@
 #include "anvil/data/shard.h"
 #include "anvil/data/stream_loader.h"
 #include "anvil/data/text_source.h"
+#include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
 #include "anvil/obs/memory_snapshot.h"
 #include "anvil/obs/tensorboard.h"
@@ -146,11 +147,14 @@ class StepCapture {
 // Hugging Face one.
 void load_initial_weights(const std::string& path, const ModelArgs& args, ParamStore& ps) {
   namespace fs = std::filesystem;
-  (void)args;
   ANVIL_CHECK(fs::is_directory(path), "checkpoint.initial_load_path '", path,
               "' is not a folder; give an Anvil checkpoint folder (step-N, holding state.json) or a Hugging Face "
               "folder (config.json and model.safetensors)");
   if (fs::exists(fs::path(path) / "state.json")) return load_checkpoint_model(path, ps);
+  if (fs::exists(fs::path(path) / "config.json")) {
+    import_hf(path, args, ps);
+    return;
+  }
   throw Error(detail::concat("checkpoint.initial_load_path '", path,
                              "' holds neither state.json (an Anvil checkpoint) nor config.json (a Hugging Face "
                              "model)"));

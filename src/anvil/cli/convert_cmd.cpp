@@ -1,0 +1,193 @@
+#include "anvil/cli/convert_cmd.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "anvil/core/error.h"
+#include "anvil/data/bpe_tokenizer.h"
+#include "anvil/model/hf_format.h"
+#include "anvil/model/llama.h"
+#include "anvil/plan/memory.h"
+#include "anvil/train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace anvil {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: anvil convert export <checkpoint step folder> <out_dir> [--dtype float32|bfloat16] [--tokenizer PATH]\n"
+    "       anvil convert import <hf_folder> <out_folder> --model.flavor F [--model.name llama3]\n"
+    "  export  writes a Hugging Face LlamaForCausalLM folder (model.safetensors, config.json) from a checkpoint's\n"
+    "          master weights; the model is the one the checkpoint's state.json records. out_dir must not exist.\n"
+    "    --dtype      float32 (default, exact) or bfloat16 (rounded to nearest even)\n"
+    "    --tokenizer  a tokenizer.json to copy into the folder (with a tokenizer_config.json), or 'bytes'; its\n"
+    "                 BOS/EOS ids go into config.json\n"
+    "  import  reads a Hugging Face Llama folder (config.json, model.safetensors or model.safetensors.index.json;\n"
+    "          F32, BF16 or F16), checks it against the flavour, and writes <out_folder>/step-0/, a model-only\n"
+    "          checkpoint of f32 master weights (no optimizer state or data position: a starting point, not a run\n"
+    "          to resume). See docs/checkpoint.md.\n";
+
+struct ParsedArgs {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;
+};
+
+ParsedArgs parse(const std::vector<std::string>& args, const std::vector<std::string>& allowed) {
+  ParsedArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) {
+      out.positional.push_back(a);
+      continue;
+    }
+    bool known = false;
+    for (const std::string& k : allowed) known = known || k == a;
+    ANVIL_CHECK(known, "anvil convert: unknown option '", a, "'\n", kUsage);
+    ANVIL_CHECK(i + 1 < args.size(), "anvil convert: ", a, " needs a value\n", kUsage);
+    out.options[a] = args[++i];
+  }
+  return out;
+}
+
+std::string option(const ParsedArgs& p, const std::string& key, const std::string& fallback) {
+  auto it = p.options.find(key);
+  return it == p.options.end() ? fallback : it->second;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ANVIL_CHECK(in.good(), "cannot read '", path, "'");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The model a checkpoint was trained as, "<name>/<flavor>" in its state.json.
+ModelArgs model_of_checkpoint(const nlohmann::json& state, const std::string& step_dir) {
+  const std::string summary = checkpoint_model(state);
+  const size_t slash = summary.find('/');
+  ANVIL_CHECK(slash != std::string::npos && slash > 0 && slash + 1 < summary.size(), "'", step_dir,
+              "/state.json' records no model (\"model\": \"<name>/<flavor>\"), so the export cannot say what it is");
+  return model_flavor(summary.substr(0, slash), summary.substr(slash + 1));
+}
+
+// The tokenizer's files for the export and its BOS/EOS ids for config.json.
+void add_tokenizer(const std::string& path, const ModelArgs& args, HfExportOptions& opts) {
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
+  ANVIL_CHECK(tok->vocab_size() <= args.vocab_size, "the tokenizer '", path, "' has ", tok->vocab_size(),
+              " tokens but the model's vocabulary is ", args.vocab_size, "; it is not this model's tokenizer");
+  if (tok->bos_id() >= 0) opts.token_ids.bos = tok->bos_id();
+  if (tok->eos_id() >= 0) opts.token_ids.eos = tok->eos_id();
+  if (path == "bytes") return;  // Hugging Face has no file for Anvil's byte-level tokenizer: ids only
+  const std::string content = read_file(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(content);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(detail::concat("'", path, "' is not a Hugging Face tokenizer.json (a tiktoken file cannot go into ",
+                               "an export as it is)"));
+  }
+  opts.extra_files.emplace_back("tokenizer.json", content);
+  // Without a tokenizer_config.json, AutoTokenizer would pick LlamaTokenizerFast
+  // from config.json's model_type, whose defaults (a "<s>" BOS) need not exist here.
+  nlohmann::ordered_json tc;
+  tc["tokenizer_class"] = "PreTrainedTokenizerFast";
+  tc["model_max_length"] = args.max_seq_len;
+  for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
+    if (opts.token_ids.bos && t.value("id", -1) == *opts.token_ids.bos) tc["bos_token"] = t.value("content", "");
+    if (opts.token_ids.eos && t.value("id", -1) == *opts.token_ids.eos) tc["eos_token"] = t.value("content", "");
+  }
+  opts.extra_files.emplace_back("tokenizer_config.json", tc.dump(2) + "\n");
+}
+
+int export_command(const std::vector<std::string>& words) {
+  const ParsedArgs p = parse(words, {"--dtype", "--tokenizer"});
+  ANVIL_CHECK(p.positional.size() == 2, "anvil convert export needs a checkpoint step folder and an output folder\n",
+              kUsage);
+  const std::string& step_dir = p.positional[0];
+  const std::string& out_dir = p.positional[1];
+  const std::string dtype = option(p, "--dtype", "float32");
+  ANVIL_CHECK(dtype == "float32" || dtype == "bfloat16", "--dtype ", dtype, " is not float32 or bfloat16");
+  // Before reading anything: the export never overwrites (export_hf checks again).
+  ANVIL_CHECK(!fs::exists(out_dir) || (fs::is_directory(out_dir) && fs::is_empty(out_dir)), "'", out_dir,
+              "' already exists; an export never overwrites: remove it or choose another folder");
+  const auto t0 = std::chrono::steady_clock::now();
+
+  const CheckpointWeights ck = load_checkpoint_weights(step_dir);
+  const ModelArgs args = model_of_checkpoint(ck.state, step_dir);
+  HfExportOptions opts;
+  opts.dtype = dtype == "bfloat16" ? DType::bf16 : DType::f32;
+  const std::string tokenizer = option(p, "--tokenizer", "");
+  if (!tokenizer.empty()) add_tokenizer(tokenizer, args, opts);
+  std::printf("anvil: exporting %s (%s/%s, step %lld, %lld parameters) to %s as %s\n", step_dir.c_str(),
+              args.name.c_str(), args.flavor.c_str(), static_cast<long long>(ck.state.value("step", -1)),
+              static_cast<long long>(args.num_params()), out_dir.c_str(), dtype.c_str());
+  std::fflush(stdout);
+  const HfTransferStats stats = export_hf(ck.tensors, args, out_dir, opts);
+  std::string files = "model.safetensors, config.json";
+  for (const auto& [name, content] : opts.extra_files) files += ", " + name;
+  std::printf("anvil: wrote %s (%s): %lld tensors, %s of weights in %.2fs (%.2fs in all)\n", out_dir.c_str(),
+              files.c_str(), static_cast<long long>(stats.tensors), human_bytes(stats.bytes).c_str(), stats.seconds,
+              seconds_since(t0));
+  return 0;
+}
+
+int import_command(const std::vector<std::string>& words) {
+  const ParsedArgs p = parse(words, {"--model.flavor", "--model.name"});
+  ANVIL_CHECK(p.positional.size() == 2, "anvil convert import needs a Hugging Face folder and an output folder\n",
+              kUsage);
+  ANVIL_CHECK(p.options.count("--model.flavor"), "anvil convert import needs --model.flavor (the model the folder ",
+              "holds; config.json is checked against it)\n", kUsage);
+  const std::string& hf_dir = p.positional[0];
+  const std::string& out_dir = p.positional[1];
+  const ModelArgs args = model_flavor(option(p, "--model.name", "llama3"), option(p, "--model.flavor", ""));
+  args.validate();
+  ANVIL_CHECK(!fs::exists(fs::path(out_dir) / "step-0"), "'", (fs::path(out_dir) / "step-0").string(),
+              "' already exists; remove it or choose another folder");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::printf("anvil: importing %s as %s/%s (%lld parameters)\n", hf_dir.c_str(), args.name.c_str(),
+              args.flavor.c_str(), static_cast<long long>(args.num_params()));
+  std::fflush(stdout);
+  std::map<std::string, Tensor> weights;
+  const HfTransferStats stats = import_hf(hf_dir, args, weights);
+  if (!stats.ignored.empty())
+    std::printf("anvil: warning: skipped %zu tensors Anvil derives from config.json itself (first: %s)\n",
+                stats.ignored.size(), stats.ignored[0].c_str());
+  std::printf("anvil: read %lld tensors, %s in %.2fs\n", static_cast<long long>(stats.tensors),
+              human_bytes(stats.bytes).c_str(), stats.seconds);
+  std::vector<std::pair<std::string, Tensor>> ordered;
+  for (const ParamSpec& s : llama_param_specs(args)) ordered.emplace_back(s.name, weights.at(s.name));
+  const size_t bytes = save_model_only_checkpoint(out_dir, 0, ordered, args.name + "/" + args.flavor,
+                                                  {{"source", fs::absolute(hf_dir).string()}});
+  std::printf("anvil: wrote %s (model-only checkpoint, f32 master weights, %s) in %.2fs in all\n",
+              (fs::path(out_dir) / "step-0").string().c_str(), human_bytes(bytes).c_str(), seconds_since(t0));
+  return 0;
+}
+
+}  // namespace
+
+int convert_command(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+  ANVIL_CHECK(!args.empty() && (args[0] == "export" || args[0] == "import"),
+              "anvil convert needs 'export' or 'import'\n", kUsage);
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  return args[0] == "export" ? export_command(rest) : import_command(rest);
+}
+
+}  // namespace anvil
