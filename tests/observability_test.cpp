@@ -204,6 +204,14 @@ TEST(Observability, AProfiledStepShowsEveryPhaseAndTheMemoryStory) {
   EXPECT_EQ(phase_of["params.grads_f32"], "loss");
   EXPECT_EQ(phase_of["params.master_f32"], "model.init");
 
+  // The report reads this real dump folder (report_test renders pages in Chromium).
+  const auto report = anvil::testing::run_anvil("report " + dump.string());
+  ASSERT_EQ(report.exit_code, 0) << report.text;
+  std::ifstream page_in(dump / "report.html");
+  const std::string page((std::istreambuf_iterator<char>(page_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(page.find("layers.0.attention.forward"), std::string::npos) << "the step-1 timeline names its spans";
+  EXPECT_NE(page.find("optimizer state"), std::string::npos);
+
   // TensorBoard: one event file with the training curves (decoding is tested in tensorboard_test).
   std::vector<fs::path> events;
   for (const auto& e : fs::directory_iterator(dump / "tb")) events.push_back(e.path());
