@@ -330,6 +330,12 @@ TrainResult train(const JobConfig& cfg) {
     std::printf("anvil: memory snapshots (at a profiled step's peak%s, or if memory runs out) to %s\n",
                 cfg.profiling.enable_memory_snapshot ? "" : ": off", snapshot_dir.c_str());
   std::printf("anvil: report: anvil report %s\n", cfg.job.dump_folder.c_str());
+  if (first_step > tc.steps) {
+    std::printf("anvil: the checkpoint already reached step %lld of training.steps %lld: nothing to train. Raise "
+                "--training.steps, or give another --job.dump_folder to start afresh\n",
+                static_cast<long long>(first_step - 1), static_cast<long long>(tc.steps));
+    return TrainResult{};
+  }
   std::printf("anvil: training to step %lld; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps));
 
   // The step's micro-batches are fetched up front, so the loss can be normalised
