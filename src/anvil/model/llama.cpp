@@ -63,25 +63,28 @@ const char* ac_mode_name(AcMode m) {
 std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
   const int64_t D = a.dim, hd = a.head_dim(), F = a.ffn_hidden_dim();
   std::vector<ParamSpec> specs;
-  specs.push_back({"model.embed_tokens.weight", {a.vocab_size, D}, ParamInit::normal, 1.0f});
+  // Groups: 0 the embedding, 1 + l block l, n_layers + 1 the head.
+  specs.push_back({"model.embed_tokens.weight", {a.vocab_size, D}, ParamInit::normal, 1.0f, 0});
   for (int64_t l = 0; l < a.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     // torchtitan's depth-scaled init for the projections that write into the residual stream.
     const float depth_std = 0.02f / std::sqrt(2.0f * static_cast<float>(l + 1));
-    specs.push_back({p + "input_layernorm.weight", {D}, ParamInit::ones});
-    specs.push_back({p + "self_attn.q_proj.weight", {a.n_heads * hd, D}, ParamInit::trunc_normal, 0.02f});
-    specs.push_back({p + "self_attn.k_proj.weight", {a.n_kv_heads * hd, D}, ParamInit::trunc_normal, 0.02f});
-    specs.push_back({p + "self_attn.v_proj.weight", {a.n_kv_heads * hd, D}, ParamInit::trunc_normal, 0.02f});
-    specs.push_back({p + "self_attn.o_proj.weight", {D, a.n_heads * hd}, ParamInit::trunc_normal, depth_std});
-    specs.push_back({p + "post_attention_layernorm.weight", {D}, ParamInit::ones});
-    specs.push_back({p + "mlp.gate_proj.weight", {F, D}, ParamInit::trunc_normal, 0.02f});
-    specs.push_back({p + "mlp.up_proj.weight", {F, D}, ParamInit::trunc_normal, depth_std});
-    specs.push_back({p + "mlp.down_proj.weight", {D, F}, ParamInit::trunc_normal, depth_std});
+    const int g = static_cast<int>(l) + 1;
+    specs.push_back({p + "input_layernorm.weight", {D}, ParamInit::ones, 0.02f, g});
+    specs.push_back({p + "self_attn.q_proj.weight", {a.n_heads * hd, D}, ParamInit::trunc_normal, 0.02f, g});
+    specs.push_back({p + "self_attn.k_proj.weight", {a.n_kv_heads * hd, D}, ParamInit::trunc_normal, 0.02f, g});
+    specs.push_back({p + "self_attn.v_proj.weight", {a.n_kv_heads * hd, D}, ParamInit::trunc_normal, 0.02f, g});
+    specs.push_back({p + "self_attn.o_proj.weight", {D, a.n_heads * hd}, ParamInit::trunc_normal, depth_std, g});
+    specs.push_back({p + "post_attention_layernorm.weight", {D}, ParamInit::ones, 0.02f, g});
+    specs.push_back({p + "mlp.gate_proj.weight", {F, D}, ParamInit::trunc_normal, 0.02f, g});
+    specs.push_back({p + "mlp.up_proj.weight", {F, D}, ParamInit::trunc_normal, depth_std, g});
+    specs.push_back({p + "mlp.down_proj.weight", {D, F}, ParamInit::trunc_normal, depth_std, g});
   }
-  specs.push_back({"model.norm.weight", {D}, ParamInit::ones});
+  const int head = static_cast<int>(a.n_layers) + 1;
+  specs.push_back({"model.norm.weight", {D}, ParamInit::ones, 0.02f, head});
   if (!a.tie_embeddings)
     specs.push_back({"lm_head.weight", {a.vocab_size, D}, ParamInit::trunc_normal,
-                     1.0f / std::sqrt(static_cast<float>(D))});
+                     1.0f / std::sqrt(static_cast<float>(D)), head});
   return specs;
 }
 
@@ -272,16 +275,21 @@ CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& t
   const float eps = static_cast<float>(args_.norm_eps);
 
   std::vector<BlockSaved> saved(static_cast<size_t>(args_.n_layers));
+  const int head = head_group();
   Tensor h;
   {
     const ScopedPhase phase(SpanCategory::forward, "embedding.forward");
+    hooks_->before_forward(0);
     h = embed(tokens);
+    hooks_->after_forward(0);
   }
   for (int l = 0; l < args_.n_layers; ++l) {
     const ScopedPhase phase(SpanCategory::forward, "forward", l);
+    hooks_->before_forward(l + 1);
     saved[static_cast<size_t>(l)].x = h;
     h = block_forward(l, saved[static_cast<size_t>(l)], B, T);
     drop_unkept(l, saved[static_cast<size_t>(l)], policy);
+    hooks_->after_forward(l + 1);
   }
 
   CrossEntropyResult loss;
@@ -290,6 +298,8 @@ CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& t
     // The final norm, output projection and cross-entropy, forward and backward fused.
     const ScopedPhase phase(SpanCategory::loss, "loss");
     params_.ensure_grads();  // the backward starts here
+    hooks_->before_forward(head);
+    hooks_->before_backward(head);
     dh = activation({M, D}, dt, "grad.residual");
     Tensor hn = activation({M, D}, dt, "final_norm.out");
     Tensor rstd = activation({M}, DType::f32, "final_norm.rstd");
@@ -301,16 +311,23 @@ CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& t
     hn = Tensor();
     Tensor gnorm = params_.grad(norm_index_);
     rmsnorm_backward(dhn, h, params_.compute(norm_index_), rstd, eps, dh, gnorm);
+    dw_out = gnorm = Tensor();  // the hook may free the group's buffers
+    hooks_->after_backward(head);
   }
   h = Tensor();
   for (int l = args_.n_layers - 1; l >= 0; --l) {
     const ScopedPhase phase(SpanCategory::backward, "backward", l);
+    hooks_->before_backward(l + 1);
     dh = block_backward(l, saved[static_cast<size_t>(l)], dh, B, T);
     saved[static_cast<size_t>(l)] = BlockSaved{};
+    hooks_->after_backward(l + 1);
   }
   const ScopedPhase phase(SpanCategory::backward, "embedding.backward");
+  hooks_->before_backward(0);
   Tensor g_embed = params_.grad(embed_index_);
   embedding_backward(dh, tokens, g_embed);
+  g_embed = Tensor();
+  hooks_->after_backward(0);
   return loss;
 }
 
@@ -318,15 +335,23 @@ CrossEntropyResult Llama::forward(const Tensor& tokens, const Tensor& targets) {
   const int64_t B = tokens.size(0), T = tokens.size(1), M = B * T, D = args_.dim;
   ANVIL_CHECK(T <= rope_.max_positions(), "sequence length ", T, " exceeds the model's maximum ",
               rope_.max_positions());
+  hooks_->before_forward(0);
   Tensor h = embed(tokens);
+  hooks_->after_forward(0);
   for (int l = 0; l < args_.n_layers; ++l) {
+    hooks_->before_forward(l + 1);
     BlockSaved s;
     s.x = h;
     h = block_forward(l, s, B, T);
+    hooks_->after_forward(l + 1);
   }
+  const int head = head_group();
+  hooks_->before_forward(head);
   Tensor hn = activation({M, D}, compute_dtype(), "final_norm.out");
   rmsnorm_forward(h, params_.compute(norm_index_), static_cast<float>(args_.norm_eps), hn);
-  return cross_entropy_forward(hn, params_.compute(output_index_), targets.view({M}));
+  const CrossEntropyResult r = cross_entropy_forward(hn, params_.compute(output_index_), targets.view({M}));
+  hooks_->after_forward(head);
+  return r;
 }
 
 }  // namespace anvil

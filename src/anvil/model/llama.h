@@ -49,6 +49,21 @@ struct BlockSaved {
   Tensor g, u, s;     // (M, F)   gate, up, silu(g)·u
 };
 
+// The seam where data parallelism acts, never inside kernels: the model calls
+// these around each parameter group's use (group 0 the embedding, 1 + l block
+// l, n_layers + 1 the head). FSDP gathers a group's weights before and
+// reshards them and reduce-scatters its gradients after; DDP starts a bucket's
+// all-reduce when its backward is done. The head's forward and backward are one
+// fused pass: it sees before_forward, before_backward, after_backward.
+class ParamGroupHooks {
+ public:
+  virtual ~ParamGroupHooks() = default;
+  virtual void before_forward(int group) {}
+  virtual void after_forward(int group) {}
+  virtual void before_backward(int group) {}
+  virtual void after_backward(int group) {}
+};
+
 class Llama {
  public:
   Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len);
@@ -66,6 +81,10 @@ class Llama {
                                       const AcPolicy& policy);
   // Loss only (evaluation): keeps no activations beyond the current block.
   CrossEntropyResult forward(const Tensor& tokens, const Tensor& targets);
+
+  // Not owned; null: no hooks (a single process).
+  void set_hooks(ParamGroupHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
+  int head_group() const { return static_cast<int>(args_.n_layers) + 1; }
 
  private:
   BlockParams block_compute(int layer) const;
@@ -86,6 +105,8 @@ class Llama {
   RopeTable rope_;
   int embed_index_, norm_index_, output_index_;
   std::vector<int> block_first_index_;  // index of each block's first parameter
+  ParamGroupHooks no_hooks_;
+  ParamGroupHooks* hooks_ = &no_hooks_;
 };
 
 // The parameter list of a model, with Hugging Face names and torchtitan's

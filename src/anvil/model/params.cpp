@@ -15,18 +15,57 @@ int64_t padded_numel(const std::vector<ParamSpec>& specs) {
   return n;
 }
 
-ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype)
-    : specs_(std::move(specs)), compute_dtype_(compute_dtype) {
+ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool allocate)
+    : specs_(std::move(specs)), compute_dtype_(compute_dtype), allocate_(allocate) {
   ANVIL_ASSERT(compute_dtype == DType::f32 || compute_dtype == DType::bf16);
-  for (ParamSpec& s : specs_) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    ParamSpec& s = specs_[i];
     s.offset = numel_;
     numel_ += padded(s.numel());
+    ANVIL_ASSERT(s.group >= 0 && (groups_.empty() || s.group == static_cast<int>(groups_.size()) - 1 ||
+                                  s.group == static_cast<int>(groups_.size())),
+                 "parameter groups must be consecutive: ", s.name);
+    if (s.group == static_cast<int>(groups_.size())) groups_.push_back({static_cast<int>(i), 0, s.offset, 0});
+    groups_.back().end = static_cast<int>(i) + 1;
+    groups_.back().numel = numel_ - groups_.back().offset;
   }
+  bound_compute_.resize(groups_.size());
+  bound_grads_.resize(groups_.size());
+  if (!allocate) return;
   master_ = Tensor::empty({numel_}, DType::f32, MemCategory::parameters, "params.master_f32");
   compute_ = compute_dtype == DType::f32
                  ? master_
                  : Tensor::empty({numel_}, DType::bf16, MemCategory::parameters, "params.compute_bf16");
   grads_ = Tensor::zeros({numel_}, DType::f32, MemCategory::gradients, "params.grads_f32");
+}
+
+Tensor ParamStore::compute(int i) const {
+  const Tensor& b = bound_compute_[static_cast<size_t>(specs_[static_cast<size_t>(i)].group)];
+  return b.defined() ? group_view(b, i) : view(compute_, i);
+}
+
+Tensor ParamStore::grad(int i) const {
+  const Tensor& b = bound_grads_[static_cast<size_t>(specs_[static_cast<size_t>(i)].group)];
+  return b.defined() ? group_view(b, i) : view(grads_, i);
+}
+
+void ParamStore::bind_group(int g, Tensor compute, Tensor grad) {
+  const ParamGroup& pg = groups_.at(static_cast<size_t>(g));
+  ANVIL_ASSERT(!compute.defined() || (compute.numel() >= pg.numel && compute.dtype() == compute_dtype_));
+  ANVIL_ASSERT(!grad.defined() || (grad.numel() >= pg.numel && grad.dtype() == DType::f32));
+  bound_compute_[static_cast<size_t>(g)] = std::move(compute);
+  bound_grads_[static_cast<size_t>(g)] = std::move(grad);
+}
+
+void ParamStore::unbind_group(int g) {
+  bound_compute_.at(static_cast<size_t>(g)) = Tensor();
+  bound_grads_.at(static_cast<size_t>(g)) = Tensor();
+}
+
+Tensor ParamStore::group_view(const Tensor& group_buffer, int i) const {
+  const ParamSpec& s = specs_.at(static_cast<size_t>(i));
+  const int64_t local = s.offset - groups_[static_cast<size_t>(s.group)].offset;
+  return group_buffer.slice(local, s.numel()).view(s.shape);
 }
 
 Tensor ParamStore::view(const Tensor& flat, int i) const {
@@ -68,7 +107,7 @@ void ParamStore::zero_grad() {
 }
 
 void ParamStore::ensure_grads() {
-  if (!grads_.defined()) grads_ = Tensor::zeros({numel_}, DType::f32, MemCategory::gradients, "params.grads_f32");
+  if (allocate_ && !grads_.defined()) grads_ = Tensor::zeros({numel_}, DType::f32, MemCategory::gradients, "params.grads_f32");
 }
 
 }  // namespace anvil

@@ -17,6 +17,7 @@ struct ParamSpec {
   Shape shape;
   ParamInit init = ParamInit::trunc_normal;
   float std = 0.02f;
+  int group = 0;       // the parameter group (a model's unit of FSDP sharding and DDP bucketing)
   int64_t offset = 0;  // in elements, into the flat buffers
   int64_t numel() const { return shape_numel(shape); }
 };
@@ -25,10 +26,21 @@ struct ParamSpec {
 // 64-byte boundary (what ParamStore allocates per buffer).
 int64_t padded_numel(const std::vector<ParamSpec>& specs);
 
+// Consecutive parameters sharded, gathered and reduced together: Llama's are
+// the embedding, each transformer block, and the head (final norm and output).
+struct ParamGroup {
+  int first = 0, end = 0;  // parameters [first, end)
+  int64_t offset = 0;      // the group's start in the flat buffers, in elements
+  int64_t numel = 0;       // its padded length
+};
+
 class ParamStore {
  public:
-  // compute_dtype bf16 adds a bf16 copy of the master weights for the matrix products.
-  ParamStore(std::vector<ParamSpec> specs, DType compute_dtype);
+  // compute_dtype bf16 adds a bf16 copy of the master weights for the matrix
+  // products. Groups come from the specs' `group` fields, which must be
+  // non-decreasing. allocate = false makes a store without flat buffers, whose
+  // groups are all bound to buffers someone else owns (FSDP's gathered groups).
+  ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool allocate = true);
 
   // Initialise from the counter-based RNG, keyed by (seed, parameter name).
   void init(uint64_t seed);
@@ -40,9 +52,19 @@ class ParamStore {
   DType compute_dtype() const { return compute_dtype_; }
   int index_of(const std::string& name) const;  // throws anvil::Error when unknown
 
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+
   Tensor master(int i) const { return view(master_, i); }
-  Tensor compute(int i) const { return view(compute_, i); }
-  Tensor grad(int i) const { return view(grads_, i); }
+  // The compute copy and gradient of parameter i: views into the group's bound
+  // buffers when it has them, else into the flat buffers.
+  Tensor compute(int i) const;
+  Tensor grad(int i) const;
+
+  // Binds group g's compute weights and gradients to full-group buffers of
+  // groups()[g].numel elements laid out as in the flat buffers (either may be
+  // an undefined Tensor: not needed now). unbind_group goes back to the flat ones.
+  void bind_group(int g, Tensor compute, Tensor grad);
+  void unbind_group(int g);
 
   Tensor& master_flat() { return master_; }
   Tensor& compute_flat() { return compute_; }  // the master buffer itself in pure f32
@@ -52,15 +74,21 @@ class ParamStore {
   // zero_grad(set_to_none=True) does, and the backward creates them again
   // (zeroed) when it first needs them: between steps, and during the forward,
   // they take no memory.
-  void release_grads() { grads_ = Tensor(); }
+  void release_grads() {
+    if (allocate_) grads_ = Tensor();
+  }
   void ensure_grads();
   bool has_grads() const { return grads_.defined(); }
 
  private:
   Tensor view(const Tensor& flat, int i) const;
+  Tensor group_view(const Tensor& group_buffer, int i) const;
   std::vector<ParamSpec> specs_;
   DType compute_dtype_;
+  bool allocate_;
   int64_t numel_ = 0;
+  std::vector<ParamGroup> groups_;
+  std::vector<Tensor> bound_compute_, bound_grads_;  // per group; undefined: use the flat buffers
   Tensor master_, compute_, grads_;
 };
 
