@@ -1,0 +1,220 @@
+#include "anvil/dist/mesh.h"
+
+#include <limits>
+#include <numeric>
+
+namespace anvil {
+
+namespace {
+
+constexpr std::array<const char*, kNumMeshDims> kDegreeKeys = {
+    "pipeline_parallel_degree", "data_parallel_replicate_degree", "data_parallel_shard_degree",
+    "tensor_parallel_degree"};
+
+// The dimensions a group spans; the others are fixed within it.
+std::array<bool, kNumMeshDims> spans(MeshGroup g) {
+  switch (g) {
+    case MeshGroup::pp: return {true, false, false, false};
+    case MeshGroup::dp_replicate: return {false, true, false, false};
+    case MeshGroup::dp_shard: return {false, false, true, false};
+    case MeshGroup::tp: return {false, false, false, true};
+    case MeshGroup::dp: return {false, true, true, false};
+  }
+  return {};
+}
+
+// a·b, stopping at int64's maximum: degrees come from a file and may be absurd.
+int64_t saturating_mul(int64_t a, int64_t b) {
+  if (a != 0 && b > std::numeric_limits<int64_t>::max() / a) return std::numeric_limits<int64_t>::max();
+  return a * b;
+}
+
+std::string join_divisors(int64_t n) {
+  std::string out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) {
+      if (!out.empty()) out += ", ";
+      out += std::to_string(d);
+    }
+  return out;
+}
+
+}  // namespace
+
+const char* mesh_group_name(MeshGroup g) {
+  switch (g) {
+    case MeshGroup::pp: return "pp";
+    case MeshGroup::dp_replicate: return "dp_replicate";
+    case MeshGroup::dp_shard: return "dp_shard";
+    case MeshGroup::tp: return "tp";
+    case MeshGroup::dp: return "dp";
+  }
+  return "?";
+}
+
+MeshLayout::MeshLayout(int pp, int dp_replicate, int dp_shard, int tp) : degrees_{pp, dp_replicate, dp_shard, tp} {
+  for (int d = 0; d < kNumMeshDims; ++d)
+    ANVIL_CHECK(degrees_[d] >= 1, "[parallelism] ", kDegreeKeys[d], " is ", degrees_[d], "; it must be at least 1");
+}
+
+MeshLayout MeshLayout::resolve(const ParallelDegrees& degrees, int world_size) {
+  ANVIL_ASSERT(world_size >= 1, "world size ", world_size);
+  const std::array<int64_t, kNumMeshDims> want = {degrees.pipeline_parallel, degrees.data_parallel_replicate,
+                                                  degrees.data_parallel_shard, degrees.tensor_parallel};
+  for (int d = 0; d < kNumMeshDims; ++d) {
+    if (d == static_cast<int>(MeshDim::dp_shard) && want[d] == -1) continue;
+    ANVIL_CHECK(want[d] >= 1, "[parallelism] ", kDegreeKeys[d], " is ", want[d], "; it must be at least 1",
+                d == static_cast<int>(MeshDim::dp_shard) ? ", or -1 for the ranks the other degrees leave over" : "");
+  }
+  const auto deg = [&](MeshDim d) { return want[static_cast<size_t>(d)]; };
+  const int64_t others = saturating_mul(saturating_mul(deg(MeshDim::pp), deg(MeshDim::dp_replicate)), deg(MeshDim::tp));
+  const std::string others_str = detail::concat("pipeline_parallel_degree ", deg(MeshDim::pp),
+                                                " x data_parallel_replicate_degree ", deg(MeshDim::dp_replicate),
+                                                " x tensor_parallel_degree ", deg(MeshDim::tp));
+
+  int64_t shard = deg(MeshDim::dp_shard);
+  if (shard == -1) {
+    ANVIL_CHECK(world_size % others == 0, "[parallelism] ", others_str, " = ", others,
+                " does not divide the world size ", world_size,
+                ", so data_parallel_shard_degree = -1 cannot take the ranks left over; change those degrees so "
+                "that their product divides ",
+                world_size, ", or start a multiple of ", others, " ranks");
+    shard = world_size / others;
+  } else {
+    const int64_t product = saturating_mul(others, shard);
+    if (product != world_size) {
+      // Suggest every single key that could be changed to make the product right.
+      std::string fixes;
+      const std::array<MeshDim, kNumMeshDims> order = {MeshDim::dp_shard, MeshDim::tp, MeshDim::pp,
+                                                       MeshDim::dp_replicate};
+      for (MeshDim d : order) {
+        int64_t rest = 1;
+        for (int e = 0; e < kNumMeshDims; ++e)
+          if (e != static_cast<int>(d)) rest = saturating_mul(rest, want[e]);
+        if (world_size % rest != 0) continue;
+        fixes += detail::concat(fixes.empty() ? "change " : ", or ", kDegreeKeys[static_cast<size_t>(d)], " to ",
+                                world_size / rest,
+                                d == MeshDim::dp_shard ? " (or -1 for the ranks the other degrees leave over)" : "");
+      }
+      if (fixes.empty())
+        fixes = detail::concat("no single degree can be changed to make the product ", world_size,
+                               ": change several so that they multiply to ", world_size);
+      ANVIL_CHECK(false, "[parallelism] degrees multiply to ", product, " (", "pipeline_parallel_degree ",
+                  deg(MeshDim::pp), " x data_parallel_replicate_degree ", deg(MeshDim::dp_replicate),
+                  " x data_parallel_shard_degree ", shard, " x tensor_parallel_degree ", deg(MeshDim::tp),
+                  ") but the world size is ", world_size, " (the ranks mpirun started); ", fixes,
+                  product < std::numeric_limits<int64_t>::max() ? detail::concat(", or start ", product, " ranks")
+                                                                : std::string());
+    }
+  }
+  return MeshLayout(static_cast<int>(deg(MeshDim::pp)), static_cast<int>(deg(MeshDim::dp_replicate)),
+                    static_cast<int>(shard), static_cast<int>(deg(MeshDim::tp)));
+}
+
+MeshCoord MeshLayout::coord_of(int rank) const {
+  ANVIL_ASSERT(rank >= 0 && rank < world_size(), "rank ", rank, " outside a mesh of ", world_size());
+  MeshCoord c;
+  for (int d = kNumMeshDims - 1; d >= 0; --d) {
+    c.index[d] = rank % degrees_[d];
+    rank /= degrees_[d];
+  }
+  return c;
+}
+
+int MeshLayout::rank_of(const MeshCoord& c) const {
+  int rank = 0;
+  for (int d = 0; d < kNumMeshDims; ++d) {
+    ANVIL_ASSERT(c.index[d] >= 0 && c.index[d] < degrees_[d], "coordinate ", c.index[d], " outside degree ",
+                 degrees_[d]);
+    rank = rank * degrees_[d] + c.index[d];
+  }
+  return rank;
+}
+
+int MeshLayout::group_size(MeshGroup g) const {
+  const auto in = spans(g);
+  int n = 1;
+  for (int d = 0; d < kNumMeshDims; ++d)
+    if (in[d]) n *= degrees_[d];
+  return n;
+}
+
+int MeshLayout::group_rank(int rank, MeshGroup g) const {
+  const MeshCoord c = coord_of(rank);
+  const auto in = spans(g);
+  int r = 0;
+  for (int d = 0; d < kNumMeshDims; ++d)
+    if (in[d]) r = r * degrees_[d] + c.index[d];
+  return r;
+}
+
+int MeshLayout::group_index(int rank, MeshGroup g) const {
+  const MeshCoord c = coord_of(rank);
+  const auto in = spans(g);
+  int i = 0;
+  for (int d = 0; d < kNumMeshDims; ++d)
+    if (!in[d]) i = i * degrees_[d] + c.index[d];
+  return i;
+}
+
+std::vector<int> MeshLayout::group_ranks(int rank, MeshGroup g) const {
+  const int index = group_index(rank, g);
+  std::vector<int> ranks(static_cast<size_t>(group_size(g)), -1);
+  for (int r = 0; r < world_size(); ++r)
+    if (group_index(r, g) == index) ranks[static_cast<size_t>(group_rank(r, g))] = r;
+  return ranks;
+}
+
+std::string MeshLayout::str() const {
+  return detail::concat("pp ", pp(), " x dp_replicate ", dp_replicate(), " x dp_shard ", dp_shard(), " x tp ", tp());
+}
+
+void check_tensor_parallel_heads(int64_t n_heads, int64_t n_kv_heads, int tp) {
+  ANVIL_ASSERT(tp >= 1 && n_heads >= 1 && n_kv_heads >= 1, "tp ", tp, ", heads ", n_heads, "/", n_kv_heads);
+  const int64_t both = std::gcd(n_heads, n_kv_heads);
+  ANVIL_CHECK(n_heads % tp == 0, "[parallelism] tensor_parallel_degree ", tp, " does not divide the model's n_heads ",
+              n_heads, ": tensor parallelism gives each rank whole attention heads; degrees that divide both n_heads ",
+              n_heads, " and n_kv_heads ", n_kv_heads, ": ", join_divisors(both));
+  ANVIL_CHECK(n_kv_heads % tp == 0, "[parallelism] tensor_parallel_degree ", tp,
+              " does not divide the model's n_kv_heads ", n_kv_heads,
+              ": tensor parallelism gives each rank whole key/value heads; degrees that divide both n_heads ", n_heads,
+              " and n_kv_heads ", n_kv_heads, ": ", join_divisors(both));
+}
+
+int64_t gradient_accumulation_steps(int64_t local_batch_size, int64_t global_batch_size, const MeshLayout& mesh) {
+  ANVIL_CHECK(local_batch_size >= 1, "training.local_batch_size is ", local_batch_size, "; it must be at least 1");
+  if (global_batch_size == -1) return 1;
+  ANVIL_CHECK(global_batch_size >= 1, "training.global_batch_size is ", global_batch_size,
+              "; it must be at least 1, or -1 for one local batch per data-parallel rank");
+  const int64_t step = local_batch_size * mesh.dp();
+  if (global_batch_size % step != 0) {
+    const int64_t below = global_batch_size / step * step;
+    const int64_t above = below + step;
+    ANVIL_CHECK(false, "training.global_batch_size ", global_batch_size, " is not a multiple of ",
+                "training.local_batch_size ", local_batch_size, " x the data-parallel degree ", mesh.dp(),
+                " (data_parallel_replicate_degree ", mesh.dp_replicate(), " x data_parallel_shard_degree ",
+                mesh.dp_shard(), ") = ", step,
+                ": every data-parallel rank runs whole local batches, as many as the quotient (the "
+                "gradient-accumulation steps); use ",
+                below > 0 ? detail::concat(below, " or ") : std::string(), above, ", or -1 for ", step);
+  }
+  return global_batch_size / step;
+}
+
+DeviceMesh::DeviceMesh(const Communicator& world, const MeshLayout& layout)
+    : layout_(layout), rank_(world.rank()), coord_() {
+  ANVIL_CHECK(world.size() == layout.world_size(), "a mesh of ", layout.str(), " = ", layout.world_size(),
+              " ranks cannot be laid over a world of ", world.size());
+  coord_ = layout_.coord_of(rank_);
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    const auto kind = static_cast<MeshGroup>(g);
+    // The key is the group rank, so a sub-communicator's ranks follow the mesh
+    // coordinates rather than whatever order MPI would pick.
+    groups_[g] = world.split(layout_.group_index(rank_, kind), layout_.group_rank(rank_, kind));
+    ANVIL_ASSERT(groups_[g].size() == layout_.group_size(kind) &&
+                     groups_[g].rank() == layout_.group_rank(rank_, kind),
+                 mesh_group_name(kind), " group: MPI gave rank ", groups_[g].rank(), " of ", groups_[g].size());
+  }
+}
+
+}  // namespace anvil
