@@ -1,5 +1,6 @@
 // The `anvil` program: train | estimate | tokenizer | tokenize | report | convert | config-docs | info.
 #include <cstdio>
+#include <memory>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "anvil/plan/memory.h"
 #include "anvil/train/config.h"
 #include "anvil/train/metrics.h"
+#include "anvil/train/parallel.h"
 #include "anvil/train/trainer.h"
 
 namespace {
@@ -75,8 +77,18 @@ int main(int argc, char** argv) {
       }
       const anvil::JobConfig cfg = anvil::parse_config(rest);
       if (cmd == "estimate") return estimate(cfg);
-      const anvil::TrainResult r = anvil::train(cfg);
-      return r.interrupted ? 130 : 0;
+      // Under mpirun or srun every rank runs this; a single process needs no MPI.
+      std::unique_ptr<anvil::MpiRuntime> mpi;
+      if (anvil::launched_by_mpi_launcher()) mpi = std::make_unique<anvil::MpiRuntime>(argc, argv);
+      try {
+        const anvil::TrainResult r = anvil::train(cfg);
+        return r.interrupted ? 130 : 0;
+      } catch (const std::exception& e) {
+        // The other ranks would wait for this one in their next collective:
+        // stop the whole job, naming this rank.
+        if (mpi && anvil::Communicator::world().size() > 1) anvil::abort_all(std::string("error: ") + e.what());
+        throw;
+      }
     }
     if (cmd == "tokenizer") {
       if (!rest.empty() && rest[0] == "train")

@@ -202,6 +202,8 @@ Work::Work(std::unique_ptr<Pending> p) : pending_(std::move(p)) {}
 
 Work::Work(Work&& other) noexcept : pending_(std::move(other.pending_)) {}
 
+Work::Work() = default;
+
 Work::~Work() {
   if (!pending_) return;
   try {

@@ -121,7 +121,7 @@ enum class ReduceOp : uint8_t {
 // destructor, so it aborts the job through abort_all. Move-only.
 class Work {
  public:
-  Work() = default;  // nothing pending
+  Work();  // nothing pending (defined where Pending is complete)
   ~Work();
   Work(Work&& other) noexcept;
   Work& operator=(Work&& other) noexcept;

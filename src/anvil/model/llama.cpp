@@ -88,8 +88,8 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
   return specs;
 }
 
-Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len)
-    : args_(args), params_(llama_param_specs(args), compute_dtype) {
+Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, bool allocate_params)
+    : args_(args), params_(llama_param_specs(args), compute_dtype, allocate_params) {
   args_.validate();
   rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, args.rope_scaling);
   embed_index_ = params_.index_of("model.embed_tokens.weight");

@@ -66,7 +66,9 @@ class ParamGroupHooks {
 
 class Llama {
  public:
-  Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len);
+  // allocate_params = false: no flat parameter buffers; every group is bound
+  // while in use by someone who owns its weights (FSDP).
+  Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, bool allocate_params = true);
 
   const ModelArgs& args() const { return args_; }
   ParamStore& params() { return params_; }

@@ -92,15 +92,14 @@ void copy_into(const SafetensorsFile& file, const fs::path& path, const std::str
   dst.copy_from(it->second);
 }
 
-void load_model_file(const fs::path& dir, ParamStore& params) {
+Tensor spec_view(const Tensor& flat, const ParamSpec& s) { return flat.slice(s.offset, s.numel()).view(s.shape); }
+
+void load_model_file(const fs::path& dir, const std::vector<ParamSpec>& specs, const Tensor& master_flat) {
   const fs::path path = dir / kModelFile;
   const SafetensorsFile model = load_safetensors(path.string());
-  for (size_t i = 0; i < params.specs().size(); ++i)
-    copy_into(model, path, params.specs()[i].name, params.master(static_cast<int>(i)));
-  ANVIL_CHECK(model.tensors.size() == params.specs().size(), "checkpoint file '", path.string(), "' holds ",
-              model.tensors.size(), " tensors but this model has ", params.specs().size(),
-              "; it comes from a different model");
-  params.sync_compute_copy();
+  for (const ParamSpec& s : specs) copy_into(model, path, s.name, spec_view(master_flat, s));
+  ANVIL_CHECK(model.tensors.size() == specs.size(), "checkpoint file '", path.string(), "' holds ",
+              model.tensors.size(), " tensors but this model has ", specs.size(), "; it comes from a different model");
 }
 
 // A test hook: ANVIL_FAULT_KILL_DURING_SAVE=<step> makes the process SIGKILL
@@ -159,6 +158,11 @@ int64_t Checkpointer::latest_step() const {
 
 void Checkpointer::save(int64_t step, const ParamStore& params, const Tensor* adam_m, const Tensor* adam_v,
                         const CheckpointMeta& meta, DType model_dtype) {
+  save(step, params.specs(), const_cast<ParamStore&>(params).master_flat(), adam_m, adam_v, meta, model_dtype);
+}
+
+void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat,
+                        const Tensor* adam_m, const Tensor* adam_v, const CheckpointMeta& meta, DType model_dtype) {
   wait();  // one save in flight at a time
   const ScopedPhase phase(SpanCategory::checkpoint, "checkpoint.copy");
   Pending p;
@@ -172,9 +176,8 @@ void Checkpointer::save(int64_t step, const ParamStore& params, const Tensor* ad
     if (!async_ && dtype == t.dtype()) return t;
     return t.to(dtype, MemCategory::workspace, "checkpoint.staging");
   };
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& s = params.specs()[i];
-    p.model.emplace_back(s.name, keep(s.name, params.master(static_cast<int>(i)), model_dtype));
+  for (const ParamSpec& s : specs) {
+    p.model.emplace_back(s.name, keep(s.name, spec_view(master_flat, s), model_dtype));
     if (p.model_only) continue;
     p.optimizer.emplace_back(s.name + ".exp_avg",
                              keep(s.name, adam_m->slice(s.offset, s.numel()).view(s.shape), DType::f32));
@@ -292,16 +295,23 @@ void Checkpointer::write(Pending& p) {
 }
 
 nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const {
+  const nlohmann::json state = load(step, params.specs(), params.master_flat(), adam_m, adam_v);
+  params.sync_compute_copy();
+  return state;
+}
+
+nlohmann::json Checkpointer::load(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat,
+                                  const Tensor& adam_m, const Tensor& adam_v) const {
   const fs::path dir = path_of(step);
   const nlohmann::json state = read_state(dir);
   ANVIL_CHECK(!state.value("model_only", false), "checkpoint '", dir.string(),
               "' holds only the model weights (checkpoint.last_save_model_only); it cannot be resumed from. "
               "Use it as checkpoint.initial_load_path to start a new run from its weights");
   verify_files(dir, state);
-  load_model_file(dir, params);
+  load_model_file(dir, specs, master_flat);
   const fs::path opt_path = dir / kOptimizerFile;
   const SafetensorsFile optimizer = load_safetensors(opt_path.string());
-  for (const ParamSpec& s : params.specs()) {
+  for (const ParamSpec& s : specs) {
     copy_into(optimizer, opt_path, s.name + ".exp_avg", adam_m.slice(s.offset, s.numel()).view(s.shape));
     copy_into(optimizer, opt_path, s.name + ".exp_avg_sq", adam_v.slice(s.offset, s.numel()).view(s.shape));
   }
@@ -311,7 +321,8 @@ nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam
 void load_checkpoint_model(const std::string& step_dir, ParamStore& params) {
   const nlohmann::json state = read_state(step_dir);
   verify_files(step_dir, state);
-  load_model_file(step_dir, params);
+  load_model_file(step_dir, params.specs(), params.master_flat());
+  params.sync_compute_copy();
 }
 
 CheckpointWeights load_checkpoint_weights(const std::string& step_dir) {

@@ -42,6 +42,9 @@ class Checkpointer {
   // anvil::Error; earlier checkpoints are untouched.
   void save(int64_t step, const ParamStore& params, const Tensor* adam_m, const Tensor* adam_v,
             const CheckpointMeta& meta, DType model_dtype = DType::f32);
+  // The same from flat buffers laid out as `specs` say (a sharded run's gathered state).
+  void save(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat, const Tensor* adam_m,
+            const Tensor* adam_v, const CheckpointMeta& meta, DType model_dtype = DType::f32);
   // Waits for a background save; rethrows its error.
   void wait();
 
@@ -54,6 +57,9 @@ class Checkpointer {
   // AdamW moments; returns the saved state.json. Throws anvil::Error naming
   // the file and the reason (checksum, missing file, mismatching tensor shape).
   nlohmann::json load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const;
+  // The same into flat buffers laid out as `specs` say.
+  nlohmann::json load(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat,
+                      const Tensor& adam_m, const Tensor& adam_v) const;
 
  private:
   struct Pending;  // a save's copied state

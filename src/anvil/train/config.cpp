@@ -121,9 +121,9 @@ std::vector<Key> key_table(JobConfig& c) {
        {"disabled", "async"}},
 
       {"parallelism", "data_parallel_replicate_degree", &c.parallelism.data_parallel_replicate_degree,
-       "DDP/HSDP replicas", {}, 1, kInf},
+       "DDP/HSDP replicas: ranks holding a whole copy (DDP) or a whole sharded copy (HSDP)", {}, 1, kInf},
       {"parallelism", "data_parallel_shard_degree", &c.parallelism.data_parallel_shard_degree,
-       "FSDP shards; -1: the ranks left over", {}, -1, kInf},
+       "FSDP (ZeRO-3) shards; -1: the ranks the other degrees leave over", {}, -1, kInf},
       {"parallelism", "tensor_parallel_degree", &c.parallelism.tensor_parallel_degree, "tensor-parallel ranks", {}, 1,
        kInf},
       {"parallelism", "pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree, "pipeline stages", {}, 1,
@@ -132,6 +132,14 @@ std::vector<Key> key_table(JobConfig& c) {
        {"GPipe", "1F1B", "Interleaved1F1B"}},
       {"parallelism", "pipeline_parallel_microbatch_size", &c.parallelism.pipeline_parallel_microbatch_size,
        "sequences per pipeline micro-batch", {}, 1, kInf},
+      {"parallelism", "fsdp_reshard_after_forward", &c.parallelism.fsdp_reshard_after_forward,
+       "FSDP: free a group's gathered weights after its forward (always), keep them until the backward "
+       "(never: faster, more memory), or all but the last block's (default)",
+       {"default", "always", "never"}},
+      {"parallelism", "disable_loss_parallel", &c.parallelism.disable_loss_parallel,
+       "tensor parallel: gather the logits instead of computing the loss over vocabulary shards"},
+      {"parallelism", "enable_sequence_parallel", &c.parallelism.enable_sequence_parallel,
+       "tensor parallel: shard the norms and residual stream over the sequence"},
 
       {"validation", "enable", &c.validation.enable, "evaluate on held-out data"},
       {"validation", "dataset_path", &c.validation.dataset_path,

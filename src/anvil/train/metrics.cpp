@@ -71,12 +71,16 @@ void MetricsLog::log(const StepLog& s) {
   auto cat = [&](MemCategory c) { return peak[static_cast<int>(c)]; };
   std::printf(
       "step %5lld | loss %7.4f | grad_norm %7.3f | lr %.2e | %8.0f tok/s | %6.3f TFLOP/s | MFU %5.2f%% | "
-      "mem %s (param %s, grad %s, opt %s, act %s, ws %s) | data %4.1f%% | %6.1fs\n",
+      "mem %s (param %s, grad %s, opt %s, act %s, ws %s) | data %4.1f%% | %6.1fs",
       static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.tokens_per_s, s.tflops, s.mfu_pct,
       human_bytes(s.memory.peak_total).c_str(), human_bytes(cat(MemCategory::parameters)).c_str(),
       human_bytes(cat(MemCategory::gradients)).c_str(), human_bytes(cat(MemCategory::optimizer_state)).c_str(),
       human_bytes(cat(MemCategory::activations)).c_str(), human_bytes(cat(MemCategory::workspace)).c_str(),
       s.data_pct, s.elapsed_s);
+  // Distributed: the figures above are rank 0's (tok/s and MFU per rank); the
+  // memory that matters is the fullest rank's.
+  if (s.world_size > 1) std::printf(" | %d ranks, max mem %s", s.world_size, human_bytes(s.max_memory_over_ranks).c_str());
+  std::printf("\n");
   std::fflush(stdout);
   nlohmann::ordered_json j;
   j["step"] = s.step;
@@ -92,6 +96,10 @@ void MetricsLog::log(const StepLog& s) {
   j["max_active_bytes_by_category"] = by_cat;
   j["data_loading_pct"] = s.data_pct;
   j["elapsed_s"] = s.elapsed_s;
+  if (s.world_size > 1) {
+    j["world_size"] = s.world_size;
+    j["max_active_bytes_max_over_ranks"] = s.max_memory_over_ranks;
+  }
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();
 }

@@ -35,6 +35,8 @@ struct StepLog {
   MemStats memory;  // peaks since the previous log line
   double data_pct = 0;
   double elapsed_s = 0;
+  int world_size = 1;
+  size_t max_memory_over_ranks = 0;  // the highest peak_total of any rank
 };
 
 class MetricsLog {

@@ -19,6 +19,8 @@
 #include "anvil/data/shard.h"
 #include "anvil/data/stream_loader.h"
 #include "anvil/data/text_source.h"
+#include "anvil/dist/ddp.h"
+#include "anvil/dist/fsdp.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
 #include "anvil/obs/memory_snapshot.h"
@@ -30,6 +32,7 @@
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/metrics.h"
+#include "anvil/train/parallel.h"
 
 namespace anvil {
 
@@ -160,14 +163,6 @@ void load_initial_weights(const std::string& path, const ModelArgs& args, ParamS
                              "model)"));
 }
 
-void check_supported(const JobConfig& cfg) {
-  const auto& p = cfg.parallelism;
-  ANVIL_CHECK(p.data_parallel_replicate_degree == 1 && (p.data_parallel_shard_degree == 1 || p.data_parallel_shard_degree == -1) &&
-                  p.tensor_parallel_degree == 1 && p.pipeline_parallel_degree == 1,
-              "[parallelism] degrees other than 1 need distributed training, which this build does not have yet; "
-              "set them to 1 (data_parallel_shard_degree may stay -1)");
-}
-
 }  // namespace
 
 TrainResult train(const JobConfig& cfg) {
@@ -181,16 +176,19 @@ TrainResult train(const JobConfig& cfg) {
   // instead of killing the process.
   std::signal(SIGXFSZ, SIG_IGN);
   Profiler::instance().set_thread_name("main");
-  check_supported(cfg);
   const auto& tc = cfg.training;
   ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
   args.validate();
+  // The layout first: every rank checks it, with the same message.
+  Parallel par = setup_parallel(cfg, args);
+  // Rank 0 speaks for the job; the others' errors still reach stderr.
+  if (!par.rank0()) (void)std::freopen("/dev/null", "w", stdout);
+  const bool fsdp_mode = par.mode == DataParallelMode::fsdp;
   const DType dt = tc.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
   const AcPolicy ac = parse_ac_policy(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
-  const int64_t global_batch = tc.global_batch_size < 0 ? tc.local_batch_size : tc.global_batch_size;
-  ANVIL_CHECK(global_batch % tc.local_batch_size == 0, "training.global_batch_size ", global_batch,
-              " must be a multiple of training.local_batch_size ", tc.local_batch_size);
-  const int64_t accum_steps = global_batch / tc.local_batch_size;
+  const int64_t accum_steps =
+      gradient_accumulation_steps(tc.local_batch_size, tc.global_batch_size,
+                                  par.distributed() ? par.mesh->layout() : MeshLayout(1, 1, 1, 1));
   ANVIL_CHECK(tc.seq_len <= args.max_seq_len, "training.seq_len ", tc.seq_len, " exceeds ", args.name, "/",
               args.flavor, "'s max_seq_len ", args.max_seq_len);
   const std::unique_ptr<Tokenizer> tokenizer_ptr =
@@ -202,7 +200,15 @@ TrainResult train(const JobConfig& cfg) {
 
   // Refuse, before allocating anything, a run that cannot fit.
   const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac};
-  const MemoryEstimate est = estimate_memory(args, shape);
+  MemoryEstimate est = estimate_memory(args, shape);
+  if (fsdp_mode) {  // each rank keeps 1/dp_shard of the weights, gradients and optimizer state
+    const int64_t shards = par.mesh->layout().dp_shard();
+    for (MemCategory c : {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer_state}) {
+      const size_t full = est.bytes(c), sharded = full / static_cast<size_t>(shards);
+      est.peak[static_cast<int>(c)] = sharded;
+      est.peak_total -= full - sharded;
+    }
+  }
   const size_t available = available_memory_bytes();
   if (available > 0 && est.peak_total > available) {
     throw Error(detail::concat(
@@ -232,7 +238,8 @@ TrainResult train(const JobConfig& cfg) {
                                                  : ac_mode_name(ac.mode),
               static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len),
               static_cast<long long>(accum_steps), num_threads());
-  std::printf("anvil: peak %s; %.3g FLOP per token\n", peak.derivation.c_str(), fpt);
+  std::printf("anvil: %s; peak %s per rank; %.3g FLOP per token\n", par.description.c_str(),
+              peak.derivation.c_str(), fpt);
   std::printf("anvil: predicted peak memory %s (params %s, grads %s, optimizer %s, activations %s, workspace %s); %s "
               "available\n",
               human_bytes(est.peak_total).c_str(), human_bytes(est.bytes(MemCategory::parameters)).c_str(),
@@ -249,8 +256,10 @@ TrainResult train(const JobConfig& cfg) {
   DataSources data = open_dataset(cfg, tokenizer, tokenizer_hash);
   ANVIL_CHECK(!cfg.validation.enable || data.validation, "validation.enable = true needs validation.dataset_path ",
               "for the ", tc.dataset, " dataset (only brown holds out a split by itself)");
-  StreamLoaderOptions loader_opts{.seq_len = tc.seq_len, .batch_size = tc.local_batch_size,
-                                  .seed = static_cast<uint64_t>(tc.seed)};
+  // Data-parallel rank r reads windows r, r + dp, ...: the union of the ranks'
+  // batches is the single-process batch of dp times the size.
+  StreamLoaderOptions loader_opts{.seq_len = tc.seq_len, .batch_size = tc.local_batch_size, .rank = par.dp_rank,
+                                  .world = par.dp_size, .seed = static_cast<uint64_t>(tc.seed)};
   StreamLoader loader(std::move(data.train), loader_opts);
   std::unique_ptr<StreamLoader> val_loader;
   if (cfg.validation.enable) {
@@ -261,19 +270,44 @@ TrainResult train(const JobConfig& cfg) {
   std::printf("anvil: dataset %s; %s tokenizer (%.2fs)\n", data.description.c_str(), tokenizer.name().c_str(),
               seconds_since(t_data));
 
-  // Model and optimizer.
+  // Model and optimizer. Under FSDP the model holds no weights of its own:
+  // FsdpParams keeps this rank's shards and lends each group's gathered
+  // weights while the group runs.
   std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
-  Llama model(args, dt, tc.seq_len);
-  model.params().init(static_cast<uint64_t>(tc.seed));
-  setup_phase.reset();
+  Llama model(args, dt, tc.seq_len, /*allocate_params=*/!fsdp_mode);
   ParamStore& ps = model.params();
+  std::unique_ptr<FsdpParams> fsdp;
+  std::unique_ptr<DdpGradSync> ddp;
+  if (fsdp_mode) {
+    const bool hsdp = par.mesh->layout().dp_replicate() > 1;
+    fsdp = std::make_unique<FsdpParams>(ps, par.mesh->dp_shard(), hsdp ? &par.mesh->dp_replicate() : nullptr,
+                                        parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward));
+    model.set_hooks(fsdp.get());
+  } else if (par.mode == DataParallelMode::ddp) {
+    ddp = std::make_unique<DdpGradSync>(ps, par.mesh->dp());
+    model.set_hooks(ddp.get());
+  }
+  // A whole-model fp32 store for initialising and loading a sharded model:
+  // each rank fills it and keeps its shard.
+  auto full_staging = [&] { return ParamStore(llama_param_specs(args), DType::f32); };
+  if (fsdp) {
+    ParamStore full = full_staging();
+    full.init(static_cast<uint64_t>(tc.seed));
+    fsdp->load_full_master(full.master_flat());
+  } else {
+    ps.init(static_cast<uint64_t>(tc.seed));
+  }
+  setup_phase.reset();
   ps.release_grads();  // each step's backward creates them
+  // What this rank's optimizer updates: the whole model, or its shards.
+  Tensor& master = fsdp ? fsdp->master() : ps.master_flat();
+  const int64_t opt_numel = fsdp ? fsdp->shard_numel() : ps.numel();
   // AdamW's moments are created at the first optimizer step (or by a resume),
   // as in PyTorch: the first step's forward and backward run without them.
   Tensor adam_m, adam_v;
   auto create_optimizer_state = [&] {
-    adam_m = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg");
-    adam_v = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg_sq");
+    adam_m = Tensor::zeros({opt_numel}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg");
+    adam_v = Tensor::zeros({opt_numel}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg_sq");
   };
   AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
                     static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
@@ -281,10 +315,13 @@ TrainResult train(const JobConfig& cfg) {
   check_adamw_config(adamw);
   const LrSchedule schedule{cfg.optimizer.lr, tc.steps, cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
                             cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
-  MetricsLog metrics(cfg.job.dump_folder);
+  // Rank 0 writes the job's files.
+  std::unique_ptr<MetricsLog> metrics;
+  if (par.rank0()) metrics = std::make_unique<MetricsLog>(cfg.job.dump_folder);
   const std::filesystem::path dump(cfg.job.dump_folder);
   std::unique_ptr<TensorBoardWriter> tb;
-  if (cfg.metrics.enable_tensorboard) tb = std::make_unique<TensorBoardWriter>((dump / cfg.metrics.save_tb_folder).string());
+  if (cfg.metrics.enable_tensorboard && par.rank0())
+    tb = std::make_unique<TensorBoardWriter>((dump / cfg.metrics.save_tb_folder).string());
   const std::string model_desc = detail::concat(args.name, "/", args.flavor);
 
   // Resume from the newest checkpoint in the folder (or checkpoint.load_step);
@@ -298,7 +335,18 @@ TrainResult train(const JobConfig& cfg) {
     if (resume >= 0) {
       const auto t_load = Clock::now();
       create_optimizer_state();
-      const nlohmann::json state = checkpointer->load(resume, ps, adam_m, adam_v);
+      nlohmann::json state;
+      if (fsdp) {  // every rank reads the global tensors and keeps its slices
+        ParamStore full = full_staging();
+        Tensor m = Tensor::empty({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
+        Tensor v = Tensor::empty({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
+        state = checkpointer->load(resume, full, m, v);
+        fsdp->load_full_master(full.master_flat());
+        fsdp->scatter_full(m, adam_m);
+        fsdp->scatter_full(v, adam_v);
+      } else {
+        state = checkpointer->load(resume, ps, adam_m, adam_v);
+      }
       ANVIL_CHECK(state.value("model", model_desc) == model_desc, "checkpoint ", checkpointer->path_of(resume),
                   " holds a ", state.value("model", std::string()), " model but this run trains ", model_desc);
       loader.load_state_json(state.at("loader"));
@@ -309,7 +357,13 @@ TrainResult train(const JobConfig& cfg) {
   }
   if (first_step == 1 && !cfg.checkpoint.initial_load_path.empty()) {
     const auto t_load = Clock::now();
-    load_initial_weights(cfg.checkpoint.initial_load_path, args, ps);
+    if (fsdp) {
+      ParamStore full = full_staging();
+      load_initial_weights(cfg.checkpoint.initial_load_path, args, full);
+      fsdp->load_full_master(full.master_flat());
+    } else {
+      load_initial_weights(cfg.checkpoint.initial_load_path, args, ps);
+    }
     std::printf("anvil: model weights from %s (%.2fs); optimizer, step and data start afresh\n",
                 cfg.checkpoint.initial_load_path.c_str(), seconds_since(t_load));
   }
@@ -317,7 +371,8 @@ TrainResult train(const JobConfig& cfg) {
   // Where everything goes, before the first step.
   const std::string trace_dir = (dump / cfg.profiling.save_traces_folder).string();
   const std::string snapshot_dir = (dump / cfg.profiling.save_memory_snapshot_folder).string();
-  std::printf("anvil: dump folder %s: metrics %s", cfg.job.dump_folder.c_str(), metrics.path().c_str());
+  std::printf("anvil: dump folder %s: metrics %s", cfg.job.dump_folder.c_str(),
+              metrics ? metrics->path().c_str() : "(rank 0)");
   if (tb) std::printf(", TensorBoard %s", (dump / cfg.metrics.save_tb_folder).c_str());
   std::printf("\n");
   if (checkpointer)
@@ -388,15 +443,28 @@ TrainResult train(const JobConfig& cfg) {
       data_seconds += seconds_since(t_fetch);
 
       ps.release_grads();  // a skipped or interrupted step may have left some
+      if (fsdp) fsdp->zero_grad();
+      // Every data-parallel rank sees as many tokens; the gradients are summed
+      // over the ranks, so each scales by the whole step's count.
+      const int64_t global_step_tokens = step_tokens * par.dp_size;
       double loss_sum = 0;
       int64_t loss_tokens = 0;
       for (int64_t i = 0; i < accum_steps; ++i) {
+        if (ddp) ddp->set_sync(i == accum_steps - 1);
         const CrossEntropyResult r = model.forward_backward(tokens[static_cast<size_t>(i)],
                                                             targets[static_cast<size_t>(i)],
-                                                            1.0f / static_cast<float>(step_tokens), ac);
+                                                            1.0f / static_cast<float>(global_step_tokens), ac);
         loss_sum += r.loss_sum;
         loss_tokens += r.num_tokens;
-        if (g_interrupted) break;
+        if (g_interrupted && !par.distributed()) break;  // ranks must not leave a collective half done
+      }
+      if (ddp) ddp->finish();
+      if (fsdp) fsdp->finish();
+      if (par.distributed()) {
+        float totals[2] = {static_cast<float>(loss_sum), static_cast<float>(loss_tokens)};
+        par.sum_over_dp(totals, 2);
+        loss_sum = totals[0];
+        loss_tokens = static_cast<int64_t>(totals[1]);
       }
       if (g_interrupted) {
         std::printf("anvil: interrupted during step %lld; its gradients were discarded. %lld steps completed.\n",
@@ -408,8 +476,17 @@ TrainResult train(const JobConfig& cfg) {
       double grad_norm, lr;
       {
         const ScopedPhase phase(SpanCategory::optimizer, "optimizer");
-        const Tensor grads[] = {ps.grad_flat()};
-        grad_norm = grad_norm_from_sum_of_squares(grad_sum_of_squares(grads));
+        Tensor& grad = fsdp ? fsdp->grads() : ps.grad_flat();
+        const Tensor grads[] = {grad};
+        double sum_sq = grad_sum_of_squares(grads);
+        if (fsdp) {  // each shard holds part of the gradient; replicas hold the same parts
+          float part = static_cast<float>(sum_sq);
+          Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
+          t.data<float>()[0] = part;
+          par.mesh->dp_shard().all_reduce(t);
+          sum_sq = t.data<float>()[0];
+        }
+        grad_norm = grad_norm_from_sum_of_squares(sum_sq);
         lr = schedule.at(step);
         if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
           if (!tc.skip_nonfinite_steps)
@@ -424,9 +501,10 @@ TrainResult train(const JobConfig& cfg) {
         const float clip = tc.max_norm > 0 ? static_cast<float>(clip_coefficient(grad_norm, tc.max_norm)) : 1.0f;
         adamw.lr = static_cast<float>(lr);
         if (!adam_m.defined()) create_optimizer_state();
-        Tensor* compute_copy = dt == DType::bf16 ? &ps.compute_flat() : nullptr;
-        adamw_step(adamw, step, ps.master_flat(), ps.grad_flat(), adam_m, adam_v, compute_copy, clip);
+        Tensor* compute_copy = dt == DType::bf16 ? (fsdp ? &fsdp->compute() : &ps.compute_flat()) : nullptr;
+        adamw_step(adamw, step, master, grad, adam_m, adam_v, compute_copy, clip);
         ps.release_grads();
+        if (fsdp) fsdp->release_grads();
       }
       step_phase.reset();
 
@@ -447,7 +525,10 @@ TrainResult train(const JobConfig& cfg) {
         log.memory = alloc.stats();
         log.data_pct = 100.0 * data_seconds / secs;
         log.elapsed_s = seconds_since(t_start);
-        metrics.log(log);
+        log.world_size = par.world_size;
+        log.max_memory_over_ranks =
+            static_cast<size_t>(par.max_over_world(static_cast<double>(log.memory.peak_total)));
+        if (metrics) metrics->log(log);
         if (tb) {
           tb->add_scalar("loss/train", log.loss, step);
           tb->add_scalar("grad_norm", log.grad_norm, step);
@@ -476,11 +557,17 @@ TrainResult train(const JobConfig& cfg) {
           const CrossEntropyResult r = model.forward(tokens[0], targets[0]);
           vsum += r.loss_sum, vtok += r.num_tokens;
         }
+        if (par.distributed()) {
+          float totals[2] = {static_cast<float>(vsum), static_cast<float>(vtok)};
+          par.sum_over_dp(totals, 2);
+          vsum = totals[0];
+          vtok = static_cast<int64_t>(totals[1]);
+        }
         val_loader->set_state(StreamState{});  // the same held-out batches every time
         const double vloss = vsum / static_cast<double>(vtok);
         std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step), vloss,
                     static_cast<long long>(vtok));
-        metrics.log_validation(step, vloss, vtok);
+        if (metrics) metrics->log_validation(step, vloss, vtok);
         if (tb) {
           tb->add_scalar("loss/validation", vloss, step);
           tb->flush();
@@ -488,11 +575,20 @@ TrainResult train(const JobConfig& cfg) {
       }
       const bool last = step == tc.steps;
       if (checkpointer && (step % cfg.checkpoint.interval == 0 || last)) {
-        if (last && cfg.checkpoint.last_save_model_only)
-          checkpointer->save(step, ps, nullptr, nullptr, checkpoint_meta(),
-                             cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16 : DType::f32);
-        else
-          checkpointer->save(step, ps, &adam_m, &adam_v, checkpoint_meta());
+        const bool model_only = last && cfg.checkpoint.last_save_model_only;
+        const DType model_dtype =
+            model_only && cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16 : DType::f32;
+        // Checkpoints hold global tensors whatever the layout: FSDP gathers
+        // them (every rank takes part), and rank 0 writes.
+        Tensor full_master, full_m, full_v;
+        if (fsdp) {
+          full_master = fsdp->gather_full_master();
+          if (!model_only) full_m = fsdp->gather_full(adam_m), full_v = fsdp->gather_full(adam_v);
+        }
+        const Tensor& w = fsdp ? full_master : ps.master_flat();
+        const Tensor* m = model_only ? nullptr : (fsdp ? &full_m : &adam_m);
+        const Tensor* v = model_only ? nullptr : (fsdp ? &full_v : &adam_v);
+        if (par.rank0()) checkpointer->save(step, ps.specs(), w, m, v, checkpoint_meta(), model_dtype);
       }
       if (capture) {
         const std::string written = capture->finish();

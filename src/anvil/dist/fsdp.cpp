@@ -1,0 +1,185 @@
+#include "anvil/dist/fsdp.h"
+
+#include <algorithm>
+
+#include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
+
+namespace anvil {
+
+ReshardPolicy parse_reshard_policy(const std::string& s) {
+  if (s == "default") return ReshardPolicy::default_policy;
+  if (s == "always") return ReshardPolicy::always;
+  if (s == "never") return ReshardPolicy::never;
+  throw Error(detail::concat("parallelism.fsdp_reshard_after_forward is '", s, "'; use default, always or never"));
+}
+
+FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* replicate, ReshardPolicy reshard)
+    : model_(model), shard_(shard), replicate_(replicate), reshard_(reshard), n_(shard.size()) {
+  const auto& groups = model.groups();
+  for (const ParamGroup& g : groups) {
+    // Each rank's slice a multiple of 32 elements, so every shard stays 64-byte aligned.
+    const int64_t per_rank = (g.numel + n_ - 1) / n_;
+    shard_numel_.push_back((per_rank + 31) / 32 * 32);
+    shard_offset_.push_back(shard_total_);
+    shard_total_ += shard_numel_.back();
+  }
+  master_ = Tensor::zeros({shard_total_}, DType::f32, MemCategory::parameters, "fsdp.master_shard");
+  compute_ = model.compute_dtype() == DType::f32
+                 ? master_
+                 : Tensor::zeros({shard_total_}, DType::bf16, MemCategory::parameters, "fsdp.compute_shard");
+  gathered_.resize(groups.size());
+  full_grads_.resize(groups.size());
+  gathering_.resize(groups.size());
+}
+
+void FsdpParams::scatter_full(const Tensor& full, Tensor& shard_state) {
+  const auto& groups = model_.groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const int64_t begin = shard_.rank() * shard_numel_[g];
+    const int64_t len = std::clamp<int64_t>(groups[g].numel - begin, 0, shard_numel_[g]);
+    Tensor dst = shard_state.slice(shard_offset_[g], shard_numel_[g]);
+    dst.zero_();  // the padding past the group's end stays zero
+    if (len > 0) dst.slice(0, len).copy_from(full.slice(groups[g].offset + begin, len));
+  }
+}
+
+void FsdpParams::load_full_master(const Tensor& full_master) {
+  scatter_full(full_master, master_);
+  sync_compute_copy();
+}
+
+void FsdpParams::sync_compute_copy() {
+  if (compute_.dtype() != master_.dtype()) compute_.copy_from(master_);
+}
+
+Tensor FsdpParams::gather_full(const Tensor& shard_state) {
+  const auto& groups = model_.groups();
+  int64_t total = 0;
+  for (const ParamGroup& g : groups) total = std::max(total, g.offset + g.numel);
+  Tensor full = Tensor::zeros({total}, DType::f32, MemCategory::workspace, "fsdp.gathered_state");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Tensor all = Tensor::empty({n_ * shard_numel_[g]}, DType::f32, MemCategory::communication, "fsdp.gather_state");
+    shard_.all_gather(shard_state.slice(shard_offset_[g], shard_numel_[g]), all);
+    full.slice(groups[g].offset, groups[g].numel).copy_from(all.slice(0, groups[g].numel));
+  }
+  return full;
+}
+
+Tensor FsdpParams::gather_full_master() { return gather_full(master_); }
+
+void FsdpParams::zero_grad() {
+  if (!grads_.defined())
+    grads_ = Tensor::zeros({shard_total_}, DType::f32, MemCategory::gradients, "fsdp.grad_shard");
+  else
+    grads_.zero_();
+}
+
+void FsdpParams::gather(int group, bool async) {
+  const size_t g = static_cast<size_t>(group);
+  if (gathered_[g].defined()) return;
+  const ScopedPhase phase(SpanCategory::communication, async ? "fsdp.all_gather.start" : "fsdp.all_gather", group - 1);
+  gathered_[g] = Tensor::empty({n_ * shard_numel_[g]}, compute_.dtype(), MemCategory::communication,
+                               "fsdp.gathered_weights");
+  const Tensor mine = compute_.slice(shard_offset_[g], shard_numel_[g]);
+  if (async)
+    gathering_[g] = shard_.iall_gather(mine, gathered_[g]);
+  else
+    shard_.all_gather(mine, gathered_[g]);
+}
+
+void FsdpParams::wait_gather(int group) {
+  Work& w = gathering_[static_cast<size_t>(group)];
+  if (!w.pending()) return;
+  const ScopedPhase phase(SpanCategory::communication, "fsdp.all_gather.wait", group - 1);
+  w.wait();
+}
+
+void FsdpParams::progress() {
+  for (Work& w : gathering_)
+    if (w.pending()) w.test();
+  // Finished reductions are folded into the shard at once, so their full
+  // gradient buffers do not pile up over the backward.
+  while (!reducing_.empty() && reducing_.front().work.test()) {
+    complete(reducing_.front());
+    reducing_.erase(reducing_.begin());
+  }
+}
+
+bool FsdpParams::keep_after_forward(int group) const {
+  switch (reshard_) {
+    case ReshardPolicy::never: return true;
+    case ReshardPolicy::always: return false;
+    case ReshardPolicy::default_policy: break;
+  }
+  // The last block's weights are needed again at once by the backward.
+  return group == static_cast<int>(model_.groups().size()) - 2;
+}
+
+void FsdpParams::before_forward(int group) {
+  gather(group, false);
+  wait_gather(group);
+  model_.bind_group(group, gathered_[static_cast<size_t>(group)], Tensor());
+  if (group + 1 < static_cast<int>(model_.groups().size())) gather(group + 1, true);  // prefetch
+  progress();
+}
+
+void FsdpParams::after_forward(int group) {
+  model_.unbind_group(group);
+  if (!keep_after_forward(group)) gathered_[static_cast<size_t>(group)] = Tensor();
+}
+
+void FsdpParams::before_backward(int group) {
+  const size_t g = static_cast<size_t>(group);
+  gather(group, false);
+  wait_gather(group);
+  if (!full_grads_[g].defined())  // the head's is made once for its fused forward and backward
+    full_grads_[g] = Tensor::zeros({n_ * shard_numel_[g]}, DType::f32, MemCategory::gradients, "fsdp.full_grads");
+  model_.bind_group(group, gathered_[g], full_grads_[g]);
+  if (group > 0) gather(group - 1, true);  // prefetch for the next backward
+  progress();
+}
+
+void FsdpParams::after_backward(int group) {
+  const size_t g = static_cast<size_t>(group);
+  Pending p;
+  p.group = group;
+  p.full = std::move(full_grads_[g]);
+  model_.unbind_group(group);
+  gathered_[g] = Tensor();
+  p.partial = Tensor::empty({shard_numel_[g]}, DType::f32, MemCategory::communication, "fsdp.grad_partial");
+  const ScopedPhase phase(SpanCategory::communication, "fsdp.reduce_scatter.start", group - 1);
+  p.work = shard_.ireduce_scatter(p.full, p.partial);
+  reducing_.push_back(std::move(p));
+  // At most two groups' gradients in flight: enough to overlap the next
+  // group's backward, bounded in memory.
+  while (reducing_.size() > 2) {
+    const ScopedPhase wait(SpanCategory::communication, "fsdp.reduce_scatter.wait", reducing_.front().group - 1);
+    complete(reducing_.front());
+    reducing_.erase(reducing_.begin());
+  }
+  progress();
+}
+
+void FsdpParams::complete(Pending& p) {
+  p.work.wait();
+  Tensor mine = grads_.slice(shard_offset_[static_cast<size_t>(p.group)], shard_numel_[static_cast<size_t>(p.group)]);
+  const float* src = p.partial.data<float>();
+  float* dst = mine.data<float>();
+  for (int64_t i = 0; i < mine.numel(); ++i) dst[i] += src[i];
+  p.full = p.partial = Tensor();
+}
+
+void FsdpParams::finish() {
+  {
+    const ScopedPhase phase(SpanCategory::communication, "fsdp.reduce_scatter.wait");
+    for (Pending& p : reducing_) complete(p);
+    reducing_.clear();
+  }
+  if (replicate_ != nullptr && replicate_->size() > 1) {
+    const ScopedPhase phase(SpanCategory::communication, "hsdp.all_reduce");
+    replicate_->all_reduce(grads_);
+  }
+}
+
+}  // namespace anvil

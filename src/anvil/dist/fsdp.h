@@ -1,0 +1,94 @@
+// FSDP (ZeRO-3) and HSDP. Each parameter group (the embedding, each block,
+// the head) is one flat range, padded to a multiple of the shard count; rank r
+// of the dp_shard group keeps its 1/N slice of the group's fp32 master weights,
+// their compute copy, the gradients and AdamW's moments, and nothing else
+// between uses:
+//   before a group's forward   all-gather its compute weights (the next
+//                              group's gather is started now, to overlap);
+//   after it                   free them (reshard_after_forward);
+//   before its backward        gather again unless still held, and a zeroed
+//                              full-group gradient buffer;
+//   after its backward         reduce-scatter the gradients into this rank's
+//                              shard (fp32), free the full buffers.
+// HSDP adds dp_replicate copies of the whole sharded arrangement: the shard
+// gradients are then all-reduced across the replicas (finish()).
+//
+// With gradient accumulation every micro-batch reduce-scatters into the shard:
+// keeping unsharded gradients across micro-batches would cost a full model's
+// fp32 gradients per rank, the very memory ZeRO-3 exists to save; the price is
+// one reduce-scatter per micro-batch instead of per step.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "anvil/dist/comm.h"
+#include "anvil/model/llama.h"
+#include "anvil/model/params.h"
+
+namespace anvil {
+
+enum class ReshardPolicy { default_policy, always, never };
+ReshardPolicy parse_reshard_policy(const std::string& s);
+
+class FsdpParams : public ParamGroupHooks {
+ public:
+  // `model` is a ParamStore built without buffers (allocate = false) whose
+  // groups this binds while they are in use. replicate: the HSDP replica group,
+  // or null.
+  FsdpParams(ParamStore& model, Communicator& shard, Communicator* replicate, ReshardPolicy reshard);
+
+  // This rank's shards: contiguous over the groups, group g at shard_offset(g).
+  Tensor& master() { return master_; }
+  Tensor& compute() { return compute_; }  // the master itself in fp32 compute
+  Tensor& grads() { return grads_; }
+  int64_t shard_numel() const { return shard_total_; }
+  int64_t group_shard_numel(int g) const { return shard_numel_[static_cast<size_t>(g)]; }
+  int64_t shard_offset(int g) const { return shard_offset_[static_cast<size_t>(g)]; }
+
+  // Copies this rank's slices out of a full (flat) fp32 master buffer laid out
+  // as ParamStore's, and refreshes the compute shard.
+  void load_full_master(const Tensor& full_master);
+  // The whole model's fp32 master buffer, gathered (collective over the shard group).
+  Tensor gather_full_master();
+  // The same for any per-parameter fp32 state kept in the shard layout (AdamW's moments).
+  Tensor gather_full(const Tensor& shard_state);
+  void scatter_full(const Tensor& full, Tensor& shard_state);  // this rank's slices of a full buffer
+  void sync_compute_copy();
+
+  void zero_grad();
+  void release_grads() { grads_ = Tensor(); }
+  void before_forward(int group) override;
+  void after_forward(int group) override;
+  void before_backward(int group) override;
+  void after_backward(int group) override;
+  // Waits for the reduce-scatters in flight and, for HSDP, all-reduces the
+  // shard gradients across replicas.
+  void finish();
+
+ private:
+  struct Pending {
+    Work work;
+    Tensor full, partial;  // full gradients being reduced; partial receives this rank's sum
+    int group;
+  };
+  void gather(int group, bool async);
+  void wait_gather(int group);
+  void complete(Pending& p);
+  void progress();
+  bool keep_after_forward(int group) const;
+
+  ParamStore& model_;
+  Communicator& shard_;
+  Communicator* replicate_;
+  ReshardPolicy reshard_;
+  int n_;
+  std::vector<int64_t> shard_numel_, shard_offset_;
+  int64_t shard_total_ = 0;
+  Tensor master_, compute_, grads_;
+  std::vector<Tensor> gathered_;    // per group: the full compute weights while held
+  std::vector<Tensor> full_grads_;  // per group: the full gradients during its backward
+  std::vector<Work> gathering_;   // per group: a gather in flight
+  std::vector<Pending> reducing_;
+};
+
+}  // namespace anvil

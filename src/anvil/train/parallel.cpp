@@ -1,0 +1,80 @@
+#include "anvil/train/parallel.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include "anvil/core/error.h"
+#include "anvil/dist/config_check.h"
+
+namespace anvil {
+
+bool launched_by_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_NTASKS"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+void Parallel::sum_over_dp(float* values, int n) const {
+  if (!mesh || dp_size == 1) return;
+  Tensor t = Tensor::empty({n}, DType::f32, MemCategory::communication, "dp.sum");
+  for (int i = 0; i < n; ++i) t.data<float>()[i] = values[i];
+  mesh->dp().all_reduce(t);
+  for (int i = 0; i < n; ++i) values[i] = t.data<float>()[i];
+}
+
+double Parallel::max_over_world(double value) const {
+  if (!mesh || world_size == 1) return value;
+  Tensor mine = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.max");
+  Tensor all = Tensor::empty({world_size}, DType::f32, MemCategory::communication, "world.max");
+  mine.data<float>()[0] = static_cast<float>(value);
+  Communicator world = Communicator::world();
+  world.all_gather(mine, all);
+  double best = value;
+  for (int i = 0; i < world_size; ++i) best = std::max(best, static_cast<double>(all.data<float>()[i]));
+  return best;
+}
+
+Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
+  Parallel par;
+  const auto& p = cfg.parallelism;
+  const ParallelDegrees degrees{p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
+                                p.data_parallel_shard_degree, p.tensor_parallel_degree};
+  const bool mpi = MpiRuntime::active();
+  Communicator world = mpi ? Communicator::world() : Communicator();
+  const int world_size = mpi ? world.size() : 1;
+  if (mpi && world_size > 1) check_same_config(world, config_to_toml(cfg));
+  const MeshLayout layout = MeshLayout::resolve(degrees, world_size);
+  ANVIL_CHECK(layout.pp() == 1, "parallelism.pipeline_parallel_degree ", layout.pp(),
+              ": pipeline parallelism is not implemented yet; set it to 1");
+  if (layout.tp() > 1) {
+    check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
+    ANVIL_CHECK(false, "parallelism.tensor_parallel_degree ", layout.tp(),
+                ": tensor parallelism is not implemented yet; set it to 1 and use the ranks for data "
+                "parallelism (data_parallel_shard_degree = -1)");
+  }
+  if (layout.dp_shard() > 1)
+    ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
+                " ties its embedding and output weights, which FSDP does not shard yet; use DDP "
+                "(data_parallel_shard_degree = 1, data_parallel_replicate_degree = ", layout.dp(), ")");
+  (void)gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size, layout);
+  if (world_size == 1) return par;
+
+  par.mesh = std::make_unique<DeviceMesh>(world, layout);
+  par.rank = world.rank();
+  par.world_size = world_size;
+  par.dp_rank = layout.group_rank(par.rank, MeshGroup::dp);
+  par.dp_size = layout.dp();
+  if (layout.dp_shard() > 1) {
+    par.mode = DataParallelMode::fsdp;
+    par.description = layout.dp_replicate() > 1
+                          ? detail::concat("HSDP: ", layout.dp_replicate(), " replicas x ", layout.dp_shard(), " shards")
+                          : detail::concat("FSDP over ", layout.dp_shard(), " ranks");
+  } else if (layout.dp_replicate() > 1) {
+    par.mode = DataParallelMode::ddp;
+    par.description = detail::concat("DDP over ", layout.dp_replicate(), " ranks");
+  }
+  par.description += " (" + layout.str() + ")";
+  return par;
+}
+
+}  // namespace anvil

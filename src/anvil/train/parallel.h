@@ -1,0 +1,43 @@
+// The trainer's view of the job's layout: the MPI world when the program was
+// started by mpirun or srun, the device mesh, this rank's place in it, and the
+// data-parallel strategy its degrees select (torchtitan's rules):
+//   dp_shard > 1                      FSDP (ZeRO-3); with dp_replicate > 1, HSDP
+//   dp_shard = 1, dp_replicate > 1    DDP
+//   one rank                          a single process, no MPI involved
+#pragma once
+#include <memory>
+#include <string>
+
+#include "anvil/dist/comm.h"
+#include "anvil/dist/mesh.h"
+#include "anvil/model/args.h"
+#include "anvil/train/config.h"
+
+namespace anvil {
+
+// True when an MPI launcher (mpirun/mpiexec, srun) started this process.
+bool launched_by_mpi_launcher();
+
+enum class DataParallelMode { single, ddp, fsdp };
+
+struct Parallel {
+  DataParallelMode mode = DataParallelMode::single;
+  std::unique_ptr<DeviceMesh> mesh;  // null for a single process
+  int rank = 0, world_size = 1;
+  int dp_rank = 0, dp_size = 1;
+  std::string description = "single process";
+
+  bool distributed() const { return mesh != nullptr; }
+  bool rank0() const { return rank == 0; }
+  // Sums `values` over the data-parallel ranks (a no-op for one process).
+  void sum_over_dp(float* values, int n) const;
+  // The largest of `value` over every rank.
+  double max_over_world(double value) const;
+};
+
+// Resolves and checks the [parallelism] degrees against the world and the
+// model, on every rank with the same message; checks that every rank has the
+// same configuration. Requires MPI to be running when launched by MPI.
+Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args);
+
+}  // namespace anvil
