@@ -305,8 +305,6 @@ void StreamLoader::load_state_json(const nlohmann::json& j) {
                   " but this run has ", now.dump(), "; resume with the same data settings and parallel layout");
     };
     same("seq_len", opts_.seq_len);
-    same("rank", opts_.rank);
-    same("world", opts_.world);
     same("seed", opts_.seed);
     same("shuffle", opts_.shuffle);
     same("num_units", source_->num_units());
@@ -317,6 +315,17 @@ void StreamLoader::load_state_json(const nlohmann::json& j) {
     s.epoch_start = j.at("epoch_start").get<int64_t>();
     s.next_window = j.at("next_window").get<int64_t>();
     s.carry = j.at("carry").get<std::vector<int32_t>>();
+    // Another data-parallel layout re-slices the stream. Rank 0's state marks
+    // the first window no rank has read (its next one, every rank having read
+    // as many) and keeps the stream from that window on, so any rank of any
+    // world can continue from it: rank r's next window is that one plus r.
+    const int saved_rank = j.at("rank").get<int>(), saved_world = j.at("world").get<int>();
+    if (saved_rank != opts_.rank || saved_world != opts_.world) {
+      ANVIL_CHECK(saved_rank == 0, "the saved data loader state is rank ", saved_rank, "'s of ", saved_world,
+                  "; only rank 0's state can be re-sliced for another layout (rank ", opts_.rank, " of ",
+                  opts_.world, ")");
+      s.next_window += opts_.rank;
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("the saved data loader state is malformed (") + e.what() + ")");
   }

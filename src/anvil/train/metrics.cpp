@@ -94,6 +94,10 @@ void MetricsLog::log(const StepLog& s) {
   nlohmann::ordered_json by_cat;
   for (int c = 0; c < kNumMemCategories; ++c) by_cat[category_name(static_cast<MemCategory>(c))] = peak[c];
   j["max_active_bytes_by_category"] = by_cat;
+  nlohmann::ordered_json steady;
+  for (int c = 0; c < kNumMemCategories; ++c)
+    steady[category_name(static_cast<MemCategory>(c))] = s.live_after_optimizer[static_cast<size_t>(c)];
+  j["live_bytes_after_optimizer_by_category"] = steady;
   j["data_loading_pct"] = s.data_pct;
   j["elapsed_s"] = s.elapsed_s;
   if (s.world_size > 1) {

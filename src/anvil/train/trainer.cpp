@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <array>
 #include <optional>
 #include <sstream>
 #include <sys/resource.h>
@@ -410,6 +411,7 @@ TrainResult train(const JobConfig& cfg) {
   int64_t interval_tokens = 0;
   size_t run_peak = 0;  // the largest tracked peak of any logging interval
   int64_t step = first_step;
+  std::array<size_t, kNumMemCategories> steady_live{};
   auto checkpoint_meta = [&] {
     // Training draws random numbers only to initialise the weights and order
     // the data, both from the seed; the loader's position carries the rest.
@@ -503,6 +505,9 @@ TrainResult train(const JobConfig& cfg) {
         if (!adam_m.defined()) create_optimizer_state();
         Tensor* compute_copy = dt == DType::bf16 ? (fsdp ? &fsdp->compute() : &ps.compute_flat()) : nullptr;
         adamw_step(adamw, step, master, grad, adam_m, adam_v, compute_copy, clip);
+        // What this rank keeps between steps, with this step's gradients: the
+        // figure the ZeRO closed forms predict.
+        steady_live = alloc.stats().live;
         ps.release_grads();
         if (fsdp) fsdp->release_grads();
       }
@@ -526,6 +531,7 @@ TrainResult train(const JobConfig& cfg) {
         log.data_pct = 100.0 * data_seconds / secs;
         log.elapsed_s = seconds_since(t_start);
         log.world_size = par.world_size;
+        log.live_after_optimizer = steady_live;
         log.max_memory_over_ranks =
             static_cast<size_t>(par.max_over_world(static_cast<double>(log.memory.peak_total)));
         if (metrics) metrics->log(log);
