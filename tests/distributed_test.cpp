@@ -52,9 +52,9 @@ Output run_single(const std::string& dump, const std::string& extra) {
   return anvil::testing::run_anvil(common_args(dump, extra), "OMP_NUM_THREADS=2 ");
 }
 
-Output run_mpi(int ranks, const std::string& dump, const std::string& extra) {
+Output run_mpi(int ranks, const std::string& dump, const std::string& extra, const std::string& before = "") {
   // One thread per rank: the ranks share the machine's cores.
-  const std::string prefix = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+  const std::string prefix = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + before +
                              "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
   return anvil::testing::run_anvil(common_args(dump, extra), prefix);
 }
@@ -233,4 +233,41 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
     }
     std::printf("FSDP 2 checkpoint resumed as %-6s: worst loss difference %.2e over steps 6-10\n", t.name.c_str(), worst);
   }
+}
+
+// When a rank dies mid-step the others must not wait forever in their next
+// collective: the job ends with a message naming the rank. `timeout` turns a
+// hang into exit code 124, which the test refuses.
+TEST(Distributed, ARankKilledMidStepEndsTheJobNamingIt) {
+  const Output out = run_mpi(2, "killed", "--training.local_batch_size 2",
+                             "ANVIL_FAULT_KILL_RANK=1:3 timeout 120 ");
+  EXPECT_NE(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.exit_code, 124) << "the job hung:\n" << out.text;
+  EXPECT_NE(out.text.find("rank 1"), std::string::npos) << out.text;
+  EXPECT_EQ(out.text.find("anvil: done"), std::string::npos) << out.text;
+}
+
+// A bad data file stops every rank with the file named, and no hang.
+TEST(Distributed, ABadDataFileStopsTheJobNamingTheFile) {
+  const fs::path shards = workdir() / "bad_shards";
+  fs::remove_all(shards);
+  const Output made = anvil::testing::run_anvil("tokenize --input " + (workdir() / "text.txt").string() +
+                                                " --output-dir " + shards.string() + " --shard-tokens 4000");
+  ASSERT_EQ(made.exit_code, 0) << made.text;
+  fs::path victim;
+  for (const auto& e : fs::directory_iterator(shards))
+    if (e.path().extension() == ".shard") victim = std::max(victim, e.path());
+  ASSERT_FALSE(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.write("BAD!", 4);  // the shard's magic
+  }
+  const Output out = run_mpi(2, "bad_data",
+                             "--training.local_batch_size 2 --training.dataset shards --training.dataset_path " +
+                                 shards.string(),
+                             "timeout 120 ");
+  EXPECT_NE(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.exit_code, 124) << "the job hung:\n" << out.text;
+  EXPECT_NE(out.text.find(victim.filename().string()), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("anvil: rank "), std::string::npos) << out.text;
 }

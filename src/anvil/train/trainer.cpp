@@ -5,6 +5,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <array>
@@ -411,6 +412,14 @@ TrainResult train(const JobConfig& cfg) {
   int64_t interval_tokens = 0;
   size_t run_peak = 0;  // the largest tracked peak of any logging interval
   int64_t step = first_step;
+  // ANVIL_FAULT_KILL_RANK=<rank>:<step> (a test hook): that rank SIGKILLs
+  // itself after the step's backward, before its gradients are reduced.
+  int64_t fault_kill_step = -1;
+  if (const char* v = std::getenv("ANVIL_FAULT_KILL_RANK")) {
+    int fault_rank = -1;
+    long long fault_step = -1;
+    if (std::sscanf(v, "%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == par.rank) fault_kill_step = fault_step;
+  }
   std::array<size_t, kNumMemCategories> steady_live{};
   auto checkpoint_meta = [&] {
     // Training draws random numbers only to initialise the weights and order
@@ -460,6 +469,7 @@ TrainResult train(const JobConfig& cfg) {
         loss_tokens += r.num_tokens;
         if (g_interrupted && !par.distributed()) break;  // ranks must not leave a collective half done
       }
+      if (fault_kill_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
       if (ddp) ddp->finish();
       if (fsdp) fsdp->finish();
       if (par.distributed()) {
