@@ -18,6 +18,8 @@
 
 #include "anvil/core/safetensors.h"
 #include "anvil/model/args.h"
+#include "anvil/model/llama.h"
+#include "anvil/model/params.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -270,4 +272,92 @@ TEST(Distributed, ABadDataFileStopsTheJobNamingTheFile) {
   EXPECT_NE(out.exit_code, 124) << "the job hung:\n" << out.text;
   EXPECT_NE(out.text.find(victim.filename().string()), std::string::npos) << out.text;
   EXPECT_NE(out.text.find("anvil: rank "), std::string::npos) << out.text;
+}
+
+namespace {
+
+// The bytes one rank sends per step, by the algorithm-independent formulas
+// (all-reduce 2(n−1)/n·S, all-gather and reduce-scatter (n−1)/n·S of the full
+// tensor), for the model's parameter groups.
+struct GroupSizes {
+  std::vector<int64_t> padded;  // each group's elements in the flat buffers
+  int64_t total = 0;
+};
+GroupSizes group_sizes() {
+  const anvil::ParamStore store(anvil::llama_param_specs(anvil::model_flavor("llama3", "debugmodel")),
+                                anvil::DType::f32, /*allocate=*/false);
+  GroupSizes g;
+  for (const auto& pg : store.groups()) g.padded.push_back(pg.numel), g.total += pg.numel;
+  return g;
+}
+
+double last_metric(const std::string& dump, const char* key) {
+  std::ifstream in(workdir() / dump / "metrics.jsonl");
+  double v = -1;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains(key)) v = j[key].get<double>();
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
+  const GroupSizes g = group_sizes();
+  const int n = 2;
+  const double f = static_cast<double>(n - 1) / n;
+  // DDP: every group's fp32 gradients all-reduced once per step.
+  {
+    const Output out = run_mpi(n, "bytes_ddp",
+                               "--training.local_batch_size 2 --training.steps 2 "
+                               "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1");
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    const double want = 2 * f * 4.0 * static_cast<double>(g.total);
+    EXPECT_EQ(last_metric("bytes_ddp", "comm_bytes_per_step"), want);
+    std::printf("DDP 2: %.0f bytes per step per rank, closed form 2(n-1)/n x 4 x P = %.0f\n",
+                last_metric("bytes_ddp", "comm_bytes_per_step"), want);
+  }
+  // FSDP, bf16 weights: each group gathered for its forward and again for its
+  // backward, except the last block (kept by the default reshard policy) and
+  // the head (its forward and backward are one pass); every group's fp32
+  // gradients reduce-scattered once.
+  {
+    const Output out = run_mpi(n, "bytes_fsdp",
+                               "--training.local_batch_size 2 --training.steps 2 --training.mixed_precision_param bfloat16"
+                               " --profiling.enable_profiling --profiling.profile_freq 2");
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    const size_t groups = g.padded.size();
+    double gathered = 0, reduced = 0;
+    for (size_t i = 0; i < groups; ++i) {
+      const int64_t per_rank = ((g.padded[i] + n - 1) / n + 31) / 32 * 32;
+      const double full = static_cast<double>(n * per_rank);
+      const bool regathered = i + 2 < groups;  // not the last block, not the head
+      gathered += full * (regathered ? 2 : 1);
+      reduced += full;
+    }
+    const double want = f * (2.0 * gathered + 4.0 * reduced);
+    EXPECT_EQ(last_metric("bytes_fsdp", "comm_bytes_per_step"), want);
+    std::printf("FSDP 2: %.0f bytes per step per rank, closed form %.0f\n", last_metric("bytes_fsdp", "comm_bytes_per_step"),
+                want);
+    // The profiled step's collectives appear on their own track, with bytes and bandwidth.
+    std::ifstream in(workdir() / "bytes_fsdp" / "profile_traces" / "step-2.trace.json");
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    int track = -1, gathers = 0, scatters = 0;
+    for (const auto& e : trace.at("traceEvents"))
+      if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("args").at("name") == "collectives in flight")
+        track = e.at("tid").get<int>();
+    ASSERT_GE(track, 0);
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.at("ph") != "X" || e.at("tid").get<int>() != track) continue;
+      EXPECT_EQ(e.at("cat"), "communication");
+      EXPECT_GT(e.at("args").at("bytes").get<double>(), 0);
+      EXPECT_GT(e.at("args").at("GB/s").get<double>(), 0);
+      const std::string name = e.at("name");
+      gathers += name.find("fsdp.all_gather") != std::string::npos;
+      scatters += name.find("fsdp.reduce_scatter") != std::string::npos;
+    }
+    EXPECT_EQ(gathers, static_cast<int>(2 * groups - 2));
+    EXPECT_EQ(scatters, static_cast<int>(groups));
+  }
 }

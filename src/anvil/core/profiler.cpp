@@ -69,6 +69,14 @@ int Profiler::thread_index() {
   return t_thread_index;
 }
 
+int Profiler::track(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  for (size_t i = 0; i < thread_names_.size(); ++i)
+    if (thread_names_[i] == name) return static_cast<int>(i);
+  thread_names_.push_back(name);
+  return static_cast<int>(thread_names_.size()) - 1;
+}
+
 void Profiler::set_thread_name(const std::string& name) {
   const int i = thread_index();
   std::lock_guard lock(mutex_);

@@ -35,6 +35,7 @@ struct SpanRecord {
   int thread;       // index into Profiler::thread_names()
   double begin_us;  // steady clock, µs (the allocator's timeline uses the same clock)
   double end_us;
+  uint64_t bytes = 0;  // communication spans: bytes this rank sent
 };
 
 double steady_now_us();
@@ -54,6 +55,8 @@ class Profiler {
   // Names the calling thread's track ("main", "data prefetch", "checkpoint writer").
   void set_thread_name(const std::string& name);
   int thread_index();
+  // A track that is not a thread (e.g. collectives in flight), by name.
+  int track(const std::string& name);
   void add(const SpanRecord& s);
 
  private:

@@ -7,8 +7,8 @@ namespace anvil {
 DdpGradSync::DdpGradSync(ParamStore& params, Communicator& dp) : params_(params), dp_(dp) {}
 
 void DdpGradSync::progress() {
-  for (Work& w : in_flight_)
-    if (w.pending()) w.test();
+  for (Bucket& b : in_flight_)
+    if (b.work.pending() && b.work.test()) tracker_.done(b.id);
 }
 
 void DdpGradSync::before_backward(int) {
@@ -18,14 +18,21 @@ void DdpGradSync::before_backward(int) {
 void DdpGradSync::after_backward(int group) {
   if (!sync_ || dp_.size() == 1) return;
   const ParamGroup& g = params_.groups()[static_cast<size_t>(group)];
-  const ScopedPhase phase(SpanCategory::communication, "ddp.all_reduce.start", group - 1);
-  in_flight_.push_back(dp_.iall_reduce(params_.grad_flat().slice(g.offset, g.numel)));
+  const Tensor bucket = params_.grad_flat().slice(g.offset, g.numel);
+  const int id = tracker_.start("ddp.all_reduce", layer_of(group), CommOp::all_reduce, bucket.nbytes(), dp_.size());
+  in_flight_.push_back({dp_.iall_reduce(bucket), id});
   progress();
 }
 
 void DdpGradSync::finish() {
   const ScopedPhase phase(SpanCategory::communication, "ddp.all_reduce.wait");
-  for (Work& w : in_flight_) w.wait();
+  {
+    const CommTracker::Blocked blocked(tracker_);
+    for (Bucket& b : in_flight_) {
+      b.work.wait();
+      tracker_.done(b.id);
+    }
+  }
   in_flight_.clear();
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "anvil/dist/comm.h"
+#include "anvil/dist/comm_tracker.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
 
@@ -27,13 +28,20 @@ class DdpGradSync : public ParamGroupHooks {
   void after_backward(int group) override;
   // Waits for every bucket; the gradients are then the sum over the ranks.
   void finish();
+  CommTracker& tracker() { return tracker_; }
 
  private:
   void progress();
+  int layer_of(int group) const { return layer_of_group(group, static_cast<int>(params_.groups().size())); }
   ParamStore& params_;
   Communicator& dp_;
   bool sync_ = true;
-  std::vector<Work> in_flight_;
+  struct Bucket {
+    Work work;
+    int id;  // in tracker_
+  };
+  std::vector<Bucket> in_flight_;
+  CommTracker tracker_;
 };
 
 }  // namespace anvil

@@ -31,6 +31,7 @@ FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* rep
   gathered_.resize(groups.size());
   full_grads_.resize(groups.size());
   gathering_.resize(groups.size());
+  gather_id_.resize(groups.size(), -1);
 }
 
 void FsdpParams::scatter_full(const Tensor& full, Tensor& shard_state) {
@@ -78,26 +79,39 @@ void FsdpParams::zero_grad() {
 void FsdpParams::gather(int group, bool async) {
   const size_t g = static_cast<size_t>(group);
   if (gathered_[g].defined()) return;
-  const ScopedPhase phase(SpanCategory::communication, async ? "fsdp.all_gather.start" : "fsdp.all_gather", group - 1);
   gathered_[g] = Tensor::empty({n_ * shard_numel_[g]}, compute_.dtype(), MemCategory::communication,
                                "fsdp.gathered_weights");
   const Tensor mine = compute_.slice(shard_offset_[g], shard_numel_[g]);
-  if (async)
+  const int id = tracker_.start("fsdp.all_gather", layer_of(group), CommOp::all_gather, gathered_[g].nbytes(), n_);
+  if (async) {
     gathering_[g] = shard_.iall_gather(mine, gathered_[g]);
-  else
+    gather_id_[g] = id;
+  } else {
+    const ScopedPhase phase(SpanCategory::communication, "fsdp.all_gather", layer_of(group));
+    const CommTracker::Blocked blocked(tracker_);
     shard_.all_gather(mine, gathered_[g]);
+    tracker_.done(id);
+  }
 }
 
 void FsdpParams::wait_gather(int group) {
   Work& w = gathering_[static_cast<size_t>(group)];
-  if (!w.pending()) return;
-  const ScopedPhase phase(SpanCategory::communication, "fsdp.all_gather.wait", group - 1);
-  w.wait();
+  if (w.pending()) {
+    const ScopedPhase phase(SpanCategory::communication, "fsdp.all_gather.wait", layer_of(group));
+    const CommTracker::Blocked blocked(tracker_);
+    w.wait();
+  }
+  int& id = gather_id_[static_cast<size_t>(group)];
+  if (id >= 0) tracker_.done(id);
+  id = -1;
 }
 
 void FsdpParams::progress() {
-  for (Work& w : gathering_)
-    if (w.pending()) w.test();
+  for (size_t g = 0; g < gathering_.size(); ++g)
+    if (gathering_[g].pending() && gathering_[g].test() && gather_id_[g] >= 0) {
+      tracker_.done(gather_id_[g]);
+      gather_id_[g] = -1;
+    }
   // Finished reductions are folded into the shard at once, so their full
   // gradient buffers do not pile up over the backward.
   while (!reducing_.empty() && reducing_.front().work.test()) {
@@ -148,13 +162,13 @@ void FsdpParams::after_backward(int group) {
   model_.unbind_group(group);
   gathered_[g] = Tensor();
   p.partial = Tensor::empty({shard_numel_[g]}, DType::f32, MemCategory::communication, "fsdp.grad_partial");
-  const ScopedPhase phase(SpanCategory::communication, "fsdp.reduce_scatter.start", group - 1);
+  p.id = tracker_.start("fsdp.reduce_scatter", layer_of(group), CommOp::reduce_scatter, p.full.nbytes(), n_);
   p.work = shard_.ireduce_scatter(p.full, p.partial);
   reducing_.push_back(std::move(p));
   // At most two groups' gradients in flight: enough to overlap the next
   // group's backward, bounded in memory.
   while (reducing_.size() > 2) {
-    const ScopedPhase wait(SpanCategory::communication, "fsdp.reduce_scatter.wait", reducing_.front().group - 1);
+    const ScopedPhase wait(SpanCategory::communication, "fsdp.reduce_scatter.wait", layer_of(reducing_.front().group));
     complete(reducing_.front());
     reducing_.erase(reducing_.begin());
   }
@@ -162,7 +176,11 @@ void FsdpParams::after_backward(int group) {
 }
 
 void FsdpParams::complete(Pending& p) {
-  p.work.wait();
+  if (p.work.pending()) {
+    const CommTracker::Blocked blocked(tracker_);
+    p.work.wait();
+  }
+  tracker_.done(p.id);
   Tensor mine = grads_.slice(shard_offset_[static_cast<size_t>(p.group)], shard_numel_[static_cast<size_t>(p.group)]);
   const float* src = p.partial.data<float>();
   float* dst = mine.data<float>();
@@ -178,7 +196,10 @@ void FsdpParams::finish() {
   }
   if (replicate_ != nullptr && replicate_->size() > 1) {
     const ScopedPhase phase(SpanCategory::communication, "hsdp.all_reduce");
+    const int id = tracker_.start("hsdp.all_reduce", -1, CommOp::all_reduce, grads_.nbytes(), replicate_->size());
+    const CommTracker::Blocked blocked(tracker_);
     replicate_->all_reduce(grads_);
+    tracker_.done(id);
   }
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "anvil/dist/comm.h"
+#include "anvil/dist/comm_tracker.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
 
@@ -64,18 +65,21 @@ class FsdpParams : public ParamGroupHooks {
   // Waits for the reduce-scatters in flight and, for HSDP, all-reduces the
   // shard gradients across replicas.
   void finish();
+  CommTracker& tracker() { return tracker_; }
 
  private:
   struct Pending {
     Work work;
     Tensor full, partial;  // full gradients being reduced; partial receives this rank's sum
     int group;
+    int id;  // in tracker_
   };
   void gather(int group, bool async);
   void wait_gather(int group);
   void complete(Pending& p);
   void progress();
   bool keep_after_forward(int group) const;
+  int layer_of(int group) const { return layer_of_group(group, static_cast<int>(model_.groups().size())); }
 
   ParamStore& model_;
   Communicator& shard_;
@@ -88,6 +92,8 @@ class FsdpParams : public ParamGroupHooks {
   std::vector<Tensor> gathered_;    // per group: the full compute weights while held
   std::vector<Tensor> full_grads_;  // per group: the full gradients during its backward
   std::vector<Work> gathering_;   // per group: a gather in flight
+  std::vector<int> gather_id_;    // per group: its id in tracker_
+  CommTracker tracker_;
   std::vector<Pending> reducing_;
 };
 

@@ -34,10 +34,16 @@ void write_chrome_trace(const StepTrace& t, const std::string& path) {
   std::sort(spans.begin(), spans.end(), [](const SpanRecord& a, const SpanRecord& b) {
     return a.begin_us != b.begin_us ? a.begin_us < b.begin_us : a.end_us > b.end_us;
   });
-  for (const SpanRecord& s : spans)
-    events.push_back({{"ph", "X"}, {"name", phase_name(s.phase)}, {"cat", span_category_name(s.category)},
+  for (const SpanRecord& s : spans) {
+    ordered_json e = {{"ph", "X"}, {"name", phase_name(s.phase)}, {"cat", span_category_name(s.category)},
                       {"ts", s.begin_us - t.start_us}, {"dur", s.end_us - s.begin_us}, {"pid", t.rank},
-                      {"tid", s.thread}});
+                      {"tid", s.thread}};
+    if (s.bytes > 0) {
+      const double secs = (s.end_us - s.begin_us) * 1e-6;
+      e["args"] = {{"bytes", s.bytes}, {"GB/s", secs > 0 ? static_cast<double>(s.bytes) / secs / 1e9 : 0.0}};
+    }
+    events.push_back(std::move(e));
+  }
   std::array<size_t, kNumMemCategories> live = t.live_at_start;
   events.push_back(memory_counter(0, live, t.rank));
   for (const MemEvent& e : t.memory_events) {

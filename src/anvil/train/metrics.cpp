@@ -79,7 +79,10 @@ void MetricsLog::log(const StepLog& s) {
       s.data_pct, s.elapsed_s);
   // Distributed: the figures above are rank 0's (tok/s and MFU per rank); the
   // memory that matters is the fullest rank's.
-  if (s.world_size > 1) std::printf(" | %d ranks, max mem %s", s.world_size, human_bytes(s.max_memory_over_ranks).c_str());
+  if (s.world_size > 1)
+    std::printf(" | %d ranks, max mem %s | comm %s/step, %.0f%% hidden", s.world_size,
+                human_bytes(s.max_memory_over_ranks).c_str(), human_bytes(static_cast<size_t>(s.comm_bytes_per_step)).c_str(),
+                s.comm_hidden_pct);
   std::printf("\n");
   std::fflush(stdout);
   nlohmann::ordered_json j;
@@ -103,6 +106,10 @@ void MetricsLog::log(const StepLog& s) {
   if (s.world_size > 1) {
     j["world_size"] = s.world_size;
     j["max_active_bytes_max_over_ranks"] = s.max_memory_over_ranks;
+    j["comm_bytes_per_step"] = s.comm_bytes_per_step;
+    j["comm_in_flight_s_per_step"] = s.comm_in_flight_s;
+    j["comm_blocked_s_per_step"] = s.comm_blocked_s;
+    j["comm_hidden_pct"] = s.comm_hidden_pct;
   }
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();

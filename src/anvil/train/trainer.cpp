@@ -421,6 +421,8 @@ TrainResult train(const JobConfig& cfg) {
     if (std::sscanf(v, "%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == par.rank) fault_kill_step = fault_step;
   }
   std::array<size_t, kNumMemCategories> steady_live{};
+  CommStats interval_comm;  // this rank's data-parallel communication since the last log line
+  int64_t interval_steps = 0;
   auto checkpoint_meta = [&] {
     // Training draws random numbers only to initialise the weights and order
     // the data, both from the seed; the loader's position carries the rest.
@@ -472,6 +474,14 @@ TrainResult train(const JobConfig& cfg) {
       if (fault_kill_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
       if (ddp) ddp->finish();
       if (fsdp) fsdp->finish();
+      {
+        const CommStats cs = ddp ? ddp->tracker().take() : fsdp ? fsdp->tracker().take() : CommStats{};
+        interval_comm.bytes += cs.bytes;
+        interval_comm.in_flight_s += cs.in_flight_s;
+        interval_comm.blocked_s += cs.blocked_s;
+        interval_comm.collectives += cs.collectives;
+        ++interval_steps;
+      }
       if (par.distributed()) {
         float totals[2] = {static_cast<float>(loss_sum), static_cast<float>(loss_tokens)};
         par.sum_over_dp(totals, 2);
@@ -542,6 +552,14 @@ TrainResult train(const JobConfig& cfg) {
         log.elapsed_s = seconds_since(t_start);
         log.world_size = par.world_size;
         log.live_after_optimizer = steady_live;
+        if (par.distributed() && interval_steps > 0) {
+          log.comm_bytes_per_step = static_cast<double>(interval_comm.bytes) / static_cast<double>(interval_steps);
+          log.comm_in_flight_s = interval_comm.in_flight_s / static_cast<double>(interval_steps);
+          log.comm_blocked_s = interval_comm.blocked_s / static_cast<double>(interval_steps);
+          log.comm_hidden_pct = 100.0 * interval_comm.hidden_share();
+        }
+        interval_comm = {};
+        interval_steps = 0;
         log.max_memory_over_ranks =
             static_cast<size_t>(par.max_over_world(static_cast<double>(log.memory.peak_total)));
         if (metrics) metrics->log(log);
