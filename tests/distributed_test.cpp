@@ -315,6 +315,7 @@ TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
     ASSERT_EQ(out.exit_code, 0) << out.text;
     const double want = 2 * f * 4.0 * static_cast<double>(g.total);
     EXPECT_EQ(last_metric("bytes_ddp", "comm_bytes_per_step"), want);
+    EXPECT_EQ(last_metric("bytes_ddp", "comm_bytes_closed_form"), want);
     std::printf("DDP 2: %.0f bytes per step per rank, closed form 2(n-1)/n x 4 x P = %.0f\n",
                 last_metric("bytes_ddp", "comm_bytes_per_step"), want);
   }
@@ -338,6 +339,7 @@ TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
     }
     const double want = f * (2.0 * gathered + 4.0 * reduced);
     EXPECT_EQ(last_metric("bytes_fsdp", "comm_bytes_per_step"), want);
+    EXPECT_EQ(last_metric("bytes_fsdp", "comm_bytes_closed_form"), want);
     std::printf("FSDP 2: %.0f bytes per step per rank, closed form %.0f\n", last_metric("bytes_fsdp", "comm_bytes_per_step"),
                 want);
     // The profiled step's collectives appear on their own track, with bytes and bandwidth.
@@ -359,5 +361,29 @@ TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
     }
     EXPECT_EQ(gathers, static_cast<int>(2 * groups - 2));
     EXPECT_EQ(scatters, static_cast<int>(groups));
+  }
+}
+
+// The trainer's closed form (dist/comm_volume.h) against the traffic it
+// measures, for HSDP and for FSDP with gradient accumulation.
+TEST(Distributed, ClosedFormTrafficHoldsForHsdpAndAccumulation) {
+  const struct {
+    const char* dump;
+    int ranks;
+    std::string flags;
+  } runs[] = {{"bytes_hsdp", 4,
+               "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2 "
+               "--parallelism.data_parallel_shard_degree 2"},
+              {"bytes_accum", 2, "--training.local_batch_size 1 --training.global_batch_size 6"},
+              {"bytes_never", 2, "--training.local_batch_size 1 --parallelism.fsdp_reshard_after_forward never"}};
+  for (const auto& r : runs) {
+    SCOPED_TRACE(r.dump);
+    const Output out = run_mpi(r.ranks, r.dump, "--training.steps 2 " + r.flags);
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    const double measured = last_metric(r.dump, "comm_bytes_per_step");
+    EXPECT_GT(measured, 0);
+    EXPECT_EQ(measured, last_metric(r.dump, "comm_bytes_closed_form"));
+    std::printf("%-12s %.0f bytes per step per rank (closed form %.0f)\n", r.dump, measured,
+                last_metric(r.dump, "comm_bytes_closed_form"));
   }
 }

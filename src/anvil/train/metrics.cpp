@@ -107,6 +107,7 @@ void MetricsLog::log(const StepLog& s) {
     j["world_size"] = s.world_size;
     j["max_active_bytes_max_over_ranks"] = s.max_memory_over_ranks;
     j["comm_bytes_per_step"] = s.comm_bytes_per_step;
+    j["comm_bytes_closed_form"] = s.comm_bytes_closed_form;
     j["comm_in_flight_s_per_step"] = s.comm_in_flight_s;
     j["comm_blocked_s_per_step"] = s.comm_blocked_s;
     j["comm_hidden_pct"] = s.comm_hidden_pct;

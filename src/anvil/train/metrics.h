@@ -39,6 +39,7 @@ struct StepLog {
   size_t max_memory_over_ranks = 0;  // the highest peak_total of any rank
   // Data-parallel communication per step on this rank (distributed runs).
   double comm_bytes_per_step = 0, comm_in_flight_s = 0, comm_blocked_s = 0, comm_hidden_pct = 0;
+  double comm_bytes_closed_form = 0;
   // Live bytes per category right after the optimizer step, gradients still held.
   std::array<size_t, kNumMemCategories> live_after_optimizer{};
 };

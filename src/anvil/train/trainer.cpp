@@ -21,6 +21,7 @@
 #include "anvil/data/shard.h"
 #include "anvil/data/stream_loader.h"
 #include "anvil/data/text_source.h"
+#include "anvil/dist/comm_volume.h"
 #include "anvil/dist/ddp.h"
 #include "anvil/dist/fsdp.h"
 #include "anvil/model/hf_format.h"
@@ -288,6 +289,21 @@ TrainResult train(const JobConfig& cfg) {
   } else if (par.mode == DataParallelMode::ddp) {
     ddp = std::make_unique<DdpGradSync>(ps, par.mesh->dp());
     model.set_hooks(ddp.get());
+  }
+  // What the layout should send per step, to set against what it does.
+  double comm_closed_form = 0;
+  {
+    std::vector<int64_t> group_numel;
+    for (const ParamGroup& g : ps.groups()) group_numel.push_back(g.numel);
+    if (fsdp)
+      comm_closed_form = fsdp_bytes_per_step(group_numel, par.mesh->layout().dp_shard(), par.mesh->layout().dp_replicate(),
+                                             dt == DType::bf16 ? 2 : 4,
+                                             parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward), accum_steps);
+    else if (ddp)
+      comm_closed_form = ddp_bytes_per_step(group_numel, par.dp_size);
+    if (par.distributed())
+      std::printf("anvil: data-parallel traffic per rank per step, closed form: %s\n",
+                  human_bytes(static_cast<size_t>(comm_closed_form)).c_str());
   }
   // A whole-model fp32 store for initialising and loading a sharded model:
   // each rank fills it and keeps its shard.
@@ -557,6 +573,7 @@ TrainResult train(const JobConfig& cfg) {
           log.comm_in_flight_s = interval_comm.in_flight_s / static_cast<double>(interval_steps);
           log.comm_blocked_s = interval_comm.blocked_s / static_cast<double>(interval_steps);
           log.comm_hidden_pct = 100.0 * interval_comm.hidden_share();
+          log.comm_bytes_closed_form = comm_closed_form;
         }
         interval_comm = {};
         interval_steps = 0;
