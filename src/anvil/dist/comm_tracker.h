@@ -1,8 +1,10 @@
 // Where a data-parallel strategy's communication time goes. Each collective
 // is tracked from its start to the moment its completion is seen (an upper
-// bound on its real duration: MPI progresses only inside MPI calls), and the
-// time the main thread spends blocked waiting is counted apart: the share of
-// communication hidden behind compute is 1 − blocked / in flight. While a step
+// bound on its real duration), and the time the main thread spends inside MPI
+// for it — waiting, and testing to make it progress, since MPI moves data of
+// non-blocking collectives only inside MPI calls — is counted apart as
+// blocked: the share of communication hidden behind compute is
+// 1 − blocked / in flight. While a step
 // is profiled each collective also becomes a span with its bytes on a
 // "collectives in flight" track.
 #pragma once

@@ -7,6 +7,9 @@ namespace anvil {
 DdpGradSync::DdpGradSync(ParamStore& params, Communicator& dp) : params_(params), dp_(dp) {}
 
 void DdpGradSync::progress() {
+  // MPI moves data inside these calls: their time is communication the main
+  // thread pays for, so it counts as blocked.
+  const CommTracker::Blocked blocked(tracker_);
   for (Bucket& b : in_flight_)
     if (b.work.pending() && b.work.test()) tracker_.done(b.id);
 }

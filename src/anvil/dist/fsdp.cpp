@@ -107,6 +107,9 @@ void FsdpParams::wait_gather(int group) {
 }
 
 void FsdpParams::progress() {
+  // MPI moves data inside these calls: their time is communication the main
+  // thread pays for, so it counts as blocked.
+  const CommTracker::Blocked blocked(tracker_);
   for (size_t g = 0; g < gathering_.size(); ++g)
     if (gathering_[g].pending() && gathering_[g].test() && gather_id_[g] >= 0) {
       tracker_.done(gather_id_[g]);
