@@ -387,3 +387,44 @@ TEST(Distributed, ClosedFormTrafficHoldsForHsdpAndAccumulation) {
                 last_metric(r.dump, "comm_bytes_closed_form"));
   }
 }
+
+// bf16: the layouts compute each sequence's forward and backward as the single
+// process does, but sum the fp32 weight gradients over ranks in another order,
+// so an update can land on the other side of a bf16 rounding of the compute
+// weights. One bf16 ulp is 2^-8 relative (3.9e-3) on a weight, but only the
+// few weights whose update falls near a rounding boundary flip, and a loss
+// averages thousands of products, so it moves by far less than an ulp. Bound:
+// 5e-4 relative per step over 10 steps, an eighth of one bf16 ulp of the loss
+// itself — what a layout bug (a wrong shard, a token counted twice) would
+// exceed at once, as the fp32 tests show by how far inside 1e-5 they stay.
+TEST(Distributed, Bf16LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
+  const std::string common = "--training.mixed_precision_param bfloat16 ";
+  const Output ref = run_single("bf16_single", common + "--training.local_batch_size 4");
+  ASSERT_EQ(ref.exit_code, 0) << ref.text;
+  const auto want = losses("bf16_single");
+  ASSERT_EQ(want.size(), 10u);
+  const struct {
+    const char* name;
+    int ranks;
+    std::string flags;
+  } layouts[] = {
+      {"bf16_ddp2", 2, "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1"},
+      {"bf16_fsdp2", 2, "--training.local_batch_size 2"},
+      {"bf16_fsdp4", 4, "--training.local_batch_size 1"},
+      {"bf16_hsdp", 4, "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"}};
+  for (const auto& l : layouts) {
+    SCOPED_TRACE(l.name);
+    const Output out = run_mpi(l.ranks, l.name, common + l.flags);
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    const auto got = losses(l.name);
+    ASSERT_EQ(got.size(), 10u);
+    double worst = 0;
+    for (const auto& [step, loss] : want) {
+      const double rel = std::abs(got.at(step) - loss) / std::abs(loss);
+      worst = std::max(worst, rel);
+      EXPECT_LE(rel, 5e-4) << "step " << step;
+    }
+    std::printf("%-11s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", l.name, worst,
+                weight_difference(l.name, "bf16_single"));
+  }
+}
