@@ -106,6 +106,8 @@ void MetricsLog::log(const StepLog& s) {
   if (s.world_size > 1) {
     j["world_size"] = s.world_size;
     j["max_active_bytes_max_over_ranks"] = s.max_memory_over_ranks;
+    j["tokens_per_s_by_rank"] = s.tokens_per_s_by_rank;
+    j["peak_mib_by_rank"] = s.peak_mib_by_rank;
     j["comm_bytes_per_step"] = s.comm_bytes_per_step;
     j["comm_bytes_closed_form"] = s.comm_bytes_closed_form;
     j["comm_in_flight_s_per_step"] = s.comm_in_flight_s;

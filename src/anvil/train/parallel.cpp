@@ -22,16 +22,16 @@ void Parallel::sum_over_dp(float* values, int n) const {
   for (int i = 0; i < n; ++i) values[i] = t.data<float>()[i];
 }
 
-double Parallel::max_over_world(double value) const {
-  if (!mesh || world_size == 1) return value;
-  Tensor mine = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.max");
-  Tensor all = Tensor::empty({world_size}, DType::f32, MemCategory::communication, "world.max");
+std::vector<double> Parallel::gather_world(double value) const {
+  if (!mesh || world_size == 1) return {value};
+  Tensor mine = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.gather");
+  Tensor all = Tensor::empty({world_size}, DType::f32, MemCategory::communication, "world.gather");
   mine.data<float>()[0] = static_cast<float>(value);
   Communicator world = Communicator::world();
   world.all_gather(mine, all);
-  double best = value;
-  for (int i = 0; i < world_size; ++i) best = std::max(best, static_cast<double>(all.data<float>()[i]));
-  return best;
+  std::vector<double> out(static_cast<size_t>(world_size));
+  for (int i = 0; i < world_size; ++i) out[static_cast<size_t>(i)] = all.data<float>()[i];
+  return out;
 }
 
 Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "anvil/dist/comm.h"
 #include "anvil/dist/mesh.h"
@@ -31,8 +32,8 @@ struct Parallel {
   bool rank0() const { return rank == 0; }
   // Sums `values` over the data-parallel ranks (a no-op for one process).
   void sum_over_dp(float* values, int n) const;
-  // The largest of `value` over every rank.
-  double max_over_world(double value) const;
+  // Every rank's `value`, by world rank (collective; as f32, enough for rates and MiB).
+  std::vector<double> gather_world(double value) const;
 };
 
 // Resolves and checks the [parallelism] degrees against the world and the

@@ -577,8 +577,14 @@ TrainResult train(const JobConfig& cfg) {
         }
         interval_comm = {};
         interval_steps = 0;
-        log.max_memory_over_ranks =
-            static_cast<size_t>(par.max_over_world(static_cast<double>(log.memory.peak_total)));
+        if (par.distributed()) {  // every rank reports; rank 0 prints the fullest
+          const std::vector<double> mib = par.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
+          log.tokens_per_s_by_rank = par.gather_world(log.tokens_per_s);
+          for (double m : mib) log.peak_mib_by_rank.push_back(m);
+          log.max_memory_over_ranks = log.memory.peak_total;
+          for (double m : mib)
+            log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
+        }
         if (metrics) metrics->log(log);
         if (tb) {
           tb->add_scalar("loss/train", log.loss, step);
