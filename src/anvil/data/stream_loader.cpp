@@ -305,8 +305,16 @@ void StreamLoader::load_state_json(const nlohmann::json& j) {
                   " but this run has ", now.dump(), "; resume with the same data settings and parallel layout");
     };
     same("seq_len", opts_.seq_len);
-    same("rank", opts_.rank);
-    same("world", opts_.world);
+    // Checkpoints store data-parallel rank 0's state, whose next window is the
+    // whole stream's position G (every rank has read its windows below G). Any
+    // rank of any data-parallel size continues the same global stream from it
+    // at window G + rank — a resume onto another layout re-slices the stream.
+    // Another rank's state names only that rank's position: it must match.
+    const int saved_rank = j.at("rank").get<int>(), saved_world = j.at("world").get<int>();
+    const bool reslice = saved_rank != opts_.rank || saved_world != opts_.world;
+    ANVIL_CHECK(!reslice || saved_rank == 0, "the saved data loader state is data-parallel rank ", saved_rank, " of ",
+                saved_world, "'s but this is rank ", opts_.rank, " of ", opts_.world,
+                "; resume from a state saved by rank 0 (as checkpoints are) or with the same parallel layout");
     same("seed", opts_.seed);
     same("shuffle", opts_.shuffle);
     same("num_units", source_->num_units());
@@ -315,7 +323,7 @@ void StreamLoader::load_state_json(const nlohmann::json& j) {
     s.offset = j.at("offset").get<int64_t>();
     s.stream_pos = j.at("stream_pos").get<int64_t>();
     s.epoch_start = j.at("epoch_start").get<int64_t>();
-    s.next_window = j.at("next_window").get<int64_t>();
+    s.next_window = j.at("next_window").get<int64_t>() + (reslice ? opts_.rank : 0);
     s.carry = j.at("carry").get<std::vector<int32_t>>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("the saved data loader state is malformed (") + e.what() + ")");
