@@ -230,15 +230,17 @@ Output run_mpi(int ranks, const std::string& dump, const std::string& extra) {
   return anvil::testing::run_anvil(common_args(dump, extra), prefix);
 }
 
-std::map<int64_t, double> losses(const std::string& dump) {
+// A run's `key` ("loss", "grad_norm") by step, from its metrics.jsonl.
+std::map<int64_t, double> metric(const std::string& dump, const char* key) {
   std::map<int64_t, double> out;
   std::ifstream in(workdir() / dump / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j[key].get<double>();
   }
   return out;
 }
+std::map<int64_t, double> losses(const std::string& dump) { return metric(dump, "loss"); }
 
 // ||a − b|| / ||b|| over every tensor of the two runs' checkpoints of `step` (`file`: model or optimizer).
 double checkpoint_difference(const std::string& a, const std::string& b, int step = 10,
@@ -327,10 +329,18 @@ void expect_matches_single_process(const Layout& layout, const std::string& ac, 
     worst = std::max(worst, rel);
     EXPECT_LE(rel, 1e-5) << "step " << step << ": " << got.at(step) << " vs " << loss;
   }
+  // The gradient norm (clipping uses it) counts each global element once, whatever the layout.
+  const auto norm_want = metric(ref, "grad_norm"), norm_got = metric(tag, "grad_norm");
+  double worst_norm = 0;
+  for (const auto& [step, norm] : norm_want) {
+    const double rel = std::abs(norm_got.at(step) - norm) / norm;
+    worst_norm = std::max(worst_norm, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << step << ": grad_norm " << norm_got.at(step) << " vs " << norm;
+  }
   const double wdiff = checkpoint_difference(tag, ref);
   EXPECT_LE(wdiff, 1e-5);
-  std::printf("%-40s AC %-5s worst loss difference %.2e, final weights %.2e (relative)\n", name.c_str(), ac.c_str(),
-              worst, wdiff);
+  std::printf("%-40s AC %-5s worst loss difference %.2e, grad norm %.2e, final weights %.2e (relative)\n",
+              name.c_str(), ac.c_str(), worst, worst_norm, wdiff);
 }
 
 }  // namespace
