@@ -14,6 +14,8 @@
 //    within 1e-5 relative norm of the single process — TP 2, TP 4 and FSDP 2 x
 //    TP 2 with activation checkpointing none, full and selective op; TP 2 with
 //    sequence parallel off, with loss parallel off, and on the GQA flavour 25M;
+//    FSDP 2 x TP 2 with gradient accumulation, and DDP 2 x TP 2; the gradient
+//    norm at every step within 1e-5 as well;
 //    a checkpoint saved under FSDP 2 x TP 2 resumed in a single process, under
 //    FSDP 4 and under TP 4; and a bf16 TP 2 run with a derived tolerance.
 //
@@ -294,6 +296,7 @@ struct Layout {
   int ranks;
   int dp;             // data-parallel degree: the reference's batch is dp times larger
   std::string flags;  // [parallelism] flags
+  int accumulation = 1;
 };
 
 const Layout kTp2{"TP 2", 2, 1, "--parallelism.tensor_parallel_degree 2"};
@@ -315,10 +318,11 @@ void expect_matches_single_process(const Layout& layout, const std::string& ac, 
   SCOPED_TRACE(name + ", activation checkpointing " + ac);
   const int local = 2;
   const std::string common = "--training.mixed_precision_param float32 " + ac_flags(ac) + " " + model;
-  const std::string ref = reference(batch_flags(local * layout.dp, local * layout.dp) + " " + common);
+  // The single process takes the whole global batch in one micro-batch per accumulation step.
+  const int global = local * layout.dp * layout.accumulation;
+  const std::string ref = reference(batch_flags(local * layout.dp, global) + " " + common);
   const std::string tag = tag_of(name + "_" + ac);
-  const Output out =
-      run_mpi(layout.ranks, tag, batch_flags(local, local * layout.dp) + " " + layout.flags + " " + common);
+  const Output out = run_mpi(layout.ranks, tag, batch_flags(local, global) + " " + layout.flags + " " + common);
   ASSERT_EQ(out.exit_code, 0) << out.text;
   const auto want = losses(ref), got = losses(tag);
   ASSERT_EQ(want.size(), 10u);
@@ -361,6 +365,16 @@ TEST(TensorParallel, Tp2WithoutSequenceParallelMatchesSingleProcess) {
 TEST(TensorParallel, Tp2WithoutLossParallelMatchesSingleProcess) {
   const Layout l{"TP 2", 2, 1, kTp2.flags + " --parallelism.disable_loss_parallel true"};
   expect_matches_single_process(l, "none", "", "loss parallel off");
+}
+// With gradient accumulation (2 micro-batches per step) the sequence-parallel
+// norm gradients of the second micro-batch must not re-sum the first's; and
+// DDP composes with TP as FSDP does (its buckets hold each tp rank's slices).
+TEST(TensorParallel, Fsdp2xTp2WithAccumulationAndDdp2xTp2MatchSingleProcess) {
+  expect_matches_single_process({"FSDP 2 x TP 2", 4, 2, kFsdp2Tp2.flags, 2}, "none", "", "accumulation 2");
+  expect_matches_single_process({"DDP 2 x TP 2", 4, 2,
+                                 "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+                                 "--parallelism.data_parallel_replicate_degree 2"},
+                                "none");
 }
 // 25M: 8 query heads over 4 KV heads, so each rank runs 4 query heads over 2 KV heads.
 TEST(TensorParallel, Tp2OnGroupedQueryAttentionMatchesSingleProcess) {
