@@ -64,7 +64,7 @@ inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) 
 #endif
 
 // max of l[0, n)
-float max_of(const float* l, int64_t n) {
+[[gnu::always_inline]] inline float max_of(const float* l, int64_t n) {
 #if defined(__AVX512F__)
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t j = 0;
@@ -82,7 +82,7 @@ float max_of(const float* l, int64_t n) {
 }
 
 // Σ exp(l[j] − shift) over [0, n)
-float sum_exp(const float* l, int64_t n, float shift) {
+[[gnu::always_inline]] inline float sum_exp(const float* l, int64_t n, float shift) {
 #if defined(__AVX512F__)
   const __m512 sh = _mm512_set1_ps(shift);
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -103,10 +103,12 @@ float sum_exp(const float* l, int64_t n, float shift) {
 #endif
 }
 
+// (These helpers are forced inline: the fused kernel and the shard kernels both call them, and
+// the fused kernel's code must stay as it was with a single caller.)
 // One row of dlogits: out[j] = (exp(in[j] − lse) − [j == target])·scale, where target is the
 // target's column in this chunk or −1. f32 works in place (out == in); bf16 writes a separate buffer.
 template <class T>
-void dlogits_row(const float* in, T* out, int64_t n, float lse, float scale, int64_t target) {
+[[gnu::always_inline]] inline void dlogits_row(const float* in, T* out, int64_t n, float lse, float scale, int64_t target) {
   const float target_logit = target >= 0 ? in[target] : 0.0f;
 #if defined(__AVX512F__)
   const __m512 vlse = _mm512_set1_ps(lse), vscale = _mm512_set1_ps(scale);
