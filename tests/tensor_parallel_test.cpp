@@ -228,7 +228,8 @@ Output run_single(const std::string& dump, const std::string& extra) {
 Output run_mpi(int ranks, const std::string& dump, const std::string& extra) {
   // One thread per rank: the ranks share the machine's cores.
   const std::string prefix = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-                             "timeout -k 5 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
+                             "timeout -k 5 300 mpirun --oversubscribe --bind-to none -np " +
+                             std::to_string(ranks) + " ";
   return anvil::testing::run_anvil(common_args(dump, extra), prefix);
 }
 

@@ -81,8 +81,8 @@ struct Case {
   bool sequence_parallel, loss_parallel, tied;
   AcMode ac;
   std::string name() const {
-    return std::string("SP ") + (sequence_parallel ? "on" : "off") + ", loss parallel " + (loss_parallel ? "on" : "off") +
-           (tied ? ", tied embeddings" : "") + ", AC " + ac_mode_name(ac);
+    return std::string("SP ") + (sequence_parallel ? "on" : "off") + ", loss parallel " +
+           (loss_parallel ? "on" : "off") + (tied ? ", tied embeddings" : "") + ", AC " + ac_mode_name(ac);
   }
 };
 

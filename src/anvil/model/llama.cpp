@@ -147,15 +147,17 @@ BlockParams Llama::block_grads(int layer) const {
 // ---- tensor-parallel seams ----
 //
 // Megatron's layout (Shoeybi et al. 2019; sequence parallelism: Korthikanti et al. 2022).
-// Per block, with tp ranks, M token rows, and M_l = M/tp under sequence parallelism (SP), else M:
+// Per block, with tp ranks, M token rows, and M_l = M/tp rows per rank under sequence
+// parallelism (SP), else M; W_t is rank t's slice:
 //
-//   forward                                       backward
-//   x (M_l, D)                                    dout (M_l, D)
-//   h1 = norm(x)                 [SP: all-gather] [SP: all-gather dout]  dO = dout·Wo_t; dWo_t
-//   q,k,v = h1·W{q,k,v}_tᵀ  (n_heads/tp heads)    attention backward on the rank's heads
-//   o = attention                                 dh1 = Σ_t dq·Wq_t + …  [all-reduce | SP: reduce-scatter]
-//   x2 = x + Σ_t o·Wo_tᵀ     [all-reduce | SP: reduce-scatter]   dx += norm'(dh1)
-//   (the feed-forward the same way: gate/up column-parallel, down row-parallel)
+//   forward (x: M_l rows)                           backward (dout: M_l rows)
+//   h1 = norm(x); SP: all-gather h1 to M rows       SP: all-gather dout to M rows
+//   q, k, v = h1·W{q,k,v}_tᵀ (the rank's heads)     dO = dout·Wo_t; dWo_t += doutᵀ·o
+//   o = attention(q, k, v)                          attention backward on the rank's heads
+//   x2 = x + Σ_t o·Wo_tᵀ: the partial sums          dh1 = Σ_t (dq·Wq_t + dk·Wk_t + dv·Wv_t): the partial
+//        reduce-scattered (SP) or all-reduced            sums reduce-scattered (SP) or all-reduced
+//                                                   dx += norm backward(dh1)
+//   (the feed-forward the same way: gate/up column-parallel like q/k/v, down row-parallel like o)
 //
 // Without SP the norms run on every rank on identical rows, so the norm weights' gradients
 // agree without communication; with SP each rank normalises only its rows, and those
@@ -191,7 +193,8 @@ Tensor Llama::row_parallel_out(const Tensor& residual, const Tensor& in, const T
   const int64_t Ml = residual_rows(M), r = tp_->rank();
   const bool sp = tp_->sequence_parallel();
   // The residual enters the sum once: on every rank's own rows (SP) or on rank 0 only.
-  Tensor partial = Tensor::empty({M, D}, DType::f32, MemCategory::activations, sp || dt != DType::f32 ? "tp.partial" : tag);
+  const char* partial_tag = sp || dt != DType::f32 ? "tp.partial" : tag;  // non-SP f32: it is the output
+  Tensor partial = Tensor::empty({M, D}, DType::f32, MemCategory::activations, partial_tag);
   if (sp) {
     for (int64_t q = 0; q < tp_->size(); ++q) {
       Tensor rows = partial.slice(q * Ml, Ml);

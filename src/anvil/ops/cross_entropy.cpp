@@ -428,8 +428,10 @@ void cross_entropy_shard_backward(const Tensor& x, const Tensor& w, const Tensor
   // dlogits buffer in bf16 mode, and an f32 accumulator when dx is bf16.
   Tensor logits = Tensor::empty({B, C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");
   Tensor dlogits_bf16, dx_acc;
-  if (dt == DType::bf16) dlogits_bf16 = Tensor::empty({B, C}, DType::bf16, MemCategory::workspace, "cross_entropy.dlogits");
-  if (dx.dtype() == DType::bf16) dx_acc = Tensor::empty({B, D}, DType::f32, MemCategory::workspace, "cross_entropy.dx_f32");
+  if (dt == DType::bf16)
+    dlogits_bf16 = Tensor::empty({B, C}, DType::bf16, MemCategory::workspace, "cross_entropy.dlogits");
+  if (dx.dtype() == DType::bf16)
+    dx_acc = Tensor::empty({B, D}, DType::f32, MemCategory::workspace, "cross_entropy.dx_f32");
   float* L = logits.data<float>();
   void* DL = dlogits_bf16.defined() ? dlogits_bf16.raw() : static_cast<void*>(L);
   const float* row_lse = lse.data<float>();

@@ -189,7 +189,8 @@ void embedding_backward_shard(const Tensor& dout, const Tensor& tokens, int64_t 
   if (M == 0 || D == 0) return;
   const int64_t rows = std::clamp<int64_t>(vocab_size - vocab_begin, 0, dtable.size(0));
   const int32_t* tok = tokens.data<int32_t>();
-  dispatch2(dout, dtable, [&](const auto* src, auto* dst) { scatter_add_shard(tok, src, vocab_begin, rows, dst, M, D); });
+  dispatch2(dout, dtable,
+            [&](const auto* src, auto* dst) { scatter_add_shard(tok, src, vocab_begin, rows, dst, M, D); });
 }
 
 }  // namespace anvil
