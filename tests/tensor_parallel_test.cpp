@@ -17,7 +17,8 @@
 //    FSDP 2 x TP 2 with gradient accumulation, and DDP 2 x TP 2; the gradient
 //    norm at every step within 1e-5 as well;
 //    a checkpoint saved under FSDP 2 x TP 2 resumed in a single process, under
-//    FSDP 4 and under TP 4; and a bf16 TP 2 run with a derived tolerance.
+//    FSDP 4 and under TP 4; initial weights from a single-process checkpoint
+//    under FSDP 2 x TP 2; and a bf16 TP 2 run with a derived tolerance.
 //
 // In fp32 the layouts differ from one process only in the order of
 // floating-point sums (partial products reduced over ranks, the log-sum-exp
@@ -431,6 +432,26 @@ TEST(TensorParallel, CheckpointFromFsdp2xTp2ResumesInOtherLayouts) {
     std::printf("resumed from FSDP 2 x TP 2 step 5 under %-14s worst loss difference %.2e, final weights %.2e\n",
                 r.name.c_str(), worst, wdiff);
   }
+}
+
+// checkpoint.initial_load_path under FSDP 2 x TP 2: the global tensors of a
+// single-process checkpoint, sliced over tp and sharded over dp_shard, train on
+// as the single process does from the same weights.
+TEST(TensorParallel, InitialWeightsLoadUnderFsdp2xTp2) {
+  const std::string common = "--training.mixed_precision_param float32 " + ac_flags("none");
+  const std::string source = reference(batch_flags(4, 4) + " " + common);
+  const std::string from = " --checkpoint.initial_load_path " + (workdir() / source / "checkpoint" / "step-10").string();
+  const Output single = run_single("init_single", batch_flags(4, 4) + " " + common + from);
+  ASSERT_EQ(single.exit_code, 0) << single.text;
+  const Output out = run_mpi(4, "init_fsdp2_tp2", batch_flags(2, 4) + " " + common + " " + kFsdp2Tp2.flags + from);
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("model weights from"), std::string::npos) << out.text;
+  const auto want = losses("init_single"), got = losses("init_fsdp2_tp2");
+  ASSERT_EQ(got.size(), 10u);
+  for (const auto& [step, loss] : want)
+    EXPECT_LE(std::abs(got.at(step) - loss) / loss, 1e-5) << "step " << step << ": " << got.at(step) << " vs " << loss;
+  EXPECT_LT(got.at(1), losses(source).at(1) - 1.0);  // it did start from the trained weights
+  EXPECT_LE(checkpoint_difference("init_fsdp2_tp2", "init_single"), 1e-5);
 }
 
 // bf16 under TP rounds at other places than the single process: the input
