@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <functional>
@@ -37,13 +38,23 @@ inline CommandOutput run_anvil(const std::string& args, const std::string& prefi
 
 // A folder of this process's own under the system temp dir, so that test runs
 // going on at the same time (two builds, ctest -j) never share files.
+// It is removed when the test program ends (checkpoints make a full run
+// several GB), unless ANVIL_KEEP_TEST_FILES is set, to look at after a failure.
 inline std::filesystem::path scratch_root() {
-  static const std::filesystem::path root = [] {
-    const auto p = std::filesystem::temp_directory_path() / ("anvil-tests-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(p);
-    return p;
-  }();
-  return root;
+  struct Root {
+    std::filesystem::path path;
+    pid_t owner = ::getpid();  // a forked child (a death test) exiting must not remove it
+    Root() : path(std::filesystem::temp_directory_path() / ("anvil-tests-" + std::to_string(::getpid()))) {
+      std::filesystem::create_directories(path);
+    }
+    ~Root() {
+      if (::getpid() != owner || std::getenv("ANVIL_KEEP_TEST_FILES") != nullptr) return;
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Root root;
+  return root.path;
 }
 
 // Uniform in [-scale, scale), keyed by name so each input is reproducible.

@@ -147,7 +147,9 @@ class StreamLoader {
   // The state with the options it depends on and the current unit's name, for checkpoints.
   nlohmann::json state_json() const;
   // Continues from a saved state; throws naming the mismatch when the dataset or the
-  // options differ from the run that saved it.
+  // options differ from the run that saved it. A state saved by data-parallel rank 0
+  // (what checkpoints hold) also loads on any rank of another data-parallel size,
+  // which then continues the same global stream.
   void load_state_json(const nlohmann::json& j);
   void set_state(const StreamState& s);
 

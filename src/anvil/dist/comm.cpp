@@ -48,8 +48,10 @@ int mpi_count(int64_t n, const char* op) {
 }
 
 void check_reduction(const Tensor& t, ReduceOp op, const char* name) {
-  ANVIL_CHECK(op == ReduceOp::sum || t.dtype() != DType::i32, name, ": avg needs f32 or bf16, not i32");
+  ANVIL_CHECK(op != ReduceOp::avg || t.dtype() != DType::i32, name, ": avg needs f32 or bf16, not i32");
 }
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
 // x /= n elementwise: avg is the fp32 sum divided once, so a bf16 result is
 // still rounded only once.
@@ -387,9 +389,10 @@ Work Communicator::all_reduce_impl(const Tensor& t, ReduceOp op, bool async) {
   Call c(CommOp::all_reduce, "MPI_Allreduce", "MPI_Iallreduce");
   c.wire_bytes = acc.nbytes();
   c.keep_alive = {t, acc};
-  c.issue = [acc, count, type, comm](MPI_Request* req, MPI_Status*) {
-    return req ? MPI_Iallreduce(MPI_IN_PLACE, acc.raw(), count, type, MPI_SUM, comm, req)
-               : MPI_Allreduce(MPI_IN_PLACE, acc.raw(), count, type, MPI_SUM, comm);
+  const MPI_Op mop = mpi_op(op);
+  c.issue = [acc, count, type, comm, mop](MPI_Request* req, MPI_Status*) {
+    return req ? MPI_Iallreduce(MPI_IN_PLACE, acc.raw(), count, type, mop, comm, req)
+               : MPI_Allreduce(MPI_IN_PLACE, acc.raw(), count, type, mop, comm);
   };
   if (t.dtype() == DType::bf16 || op == ReduceOp::avg) {
     c.finish = [t, acc, op, n] {
@@ -454,9 +457,10 @@ Work Communicator::reduce_scatter_impl(const Tensor& full, const Tensor& shard, 
   Call c(CommOp::reduce_scatter, "MPI_Reduce_scatter_block", "MPI_Ireduce_scatter_block");
   c.wire_bytes = in.nbytes();
   c.keep_alive = {full, shard, in, out};
-  c.issue = [in, out, count, type, comm](MPI_Request* req, MPI_Status*) {
-    return req ? MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, type, MPI_SUM, comm, req)
-               : MPI_Reduce_scatter_block(in.raw(), out.raw(), count, type, MPI_SUM, comm);
+  const MPI_Op mop = mpi_op(op);
+  c.issue = [in, out, count, type, comm, mop](MPI_Request* req, MPI_Status*) {
+    return req ? MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, type, mop, comm, req)
+               : MPI_Reduce_scatter_block(in.raw(), out.raw(), count, type, mop, comm);
   };
   if (widen || op == ReduceOp::avg) {
     c.finish = [shard, out, op, n, widen] {

@@ -111,6 +111,7 @@ struct CommCounters {
 enum class ReduceOp : uint8_t {
   sum,
   avg,  // the sum divided by the group size, in fp32 (f32 and bf16 only)
+  max,  // the elementwise largest (loss parallel's per-row maxima); bf16 through fp32 is exact
 };
 
 // A non-blocking operation in flight. wait() completes it (and, for bf16 or

@@ -10,6 +10,7 @@
 #include "anvil/core/tensor.h"
 #include "anvil/model/args.h"
 #include "anvil/model/params.h"
+#include "anvil/model/tensor_parallel.h"
 #include "anvil/ops/cross_entropy.h"
 #include "anvil/ops/rope.h"
 
@@ -68,7 +69,12 @@ class Llama {
  public:
   // allocate_params = false: no flat parameter buffers; every group is bound
   // while in use by someone who owns its weights (FSDP).
-  Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, bool allocate_params = true);
+  // tp: the tensor-parallel context (not owned), or null for none — then the
+  // model runs exactly the single-process code. With it, the parameters are
+  // this rank's slices (llama_param_specs) and the forward and backward
+  // communicate over the tp group at the seams described in llama.cpp.
+  Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, bool allocate_params = true,
+        TensorParallel* tp = nullptr);
 
   const ModelArgs& args() const { return args_; }
   ParamStore& params() { return params_; }
@@ -87,6 +93,7 @@ class Llama {
   // Not owned; null: no hooks (a single process).
   void set_hooks(ParamGroupHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
   int head_group() const { return static_cast<int>(args_.n_layers) + 1; }
+  TensorParallel* tensor_parallel() const { return tp_; }
 
  private:
   BlockParams block_compute(int layer) const;
@@ -102,6 +109,28 @@ class Llama {
   // dout (M, D) is the gradient of the block output; returns dx (may reuse dout's buffer).
   Tensor block_backward(int layer, BlockSaved& saved, Tensor dout, int64_t B, int64_t T);
 
+  // Tensor-parallel seams; without tp_ each is the single-process step.
+  // Rows of the residual stream on this rank: M, or M/tp under sequence parallelism.
+  int64_t residual_rows(int64_t M) const;
+  // local (M/tp, D) → (M, D) gathered over tp under sequence parallelism; else local itself.
+  Tensor gather_rows(const Tensor& local, const char* tag) const;
+  // residual + in·wᵀ for a row-parallel w (its columns split): each rank's product is a partial sum,
+  // reduced over tp (all-reduce, or reduce-scatter to this rank's rows under sequence parallelism).
+  // Returns (residual_rows(M), D) in the compute dtype.
+  Tensor row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w, const char* tag) const;
+  // The gradient of a column-parallel product's input, partial (M, D) f32 on each rank, reduced
+  // like row_parallel_out's output. Returns (residual_rows(M), D) in the compute dtype.
+  Tensor reduce_input_grad(const Tensor& partial, const char* tag) const;
+  // The head under tensor parallelism: loss over the vocabulary shards (or the gathered
+  // weight with loss parallel off). hn (M, D) gathered; dhn gets (residual_rows(M), D).
+  CrossEntropyResult head_tp_forward_backward(const Tensor& hn, const Tensor& targets, float grad_scale,
+                                              Tensor& dhn);
+  CrossEntropyResult head_tp_forward(const Tensor& hn, const Tensor& targets) const;
+  // Loss parallel's statistics combined over tp: writes each row's log-sum-exp over the whole vocabulary.
+  CrossEntropyResult loss_parallel_lse(const Tensor& hn, const Tensor& w, const Tensor& targets, Tensor& lse) const;
+  // The whole output weight (padded vocabulary, (V_p, D)) gathered over tp.
+  Tensor gather_output_weight() const;
+
   ModelArgs args_;
   ParamStore params_;
   RopeTable rope_;
@@ -109,10 +138,23 @@ class Llama {
   std::vector<int> block_first_index_;  // index of each block's first parameter
   ParamGroupHooks no_hooks_;
   ParamGroupHooks* hooks_ = &no_hooks_;
+  TensorParallel* tp_ = nullptr;
+  // This rank's share: n_heads/tp query heads, n_kv_heads/tp KV heads, ffn_hidden/tp feed-forward
+  // columns, and the real (unpadded) vocabulary rows [vocab_begin_, vocab_begin_ + vocab_rows_).
+  int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0, vocab_begin_ = 0, vocab_rows_ = 0;
 };
 
 // The parameter list of a model, with Hugging Face names and torchtitan's
-// initialisation scales.
-std::vector<ParamSpec> llama_param_specs(const ModelArgs& args);
+// initialisation scales. Under tensor parallelism (tp_size > 1) the shapes are
+// tp rank tp_rank's slices, each spec's `tp` saying where it sits in the global
+// tensor (Megatron's layout):
+//   q_proj, k_proj, v_proj, gate_proj, up_proj   column-parallel: output rows split
+//                                                (q: n_heads/tp heads, k/v: n_kv_heads/tp)
+//   o_proj, down_proj                            row-parallel: input columns split
+//   embed_tokens, lm_head                        vocabulary-parallel: rows split, the
+//                                                vocabulary padded to a multiple of tp
+//   the RMSNorm weights                          replicated
+// Throws anvil::Error when tp does not divide the heads or the feed-forward width.
+std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, int tp_rank = 0, int tp_size = 1);
 
 }  // namespace anvil

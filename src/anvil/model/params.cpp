@@ -9,6 +9,12 @@ namespace {
 int64_t padded(int64_t n) { return (n + 31) / 32 * 32; }
 }  // namespace
 
+Shape ParamSpec::global_shape() const {
+  Shape g = shape;
+  if (!tp.replicated()) g[static_cast<size_t>(tp.dim)] = tp.global_extent;
+  return g;
+}
+
 int64_t padded_numel(const std::vector<ParamSpec>& specs) {
   int64_t n = 0;
   for (const ParamSpec& s : specs) n += padded(s.numel());
@@ -83,16 +89,21 @@ void ParamStore::init(uint64_t seed) {
   master_.zero_();  // the alignment padding stays zero
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
-    Tensor p = master(static_cast<int>(i));
-    switch (s.init) {
-      case ParamInit::ones: {
-        float* d = p.data<float>();
-        for (int64_t j = 0; j < p.numel(); ++j) d[j] = 1.0f;
-        break;
+    // Element j of the global tensor draws counter j, so a tensor-parallel
+    // slice gets exactly the values it has in the whole tensor.
+    for_each_global_run(s, master(static_cast<int>(i)), [&](Tensor p, int64_t global_offset) {
+      switch (s.init) {
+        case ParamInit::ones: {
+          float* d = p.data<float>();
+          for (int64_t j = 0; j < p.numel(); ++j) d[j] = 1.0f;
+          break;
+        }
+        case ParamInit::normal: fill_normal(p, {seed, s.name}, 0.0f, s.std, global_offset); break;
+        case ParamInit::trunc_normal:
+          fill_trunc_normal(p, {seed, s.name}, 0.0f, s.std, -3.0f, 3.0f, global_offset);
+          break;
       }
-      case ParamInit::normal: fill_normal(p, {seed, s.name}, 0.0f, s.std); break;
-      case ParamInit::trunc_normal: fill_trunc_normal(p, {seed, s.name}, 0.0f, s.std, -3.0f, 3.0f); break;
-    }
+    });
   }
   sync_compute_copy();
 }

@@ -3,6 +3,7 @@
 // optimizer, the gradient norm and (later) FSDP's collectives run over one
 // contiguous range instead of hundreds of small tensors.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,20 @@ namespace anvil {
 
 enum class ParamInit { ones, normal, trunc_normal };
 
+// How a tensor-parallel rank's parameter maps to the global tensor of the same
+// name (what checkpoints hold): the whole tensor on every rank (replicated), or
+// this rank's slice [begin, begin + shape[dim]) of the global tensor along dim
+// 0 (rows: column-parallel and vocabulary-parallel weights) or 1 (columns:
+// row-parallel weights). Indices at or past global_extent are padding (a
+// vocabulary padded to a multiple of the tp degree): zero, never trained, not
+// stored. Without tensor parallelism every slice is the whole tensor.
+struct TpSlice {
+  int dim = -1;               // -1: replicated
+  int64_t begin = 0;          // the slice's first global index along dim
+  int64_t global_extent = 0;  // the global tensor's size along dim
+  bool replicated() const { return dim < 0; }
+};
+
 struct ParamSpec {
   std::string name;  // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
   Shape shape;
@@ -19,8 +34,27 @@ struct ParamSpec {
   float std = 0.02f;
   int group = 0;       // the parameter group (a model's unit of FSDP sharding and DDP bucketing)
   int64_t offset = 0;  // in elements, into the flat buffers
+  TpSlice tp = {};     // where this (local) tensor sits in the global one
   int64_t numel() const { return shape_numel(shape); }
+  Shape global_shape() const;
 };
+
+// Calls fn(run, global_offset) for each contiguous run of `local` (parameter
+// s's tensor, in s.shape) that holds elements of the global tensor, with the
+// row-major index of the run's first element in the global tensor. Padding is
+// skipped. A row split is one run; a column split is one run per row.
+template <class F>
+void for_each_global_run(const ParamSpec& s, const Tensor& local, F&& fn) {
+  if (s.tp.replicated()) return fn(local, int64_t{0});
+  const int64_t rows = local.size(0), inner = local.numel() / std::max<int64_t>(1, rows);
+  if (s.tp.dim == 0) {
+    const int64_t valid = std::clamp<int64_t>(s.tp.global_extent - s.tp.begin, 0, rows);
+    if (valid > 0) fn(local.slice(0, valid), s.tp.begin * inner);
+    return;
+  }
+  // dim 1 of a matrix: row r's columns [begin, begin + cols) of a global row of global_extent.
+  for (int64_t r = 0; r < rows; ++r) fn(local.slice(r, 1), r * s.tp.global_extent + s.tp.begin);
+}
 
 // Elements of a flat buffer holding `specs`, each parameter padded to a
 // 64-byte boundary (what ParamStore allocates per buffer).

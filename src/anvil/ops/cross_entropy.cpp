@@ -1,3 +1,10 @@
+// GCC 12 reports its own _mm512_reduce_add_ps (in sum_exp below, once sum_exp has two
+// callers) as reading an uninitialised value: GCC bug 105593, a false positive fixed in
+// GCC 13 (CMakeLists.txt disables -Wmaybe-uninitialized for the same bug). The warning is
+// located in the intrinsics header, so it is silenced before that header is included.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include "anvil/ops/cross_entropy.h"
 
 #include <algorithm>
@@ -57,7 +64,7 @@ inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) 
 #endif
 
 // max of l[0, n)
-float max_of(const float* l, int64_t n) {
+[[gnu::always_inline]] inline float max_of(const float* l, int64_t n) {
 #if defined(__AVX512F__)
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t j = 0;
@@ -75,7 +82,7 @@ float max_of(const float* l, int64_t n) {
 }
 
 // Σ exp(l[j] − shift) over [0, n)
-float sum_exp(const float* l, int64_t n, float shift) {
+[[gnu::always_inline]] inline float sum_exp(const float* l, int64_t n, float shift) {
 #if defined(__AVX512F__)
   const __m512 sh = _mm512_set1_ps(shift);
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -96,10 +103,12 @@ float sum_exp(const float* l, int64_t n, float shift) {
 #endif
 }
 
+// (These helpers are forced inline: the fused kernel and the shard kernels both call them, and
+// the fused kernel's code must stay as it was with a single caller.)
 // One row of dlogits: out[j] = (exp(in[j] − lse) − [j == target])·scale, where target is the
 // target's column in this chunk or −1. f32 works in place (out == in); bf16 writes a separate buffer.
 template <class T>
-void dlogits_row(const float* in, T* out, int64_t n, float lse, float scale, int64_t target) {
+[[gnu::always_inline]] inline void dlogits_row(const float* in, T* out, int64_t n, float lse, float scale, int64_t target) {
   const float target_logit = target >= 0 ? in[target] : 0.0f;
 #if defined(__AVX512F__)
   const __m512 vlse = _mm512_set1_ps(lse), vscale = _mm512_set1_ps(scale);
@@ -262,6 +271,33 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
   return result;
 }
 
+// ---- loss parallel (vocabulary shards) ----
+
+// Shapes and dtypes shared by the shard kernels; w may have no rows.
+void check_shard_operands(const Tensor& x, const Tensor& w, const Tensor& targets, const char* what) {
+  ANVIL_ASSERT(x.ndim() == 2 && w.ndim() == 2 && targets.ndim() == 1 && w.size(1) == x.size(1) &&
+                   targets.size(0) == x.size(0) && x.size(1) > 0,
+               what, ": x ", shape_str(x.shape()), " w ", shape_str(w.shape()), " targets ",
+               shape_str(targets.shape()));
+  ANVIL_ASSERT(x.dtype() == w.dtype() && x.dtype() != DType::i32 && targets.dtype() == DType::i32, what, ": x ",
+               dtype_name(x.dtype()), " w ", dtype_name(w.dtype()), " targets ", dtype_name(targets.dtype()));
+}
+
+// One row's online log-sum-exp update over a chunk of n logits: (max, Σ exp(l − max)).
+void online_lse_update(const float* l, int64_t n, float& max, float& sum) {
+  const float m = std::max(max, max_of(l, n));
+  sum = sum * std::exp(max - m) + sum_exp(l, n, m);  // exp(−inf) = 0 on the first chunk
+  max = m;
+}
+
+// logits (Bn, Cn) = x[r0 : r0+Bn] · w[v0 : v0+Cn]ᵀ in f32, densely into L (see run()).
+void shard_logits(const Tensor& x, const Tensor& w, int64_t r0, int64_t Bn, int64_t v0, int64_t Cn, float* L) {
+  const int64_t D = x.size(1);
+  const size_t esz = dtype_size(x.dtype());
+  GemmShape s{.M = Bn, .N = Cn, .K = D, .trans_b = true, .ab = x.dtype(), .c = DType::f32};
+  gemm(s, static_cast<const char*>(x.raw()) + r0 * D * esz, static_cast<const char*>(w.raw()) + v0 * D * esz, L);
+}
+
 }  // namespace
 
 CrossEntropyResult cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
@@ -273,6 +309,171 @@ CrossEntropyResult cross_entropy_forward_backward(const Tensor& x, const Tensor&
                                                   float grad_scale, Tensor& dx, Tensor& dw,
                                                   const CrossEntropyOptions& opt) {
   return run(x, w, targets, opt, grad_scale, &dx, &dw);
+}
+
+int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor& targets, int64_t vocab_begin,
+                                  int64_t vocab_size, Tensor& stats, const CrossEntropyOptions& opt) {
+  check_shard_operands(x, w, targets, "cross_entropy_shard_stats");
+  const int64_t M = x.size(0), V = w.size(0);
+  ANVIL_ASSERT(stats.dtype() == DType::f32 && stats.numel() == 3 * M && vocab_begin >= 0 &&
+                   vocab_begin + V <= vocab_size,
+               "cross_entropy_shard_stats: stats ", shape_str(stats.shape()), ", rows [", vocab_begin, ", ",
+               vocab_begin + V, ") of ", vocab_size);
+  const int32_t ignore = opt.ignore_index;
+  const int32_t* tgt = targets.data<int32_t>();
+  int64_t counted = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    if (tgt[i] == ignore) continue;
+    ANVIL_CHECK(tgt[i] >= 0 && tgt[i] < vocab_size, "cross_entropy: target id ", tgt[i], " at row ", i,
+                " is outside the vocabulary [0, ", vocab_size, ") and is not the ignore_index (", ignore,
+                "); check that the tokenizer's vocabulary fits the model's vocab_size and that padding "
+                "positions use the ignore_index");
+    ++counted;
+  }
+  float* row_max = stats.data<float>();
+  float* row_sum = row_max + M;
+  float* row_target = row_max + 2 * M;
+  std::fill(row_max, row_max + M, -std::numeric_limits<float>::infinity());
+  std::fill(row_sum, row_sum + 2 * M, 0.0f);
+  if (counted == 0 || V == 0) return counted;
+
+  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kCrossEntropyRowBlock, M);
+  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kCrossEntropyVocabChunk, V);
+  Tensor logits = Tensor::empty({B, C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");
+  float* L = logits.data<float>();
+  for (int64_t r0 = 0; r0 < M; r0 += B) {
+    const int64_t Bn = std::min(B, M - r0);
+    const int32_t* t = tgt + r0;
+    if (std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) continue;
+    float *mx = row_max + r0, *sm = row_sum + r0, *tg = row_target + r0;
+    for (int64_t v0 = 0; v0 < V; v0 += C) {
+      const int64_t Cn = std::min(C, V - v0);
+      shard_logits(x, w, r0, Bn, v0, Cn, L);
+      const int64_t first = vocab_begin + v0;  // the chunk's first global vocabulary id
+      parallel_for(0, Bn, kRowGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          if (t[i] == ignore) continue;
+          const float* l = L + i * Cn;
+          online_lse_update(l, Cn, mx[i], sm[i]);
+          if (t[i] >= first && t[i] < first + Cn) tg[i] = l[t[i] - first];
+        }
+      });
+    }
+  }
+  return counted;
+}
+
+void cross_entropy_rescale_sumexp(Tensor& stats, const Tensor& global_max, const Tensor& targets,
+                                  const CrossEntropyOptions& opt) {
+  const int64_t M = targets.numel();
+  ANVIL_ASSERT(stats.dtype() == DType::f32 && stats.numel() == 3 * M && global_max.dtype() == DType::f32 &&
+                   global_max.numel() == M && targets.dtype() == DType::i32,
+               "cross_entropy_rescale_sumexp: stats ", shape_str(stats.shape()), " max ",
+               shape_str(global_max.shape()));
+  const float* mx = stats.data<float>();
+  float* sm = stats.data<float>() + M;
+  const float* g = global_max.data<float>();
+  const int32_t* t = targets.data<int32_t>();
+  for (int64_t i = 0; i < M; ++i) {
+    // An empty shard's Σ is 0 and its max −inf: 0·exp(−inf) = 0, as it should.
+    sm[i] = t[i] == opt.ignore_index ? 0.0f : sm[i] * std::exp(mx[i] - g[i]);
+  }
+}
+
+CrossEntropyResult cross_entropy_combine_rows(const Tensor& global_max, const Tensor& summed_stats,
+                                              const Tensor& targets, Tensor& lse, const CrossEntropyOptions& opt) {
+  const int64_t M = targets.numel();
+  ANVIL_ASSERT(summed_stats.dtype() == DType::f32 && summed_stats.numel() == 3 * M &&
+                   global_max.dtype() == DType::f32 && global_max.numel() == M && lse.dtype() == DType::f32 &&
+                   lse.numel() == M,
+               "cross_entropy_combine_rows: stats ", shape_str(summed_stats.shape()));
+  const float* g = global_max.data<float>();
+  const float* sum = summed_stats.data<float>() + M;
+  const float* target_logit = summed_stats.data<float>() + 2 * M;
+  const int32_t* t = targets.data<int32_t>();
+  float* out = lse.data<float>();
+  CrossEntropyResult r;
+  for (int64_t i = 0; i < M; ++i) {
+    if (t[i] == opt.ignore_index) {
+      out[i] = 0.0f;
+      continue;
+    }
+    // As the fused kernel: lse = max + log Σ exp(logit − max), in f32; the loss summed in double.
+    out[i] = g[i] + std::log(sum[i]);
+    r.loss_sum += static_cast<double>(out[i]) - static_cast<double>(target_logit[i]);
+    ++r.num_tokens;
+  }
+  return r;
+}
+
+void cross_entropy_shard_backward(const Tensor& x, const Tensor& w, const Tensor& targets, int64_t vocab_begin,
+                                  const Tensor& lse, float grad_scale, Tensor& dx, Tensor& dw,
+                                  const CrossEntropyOptions& opt) {
+  check_shard_operands(x, w, targets, "cross_entropy_shard_backward");
+  const int64_t M = x.size(0), D = x.size(1), V = w.size(0);
+  ANVIL_ASSERT(dx.shape() == x.shape() && dw.shape() == w.shape() && dx.dtype() != DType::i32 &&
+                   dw.dtype() != DType::i32 && lse.dtype() == DType::f32 && lse.numel() == M,
+               "cross_entropy_shard_backward: dx ", shape_str(dx.shape()), " dw ", shape_str(dw.shape()));
+  const int32_t ignore = opt.ignore_index;
+  const int32_t* tgt = targets.data<int32_t>();
+  if (V == 0) {  // an empty shard adds nothing to dx
+    dx.zero_();
+    return;
+  }
+  const DType dt = x.dtype();
+  const size_t esz = dtype_size(dt);
+  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kCrossEntropyRowBlock, M);
+  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kCrossEntropyVocabChunk, V);
+  // Workspace as in run(): f32 logits of one block × chunk (dlogits in place for f32), a bf16
+  // dlogits buffer in bf16 mode, and an f32 accumulator when dx is bf16.
+  Tensor logits = Tensor::empty({B, C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");
+  Tensor dlogits_bf16, dx_acc;
+  if (dt == DType::bf16)
+    dlogits_bf16 = Tensor::empty({B, C}, DType::bf16, MemCategory::workspace, "cross_entropy.dlogits");
+  if (dx.dtype() == DType::bf16)
+    dx_acc = Tensor::empty({B, D}, DType::f32, MemCategory::workspace, "cross_entropy.dx_f32");
+  float* L = logits.data<float>();
+  void* DL = dlogits_bf16.defined() ? dlogits_bf16.raw() : static_cast<void*>(L);
+  const float* row_lse = lse.data<float>();
+  const char* xp = static_cast<const char*>(x.raw());
+  const char* wp = static_cast<const char*>(w.raw());
+  char* dwp = static_cast<char*>(dw.raw());
+  const size_t dw_esz = dtype_size(dw.dtype());
+  for (int64_t r0 = 0; r0 < M; r0 += B) {
+    const int64_t Bn = std::min(B, M - r0);
+    const int32_t* t = tgt + r0;
+    if (std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) {
+      Tensor rows = dx.slice(r0, Bn);
+      rows.zero_();
+      continue;
+    }
+    float* dx_blk = dx.dtype() == DType::f32 ? dx.data<float>() + r0 * D : dx_acc.data<float>();
+    for (int64_t v0 = 0; v0 < V; v0 += C) {
+      const int64_t Cn = std::min(C, V - v0);
+      shard_logits(x, w, r0, Bn, v0, Cn, L);
+      const int64_t first = vocab_begin + v0;
+      parallel_for(0, Bn, kRowGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          if (t[i] == ignore) {
+            std::memset(static_cast<char*>(DL) + i * Cn * esz, 0, static_cast<size_t>(Cn) * esz);
+            continue;
+          }
+          const int64_t target = (t[i] >= first && t[i] < first + Cn) ? t[i] - first : -1;
+          if (dt == DType::bf16)
+            dlogits_row(L + i * Cn, static_cast<bf16*>(DL) + i * Cn, Cn, row_lse[r0 + i], grad_scale, target);
+          else
+            dlogits_row(L + i * Cn, static_cast<float*>(DL) + i * Cn, Cn, row_lse[r0 + i], grad_scale, target);
+        }
+      });
+      // dx_blk (Bn, D) (+)= dlogits (Bn, Cn) · w_chunk (Cn, D); the first chunk overwrites.
+      GemmShape sdx{.M = Bn, .N = D, .K = Cn, .ab = dt, .c = DType::f32, .accumulate = v0 != 0};
+      gemm(sdx, DL, wp + v0 * D * esz, dx_blk);
+      // dw_chunk (Cn, D) += dlogitsᵀ (Cn, Bn) · x_blk (Bn, D)
+      GemmShape sdw{.M = Cn, .N = D, .K = Bn, .trans_a = true, .ab = dt, .c = dw.dtype(), .accumulate = true};
+      gemm(sdw, DL, xp + r0 * D * esz, dwp + v0 * D * dw_esz);
+    }
+    if (dx.dtype() == DType::bf16) convert_f32_to_bf16(dx_blk, dx.data<bf16>() + r0 * D, Bn * D);
+  }
 }
 
 }  // namespace anvil

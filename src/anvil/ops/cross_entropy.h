@@ -50,4 +50,53 @@ CrossEntropyResult cross_entropy_forward_backward(const Tensor& x, const Tensor&
                                                   float grad_scale, Tensor& dx, Tensor& dw,
                                                   const CrossEntropyOptions& opt = {});
 
+// ---- Loss parallel: the head split over vocabulary shards (tensor parallelism) ----
+//
+// Rank t of a tensor-parallel group holds rows [vocab_begin, vocab_begin + V_t)
+// of the (vocab_size, D) output weight. The loss needs each row's log-sum-exp
+// over the WHOLE vocabulary, which no rank can compute alone, and the full
+// logits are never gathered. Instead, in two kernel calls with the caller's
+// communication between them (the kernels do none):
+//   1. cross_entropy_shard_stats: per row, over this shard's logits, the max m_t,
+//      Σ exp(logit − m_t) and the target's logit when the target is in the shard.
+//   2. the caller combines over the ranks: m = max_t m_t (an all-reduce max), then
+//      S = Σ_t s_t·exp(m_t − m) and the target logit (one all-reduce sum; exactly
+//      one shard holds the target, the others add 0); lse = m + log S and
+//      loss_row = lse − logit[target] (cross_entropy_combine_rows below).
+//   3. cross_entropy_shard_backward: with lse, this shard's softmax − onehot,
+//      its dw rows (local, complete) and its term of dx = Σ_t dlogits_t·w_t (the
+//      caller sums dx over the ranks).
+// FLOPs per rank: 2·M·V_t·D for the stats, 6·M·V_t·D for the backward (it
+// recomputes every chunk's logits: the stats' last chunk is gone by then).
+
+// x       (M, D)  the final-norm output of every row (not sequence-sharded), f32 or bf16
+// w       (V_t, D) this shard's rows, same dtype as x; rows past vocab_size must not be
+//                  passed (the caller slices the vocabulary padding off); V_t may be 0
+// targets (M)     i32 ids in [0, vocab_size), or ignore_index (checked: anvil::Error)
+// stats   (3, M)  f32, written: [0] m_t (−inf when the shard is empty), [1] Σ exp(logit − m_t),
+//                 [2] the target's logit if vocab_begin ≤ target < vocab_begin + V_t, else 0.
+//                 Ignored rows: −inf, 0, 0.
+// Returns the rows whose target is not ignore_index.
+int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor& targets, int64_t vocab_begin,
+                                  int64_t vocab_size, Tensor& stats, const CrossEntropyOptions& opt = {});
+
+// After the maxima are combined: global_max (M) = max over the shards' stats[0].
+// Rescales this shard's Σexp to the global max in place, stats[1] *= exp(stats[0] − global_max)
+// (0 for an empty shard or an ignored row), so a plain sum over the ranks of stats[1] is S.
+void cross_entropy_rescale_sumexp(Tensor& stats, const Tensor& global_max, const Tensor& targets,
+                                  const CrossEntropyOptions& opt = {});
+
+// With the combined statistics: global_max (M) and stats (3, M) whose [1] and [2] are the sums
+// over the ranks. Writes lse (M) f32 (0 for ignored rows) and returns the loss over the rows.
+CrossEntropyResult cross_entropy_combine_rows(const Tensor& global_max, const Tensor& summed_stats,
+                                              const Tensor& targets, Tensor& lse, const CrossEntropyOptions& opt = {});
+
+// x, w, targets as for the stats; lse (M) f32 from cross_entropy_combine_rows.
+// dx (M, D) f32 or bf16, written: this shard's term grad_scale · dlogits_t·w_t (zero rows for
+//           ignored targets; all zero for an empty shard).
+// dw (V_t, D) ACCUMULATED: grad_scale · dlogits_tᵀ·x, this shard's whole gradient.
+void cross_entropy_shard_backward(const Tensor& x, const Tensor& w, const Tensor& targets, int64_t vocab_begin,
+                                  const Tensor& lse, float grad_scale, Tensor& dx, Tensor& dw,
+                                  const CrossEntropyOptions& opt = {});
+
 }  // namespace anvil

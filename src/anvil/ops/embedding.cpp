@@ -58,6 +58,21 @@ void gather(const int32_t* tok, const S* table, Dst* out, int64_t M, int64_t D) 
   });
 }
 
+// The shard's gather: ids in [begin, begin + rows) read row id − begin, the others give zeros.
+template <class S, class Dst>
+void gather_shard(const int32_t* tok, const S* table, int64_t begin, int64_t rows, Dst* out, int64_t M, int64_t D) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, D));
+  parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m) {
+      const int64_t r = static_cast<int64_t>(tok[m]) - begin;
+      if (r >= 0 && r < rows)
+        convert_row(table + r * D, out + m * D, D);
+      else
+        std::memset(static_cast<void*>(out + m * D), 0, static_cast<size_t>(D) * sizeof(Dst));
+    }
+  });
+}
+
 // Scatter-add, parallel over COLUMN blocks of dtable: every thread walks all M
 // tokens in order but touches only its own columns, so no two threads ever
 // write the same element (race-free without atomics or a sort), repeated ids
@@ -79,6 +94,27 @@ void scatter_add(const int32_t* tok, const S* dout, G* dtable, int64_t M, int64_
     for (int64_t m = 0; m < M; ++m) {
       const S* src = dout + m * D + c0;
       G* dst = dtable + static_cast<int64_t>(tok[m]) * D + c0;
+      int64_t j = 0;
+      for (; j + kW <= n; j += kW) store(dst + j, load(dst + j) + load(src + j));
+      if (j < n) store(dst + j, load(dst + j, n - j) + load(src + j, n - j), n - j);
+    }
+  });
+}
+
+// scatter_add restricted to ids in [begin, begin + rows), same column-block split.
+template <class S, class G>
+void scatter_add_shard(const int32_t* tok, const S* dout, int64_t begin, int64_t rows, G* dtable, int64_t M,
+                       int64_t D) {
+  constexpr int64_t kBlock = 32;
+  const int64_t blocks = (D + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, M * kBlock));
+  parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t c0 = b0 * kBlock, c1 = std::min(D, b1 * kBlock), n = c1 - c0;
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t r = static_cast<int64_t>(tok[m]) - begin;
+      if (r < 0 || r >= rows) continue;
+      const S* src = dout + m * D + c0;
+      G* dst = dtable + r * D + c0;
       int64_t j = 0;
       for (; j + kW <= n; j += kW) store(dst + j, load(dst + j) + load(src + j));
       if (j < n) store(dst + j, load(dst + j, n - j) + load(src + j, n - j), n - j);
@@ -124,6 +160,37 @@ void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable
   if (M == 0 || D == 0) return;
   const int32_t* tok = tokens.data<int32_t>();
   dispatch2(dout, dtable, [&](const auto* src, auto* dst) { scatter_add(tok, src, dst, M, D); });
+}
+
+void embedding_forward_shard(const Tensor& tokens, const Tensor& table, int64_t vocab_begin, int64_t vocab_size,
+                             Tensor& out) {
+  ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
+  ANVIL_ASSERT(table.ndim() == 2 && table.dtype() != DType::i32 && out.dtype() != DType::i32 && vocab_begin >= 0,
+               "embedding shard: table ", shape_str(table.shape()), " from row ", vocab_begin);
+  const int64_t D = table.size(1), M = tokens.numel();
+  ANVIL_ASSERT(out.numel() == M * D && (out.ndim() == 0 || out.size(-1) == D), "embedding: out ",
+               shape_str(out.shape()), " for ", M, " tokens of width ", D);
+  check_tokens(tokens, vocab_size, "embedding_forward");
+  if (M == 0 || D == 0) return;
+  const int64_t rows = std::clamp<int64_t>(vocab_size - vocab_begin, 0, table.size(0));  // without the padding
+  const int32_t* tok = tokens.data<int32_t>();
+  dispatch2(table, out, [&](const auto* tab, auto* o) { gather_shard(tok, tab, vocab_begin, rows, o, M, D); });
+}
+
+void embedding_backward_shard(const Tensor& dout, const Tensor& tokens, int64_t vocab_begin, int64_t vocab_size,
+                              Tensor& dtable) {
+  ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
+  ANVIL_ASSERT(dtable.ndim() == 2 && dtable.dtype() != DType::i32 && dout.dtype() != DType::i32 && vocab_begin >= 0,
+               "embedding shard backward: dtable ", shape_str(dtable.shape()), " from row ", vocab_begin);
+  const int64_t D = dtable.size(1), M = tokens.numel();
+  ANVIL_ASSERT(dout.numel() == M * D && (dout.ndim() == 0 || dout.size(-1) == D), "embedding backward: dout ",
+               shape_str(dout.shape()), " for ", M, " tokens of width ", D);
+  check_tokens(tokens, vocab_size, "embedding_backward");
+  if (M == 0 || D == 0) return;
+  const int64_t rows = std::clamp<int64_t>(vocab_size - vocab_begin, 0, dtable.size(0));
+  const int32_t* tok = tokens.data<int32_t>();
+  dispatch2(dout, dtable,
+            [&](const auto* src, auto* dst) { scatter_add_shard(tok, src, vocab_begin, rows, dst, M, D); });
 }
 
 }  // namespace anvil

@@ -21,4 +21,16 @@ void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out);
 //        be f32 while dout is bf16. Repeated ids add up, in token order.
 void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable);
 
+// Vocabulary-parallel embedding (tensor parallelism): `table` (V_t, D) holds
+// rows [vocab_begin, vocab_begin + V_t) of a (vocab_size, D) table; rows at or
+// past vocab_size are padding and never read. Ids are checked against
+// [0, vocab_size). Forward: a token in the shard's range gets its row, any
+// other a zero row (summing the shards' outputs over the ranks gives the
+// whole table's lookup, exactly). Backward: only tokens in the range add into
+// dtable (ACCUMULATED), in token order.
+void embedding_forward_shard(const Tensor& tokens, const Tensor& table, int64_t vocab_begin, int64_t vocab_size,
+                             Tensor& out);
+void embedding_backward_shard(const Tensor& dout, const Tensor& tokens, int64_t vocab_begin, int64_t vocab_size,
+                              Tensor& dtable);
+
 }  // namespace anvil

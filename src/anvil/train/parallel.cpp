@@ -48,9 +48,8 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
               ": pipeline parallelism is not implemented yet; set it to 1");
   if (layout.tp() > 1) {
     check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
-    ANVIL_CHECK(false, "parallelism.tensor_parallel_degree ", layout.tp(),
-                ": tensor parallelism is not implemented yet; set it to 1 and use the ranks for data "
-                "parallelism (data_parallel_shard_degree = -1)");
+    ANVIL_CHECK(args.ffn_hidden_dim() % layout.tp() == 0, "parallelism.tensor_parallel_degree ", layout.tp(),
+                " must divide ", args.name, "/", args.flavor, "'s feed-forward width ", args.ffn_hidden_dim());
   }
   if (layout.dp_shard() > 1)
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
@@ -64,6 +63,8 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   par.world_size = world_size;
   par.dp_rank = layout.group_rank(par.rank, MeshGroup::dp);
   par.dp_size = layout.dp();
+  par.tp_rank = layout.group_rank(par.rank, MeshGroup::tp);
+  par.tp_size = layout.tp();
   if (layout.dp_shard() > 1) {
     par.mode = DataParallelMode::fsdp;
     par.description = layout.dp_replicate() > 1
@@ -72,6 +73,12 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   } else if (layout.dp_replicate() > 1) {
     par.mode = DataParallelMode::ddp;
     par.description = detail::concat("DDP over ", layout.dp_replicate(), " ranks");
+  }
+  if (layout.tp() > 1) {
+    const std::string tp = detail::concat("TP ", layout.tp(), p.enable_sequence_parallel ? " with" : " without",
+                                          " sequence parallel, loss ",
+                                          p.disable_loss_parallel ? "on gathered weights" : "parallel");
+    par.description = par.mode == DataParallelMode::single ? tp : par.description + " x " + tp;
   }
   par.description += " (" + layout.str() + ")";
   return par;

@@ -4,6 +4,8 @@
 //   dp_shard > 1                      FSDP (ZeRO-3); with dp_replicate > 1, HSDP
 //   dp_shard = 1, dp_replicate > 1    DDP
 //   one rank                          a single process, no MPI involved
+// and, independently, tensor parallelism over the tp group when tp > 1 (2-D:
+// FSDP shards each tp rank's slices over dp_shard).
 #pragma once
 #include <memory>
 #include <string>
@@ -26,6 +28,7 @@ struct Parallel {
   std::unique_ptr<DeviceMesh> mesh;  // null for a single process
   int rank = 0, world_size = 1;
   int dp_rank = 0, dp_size = 1;
+  int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data
   std::string description = "single process";
 
   bool distributed() const { return mesh != nullptr; }

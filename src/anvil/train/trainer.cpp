@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <array>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <sys/resource.h>
@@ -24,6 +25,7 @@
 #include "anvil/dist/comm_volume.h"
 #include "anvil/dist/ddp.h"
 #include "anvil/dist/fsdp.h"
+#include "anvil/dist/tensor_parallel.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
 #include "anvil/obs/memory_snapshot.h"
@@ -204,8 +206,8 @@ TrainResult train(const JobConfig& cfg) {
   // Refuse, before allocating anything, a run that cannot fit.
   const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac};
   MemoryEstimate est = estimate_memory(args, shape);
-  if (fsdp_mode) {  // each rank keeps 1/dp_shard of the weights, gradients and optimizer state
-    const int64_t shards = par.mesh->layout().dp_shard();
+  if (fsdp_mode || par.tp_size > 1) {  // each rank keeps 1/(dp_shard·tp) of the weights, gradients and optimizer state
+    const int64_t shards = (fsdp_mode ? par.mesh->layout().dp_shard() : 1) * par.tp_size;
     for (MemCategory c : {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer_state}) {
       const size_t full = est.bytes(c), sharded = full / static_cast<size_t>(shards);
       est.peak[static_cast<int>(c)] = sharded;
@@ -277,7 +279,13 @@ TrainResult train(const JobConfig& cfg) {
   // FsdpParams keeps this rank's shards and lends each group's gathered
   // weights while the group runs.
   std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
-  Llama model(args, dt, tc.seq_len, /*allocate_params=*/!fsdp_mode);
+  // Tensor parallelism: the model holds this tp rank's slices and communicates over the tp group.
+  std::unique_ptr<CommTensorParallel> tp;
+  if (par.tp_size > 1)
+    tp = std::make_unique<CommTensorParallel>(
+        par.mesh->tp(), TensorParallel::Options{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
+                                                .loss_parallel = !cfg.parallelism.disable_loss_parallel});
+  Llama model(args, dt, tc.seq_len, /*allocate_params=*/!fsdp_mode, tp.get());
   ParamStore& ps = model.params();
   std::unique_ptr<FsdpParams> fsdp;
   std::unique_ptr<DdpGradSync> ddp;
@@ -305,9 +313,20 @@ TrainResult train(const JobConfig& cfg) {
       std::printf("anvil: data-parallel traffic per rank per step, closed form: %s\n",
                   human_bytes(static_cast<size_t>(comm_closed_form)).c_str());
   }
-  // A whole-model fp32 store for initialising and loading a sharded model:
-  // each rank fills it and keeps its shard.
-  auto full_staging = [&] { return ParamStore(llama_param_specs(args), DType::f32); };
+  // A whole-model fp32 store (of this tp rank's slices) for initialising and
+  // loading a sharded model: each rank fills it and keeps its shard.
+  auto full_staging = [&] { return ParamStore(llama_param_specs(args, par.tp_rank, par.tp_size), DType::f32); };
+  // Checkpoints hold global tensors; under tensor parallelism they are gathered
+  // from, and sliced to, the tp ranks' slices (global_specs carry the offsets).
+  const ParamStore global_layout(llama_param_specs(args), DType::f32, /*allocate=*/false);
+  // Fills `target` (this rank's layout) with weights read as global tensors by `read`.
+  auto load_global_into = [&](ParamStore& target, const std::function<void(ParamStore&)>& read) {
+    if (!tp) return read(target);
+    ParamStore global(llama_param_specs(args), DType::f32);
+    read(global);
+    global_flat_to_local(global.specs(), global.master_flat(), target.specs(), target.master_flat());
+    target.sync_compute_copy();
+  };
   if (fsdp) {
     ParamStore full = full_staging();
     full.init(static_cast<uint64_t>(tc.seed));
@@ -354,16 +373,30 @@ TrainResult train(const JobConfig& cfg) {
       const auto t_load = Clock::now();
       create_optimizer_state();
       nlohmann::json state;
+      // Loads the global tensors into `target` and moments m, v of its layout:
+      // under TP through a global staging copy, of which this rank keeps its slices.
+      auto load_state = [&](ParamStore& target, Tensor& m, Tensor& v) {
+        if (!tp) return checkpointer->load(resume, target, m, v);
+        ParamStore global(llama_param_specs(args), DType::f32);
+        Tensor gm = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
+        Tensor gv = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
+        nlohmann::json st = checkpointer->load(resume, global, gm, gv);
+        global_flat_to_local(global.specs(), global.master_flat(), target.specs(), target.master_flat());
+        global_flat_to_local(global.specs(), gm, target.specs(), m);
+        global_flat_to_local(global.specs(), gv, target.specs(), v);
+        target.sync_compute_copy();
+        return st;
+      };
       if (fsdp) {  // every rank reads the global tensors and keeps its slices
         ParamStore full = full_staging();
-        Tensor m = Tensor::empty({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
-        Tensor v = Tensor::empty({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
-        state = checkpointer->load(resume, full, m, v);
+        Tensor m = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
+        Tensor v = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
+        state = load_state(full, m, v);
         fsdp->load_full_master(full.master_flat());
         fsdp->scatter_full(m, adam_m);
         fsdp->scatter_full(v, adam_v);
       } else {
-        state = checkpointer->load(resume, ps, adam_m, adam_v);
+        state = load_state(ps, adam_m, adam_v);
       }
       ANVIL_CHECK(state.value("model", model_desc) == model_desc, "checkpoint ", checkpointer->path_of(resume),
                   " holds a ", state.value("model", std::string()), " model but this run trains ", model_desc);
@@ -375,12 +408,13 @@ TrainResult train(const JobConfig& cfg) {
   }
   if (first_step == 1 && !cfg.checkpoint.initial_load_path.empty()) {
     const auto t_load = Clock::now();
+    auto read = [&](ParamStore& store) { load_initial_weights(cfg.checkpoint.initial_load_path, args, store); };
     if (fsdp) {
       ParamStore full = full_staging();
-      load_initial_weights(cfg.checkpoint.initial_load_path, args, full);
+      load_global_into(full, read);
       fsdp->load_full_master(full.master_flat());
     } else {
-      load_initial_weights(cfg.checkpoint.initial_load_path, args, ps);
+      load_global_into(ps, read);
     }
     std::printf("anvil: model weights from %s (%.2fs); optimizer, step and data start afresh\n",
                 cfg.checkpoint.initial_load_path.c_str(), seconds_since(t_load));
@@ -448,8 +482,9 @@ TrainResult train(const JobConfig& cfg) {
   try {
     for (; step <= tc.steps; ++step) {
       std::unique_ptr<StepCapture> capture;
+      // Rank 0 profiles for the job (its files would collide with the others').
       const bool profile_step =
-          (cfg.profiling.enable_profiling || cfg.profiling.enable_memory_snapshot) &&
+          par.rank0() && (cfg.profiling.enable_profiling || cfg.profiling.enable_memory_snapshot) &&
           (step == first_step || step % cfg.profiling.profile_freq == 0);
       if (profile_step) {
         const std::string name = "step-" + std::to_string(step);
@@ -516,12 +551,16 @@ TrainResult train(const JobConfig& cfg) {
         const ScopedPhase phase(SpanCategory::optimizer, "optimizer");
         Tensor& grad = fsdp ? fsdp->grads() : ps.grad_flat();
         const Tensor grads[] = {grad};
-        double sum_sq = grad_sum_of_squares(grads);
-        if (fsdp) {  // each shard holds part of the gradient; replicas hold the same parts
+        // Under TP each global element is counted on one tp rank only (replicated norms on tp rank 0).
+        double sum_sq = tp ? grad_sum_of_squares(grads_counted_once(ps, grad, par.tp_rank, fsdp.get(),
+                                                                    fsdp ? par.mesh->dp_shard().rank() : 0))
+                           : grad_sum_of_squares(grads);
+        if (fsdp || tp) {  // each shard holds part of the gradient; replicas hold the same parts
           float part = static_cast<float>(sum_sq);
           Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
           t.data<float>()[0] = part;
-          par.mesh->dp_shard().all_reduce(t);
+          if (fsdp) par.mesh->dp_shard().all_reduce(t);
+          if (tp) par.mesh->tp().all_reduce(t);
           sum_sq = t.data<float>()[0];
         }
         grad_norm = grad_norm_from_sum_of_squares(sum_sq);
@@ -560,7 +599,8 @@ TrainResult train(const JobConfig& cfg) {
         log.loss = loss;
         log.grad_norm = grad_norm;
         log.lr = lr;
-        log.tokens_per_s = static_cast<double>(interval_tokens) / secs;
+        // Per rank, as torchtitan: a tp group's ranks share their tokens' work.
+        log.tokens_per_s = static_cast<double>(interval_tokens) / secs / par.tp_size;
         log.tflops = fpt * log.tokens_per_s / 1e12;
         log.mfu_pct = 100.0 * fpt * log.tokens_per_s / peak.flops_per_s;
         log.memory = alloc.stats();
@@ -642,10 +682,20 @@ TrainResult train(const JobConfig& cfg) {
           full_master = fsdp->gather_full_master();
           if (!model_only) full_m = fsdp->gather_full(adam_m), full_v = fsdp->gather_full(adam_v);
         }
-        const Tensor& w = fsdp ? full_master : ps.master_flat();
+        const Tensor* w = fsdp ? &full_master : &ps.master_flat();
         const Tensor* m = model_only ? nullptr : (fsdp ? &full_m : &adam_m);
         const Tensor* v = model_only ? nullptr : (fsdp ? &full_v : &adam_v);
-        if (par.rank0()) checkpointer->save(step, ps.specs(), w, m, v, checkpoint_meta(), model_dtype);
+        const std::vector<ParamSpec>* specs = &ps.specs();
+        Tensor global_w, global_m, global_v;
+        if (tp) {  // then the tp ranks' slices into global tensors (every rank takes part)
+          auto gather = [&](const Tensor& local) {
+            return gather_tp_global(par.mesh->tp(), ps.specs(), local, global_layout.specs(), global_layout.numel());
+          };
+          global_w = gather(*w), w = &global_w;
+          if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
+          specs = &global_layout.specs();
+        }
+        if (par.rank0()) checkpointer->save(step, *specs, *w, m, v, checkpoint_meta(), model_dtype);
       }
       if (capture) {
         const std::string written = capture->finish();
@@ -666,7 +716,9 @@ TrainResult train(const JobConfig& cfg) {
     MemorySnapshot snap = snapshot_now(alloc.live_allocations(), 25);
     snap.step = step;
     snap.reason = "out_of_memory";
-    const std::string path = (std::filesystem::path(snapshot_dir) / ("step-" + std::to_string(step) + ".oom.snapshot.json")).string();
+    const std::string name = "step-" + std::to_string(step) +
+                             (par.distributed() ? ".rank-" + std::to_string(par.rank) : std::string()) + ".oom.snapshot.json";
+    const std::string path = (std::filesystem::path(snapshot_dir) / name).string();
     write_memory_snapshot(snap, path);
     throw OutOfMemoryError(detail::concat(e.what(), "; the ", snap.num_live, " live tensors are listed in ", path,
                                           ". Lower training.local_batch_size or training.seq_len, use "
