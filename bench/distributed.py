@@ -29,6 +29,9 @@ LAYOUTS = [
     ("DDP 4", 4, ["--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree", "1"]),
     ("FSDP 4", 4, ["--parallelism.data_parallel_shard_degree", "4"]),
     ("HSDP 2x2", 4, ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2"]),
+    ("TP 2", 2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"]),
+    ("TP 4", 4, ["--parallelism.tensor_parallel_degree", "4", "--parallelism.data_parallel_shard_degree", "1"]),
+    ("FSDP 2 x TP 2", 4, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2"]),
 ]
 
 
@@ -55,7 +58,8 @@ def run(name, ranks, flags, args, folder):
     closed = steady[-1].get("comm_bytes_closed_form", 0)
     hidden = statistics.median(l.get("comm_hidden_pct", 0) for l in steady)
     mem = max(l.get("max_active_bytes_max_over_ranks", l["max_active_bytes"]) for l in steady)
-    return step_s, tps, comm, closed, hidden, mem
+    tp = statistics.median(l.get("tp_comm_bytes_per_step", 0) for l in steady)
+    return step_s, tps, comm, closed, hidden, mem, tp
 
 
 def main():
@@ -68,16 +72,19 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         print(f"llama3/{args.flavor}, bf16, {args.local_batch} x {args.seq_len} tokens per rank per step, "
               f"{args.steps} steps, medians after step 2; {os.cpu_count()} cores\n")
-        print("| layout | ranks | step s | tok/s per rank | tok/s total | sent per rank per step | closed form | "
-              "comm hidden | max peak memory per rank |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| layout | ranks | step s | tok/s per rank | tok/s total | data-parallel bytes sent per rank per step | "
+              "closed form | comm hidden | tensor-parallel bytes sent per rank per step | max peak memory per rank |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name, ranks, flags in LAYOUTS:
-            step_s, tps, comm, closed, hidden, mem = run(name, ranks, flags, args, folder)
-            comm_s = f"{comm / 2**20:.1f} MiB" if ranks > 1 else "-"
-            closed_s = f"{closed / 2**20:.1f} MiB" if ranks > 1 else "-"
-            hidden_s = f"{hidden:.0f}%" if ranks > 1 else "-"
+            step_s, tps, comm, closed, hidden, mem, tp = run(name, ranks, flags, args, folder)
+            dp = ranks > 1 and closed > 0
+            comm_s = f"{comm / 2**20:.1f} MiB" if dp else "-"
+            closed_s = f"{closed / 2**20:.1f} MiB" if dp else "-"
+            hidden_s = f"{hidden:.0f}%" if dp else "-"
+            tp_s = f"{tp / 2**20:.1f} MiB" if tp > 0 else "-"
+            # tok/s per rank is per model replica's rank: under TP the replica's tokens are shared by its tp ranks.
             print(f"| {name} | {ranks} | {step_s:.3f} | {tps:.0f} | {tps * ranks:.0f} | {comm_s} | {closed_s} | "
-                  f"{hidden_s} | {mem / 2**20:.1f} MiB |", flush=True)
+                  f"{hidden_s} | {tp_s} | {mem / 2**20:.1f} MiB |", flush=True)
 
 
 if __name__ == "__main__":

@@ -473,6 +473,7 @@ TrainResult train(const JobConfig& cfg) {
   std::array<size_t, kNumMemCategories> steady_live{};
   CommStats interval_comm;  // this rank's data-parallel communication since the last log line
   int64_t interval_steps = 0;
+  uint64_t interval_tp_bytes = 0;
   auto checkpoint_meta = [&] {
     // Training draws random numbers only to initialise the weights and order
     // the data, both from the seed; the loader's position carries the rest.
@@ -532,6 +533,10 @@ TrainResult train(const JobConfig& cfg) {
         interval_comm.blocked_s += cs.blocked_s;
         interval_comm.collectives += cs.collectives;
         ++interval_steps;
+        if (par.distributed() && par.tp_size > 1) {  // tensor-parallel traffic, counted by its communicator
+          interval_tp_bytes += par.mesh->tp().counters().total_bytes();
+          par.mesh->tp().reset_counters();
+        }
       }
       if (par.distributed()) {
         float totals[2] = {static_cast<float>(loss_sum), static_cast<float>(loss_tokens)};
@@ -614,9 +619,11 @@ TrainResult train(const JobConfig& cfg) {
           log.comm_blocked_s = interval_comm.blocked_s / static_cast<double>(interval_steps);
           log.comm_hidden_pct = 100.0 * interval_comm.hidden_share();
           log.comm_bytes_closed_form = comm_closed_form;
+          log.tp_comm_bytes_per_step = static_cast<double>(interval_tp_bytes) / static_cast<double>(interval_steps);
         }
         interval_comm = {};
         interval_steps = 0;
+        interval_tp_bytes = 0;
         if (par.distributed()) {  // every rank reports; rank 0 prints the fullest
           const std::vector<double> mib = par.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
           log.tokens_per_s_by_rank = par.gather_world(log.tokens_per_s);
