@@ -411,7 +411,9 @@ TEST(Distributed, Bf16LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
       {"bf16_ddp2", 2, "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1"},
       {"bf16_fsdp2", 2, "--training.local_batch_size 2"},
       {"bf16_fsdp4", 4, "--training.local_batch_size 1"},
-      {"bf16_hsdp", 4, "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"}};
+      {"bf16_hsdp", 4, "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"},
+      {"bf16_tp4", 4, "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 4 --parallelism.data_parallel_shard_degree 1"},
+      {"bf16_fsdp2_tp2", 4, "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2"}};
   for (const auto& l : layouts) {
     SCOPED_TRACE(l.name);
     const Output out = run_mpi(l.ranks, l.name, common + l.flags);
@@ -427,4 +429,25 @@ TEST(Distributed, Bf16LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
     std::printf("%-11s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", l.name, worst,
                 weight_difference(l.name, "bf16_single"));
   }
+}
+
+// Tensor-parallel collectives appear in a profiled step's trace with their bytes.
+TEST(Distributed, TensorParallelCollectivesAreTracedWithTheirBytes) {
+  const Output out = run_mpi(2, "tp_trace",
+                             "--training.local_batch_size 2 --training.steps 1 --parallelism.tensor_parallel_degree 2 "
+                             "--parallelism.data_parallel_shard_degree 1 --profiling.enable_profiling");
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  std::ifstream in(workdir() / "tp_trace" / "profile_traces" / "step-1.trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> spans;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X" || e.at("cat") != "communication") continue;
+    const std::string name = e.at("name");
+    if (name.rfind("tp.", 0) != 0) continue;
+    ++spans[name];
+    EXPECT_GT(e.at("args").at("bytes").get<double>(), 0) << name;
+  }
+  // Sequence parallel: per block an all-gather before attention and the MLP, a reduce-scatter after each.
+  EXPECT_GE(spans["tp.all_gather"], 12) << trace.dump().substr(0, 300);
+  EXPECT_GE(spans["tp.reduce_scatter"], 12);
 }

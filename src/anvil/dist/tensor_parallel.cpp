@@ -10,24 +10,40 @@ namespace anvil {
 CommTensorParallel::CommTensorParallel(Communicator& tp, Options options)
     : TensorParallel(tp.rank(), tp.size(), options), comm_(tp) {}
 
+namespace {
+
+// A blocking collective, traced (while profiling) as a span on the calling
+// thread with the bytes this rank sent, so the trace shows its bandwidth.
+template <class Run>
+void traced(const char* label, CommOp op, uint64_t payload_bytes, int group_size, Run&& run) {
+  Profiler& p = Profiler::instance();
+  if (!p.recording()) return run();
+  const double begin = steady_now_us();
+  run();
+  p.add({{label, -1}, SpanCategory::communication, p.thread_index(), begin, steady_now_us(),
+         comm_bytes(op, payload_bytes, group_size)});
+}
+
+// Reductions of bf16 travel as fp32 (comm.h accumulates in fp32).
+uint64_t reduced_bytes(const Tensor& t) { return static_cast<uint64_t>(t.numel()) * 4; }
+
+}  // namespace
+
 void CommTensorParallel::all_reduce_sum(const Tensor& t) {
-  const ScopedPhase phase(SpanCategory::communication, "tp.all_reduce");
-  comm_.all_reduce(t);
+  traced("tp.all_reduce", CommOp::all_reduce, t.dtype() == DType::bf16 ? reduced_bytes(t) : t.nbytes(), comm_.size(), [&] { comm_.all_reduce(t); });
 }
 
 void CommTensorParallel::all_reduce_max(const Tensor& t) {
-  const ScopedPhase phase(SpanCategory::communication, "tp.all_reduce_max");
-  comm_.all_reduce(t, ReduceOp::max);
+  traced("tp.all_reduce_max", CommOp::all_reduce, t.dtype() == DType::bf16 ? reduced_bytes(t) : t.nbytes(), comm_.size(), [&] { comm_.all_reduce(t, ReduceOp::max); });
 }
 
 void CommTensorParallel::all_gather(const Tensor& shard, const Tensor& full) {
-  const ScopedPhase phase(SpanCategory::communication, "tp.all_gather");
-  comm_.all_gather(shard, full);
+  traced("tp.all_gather", CommOp::all_gather, full.nbytes(), comm_.size(), [&] { comm_.all_gather(shard, full); });
 }
 
 void CommTensorParallel::reduce_scatter(const Tensor& full, const Tensor& shard) {
-  const ScopedPhase phase(SpanCategory::communication, "tp.reduce_scatter");
-  comm_.reduce_scatter(full, shard);
+  traced("tp.reduce_scatter", CommOp::reduce_scatter, full.dtype() == DType::bf16 ? reduced_bytes(full) : full.nbytes(), comm_.size(),
+         [&] { comm_.reduce_scatter(full, shard); });
 }
 
 Tensor gather_tp_global(Communicator& tp, const std::vector<ParamSpec>& local_specs, const Tensor& local_flat,
