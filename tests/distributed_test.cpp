@@ -429,6 +429,21 @@ TEST(Distributed, Bf16LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
     std::printf("%-11s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", l.name, worst,
                 weight_difference(l.name, "bf16_single"));
   }
+  // FSDP 2 with 4 accumulation steps against the single process taking the same 16 sequences per step.
+  const Output ref16 = run_single("bf16_single_accum", common + "--training.local_batch_size 4 --training.global_batch_size 16");
+  ASSERT_EQ(ref16.exit_code, 0) << ref16.text;
+  const Output accum = run_mpi(2, "bf16_fsdp2_accum4", common + "--training.local_batch_size 2 --training.global_batch_size 16");
+  ASSERT_EQ(accum.exit_code, 0) << accum.text;
+  const auto want16 = losses("bf16_single_accum"), got16 = losses("bf16_fsdp2_accum4");
+  ASSERT_EQ(got16.size(), 10u);
+  double worst = 0;
+  for (const auto& [step, loss] : want16) {
+    const double rel = std::abs(got16.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 5e-4) << "accumulation, step " << step;
+  }
+  std::printf("%-11s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", "bf16_fsdp2_accum4", worst,
+              weight_difference("bf16_fsdp2_accum4", "bf16_single_accum"));
 }
 
 // Tensor-parallel collectives appear in a profiled step's trace with their bytes.
