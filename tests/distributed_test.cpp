@@ -20,6 +20,7 @@
 #include "anvil/model/args.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
+#include "mpi_test_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -55,42 +56,17 @@ Output run_single(const std::string& dump, const std::string& extra) {
 }
 
 Output run_mpi(int ranks, const std::string& dump, const std::string& extra, const std::string& before = "") {
-  // One thread per rank: the ranks share the machine's cores.
-  const std::string prefix = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + before +
-                             "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
-  return anvil::testing::run_anvil(common_args(dump, extra), prefix);
+  return anvil::testing::run_anvil(common_args(dump, extra), before + anvil::testing::mpirun_prefix(ranks));
 }
 
 std::map<int64_t, double> losses(const std::string& dump) {
-  std::map<int64_t, double> out;
-  std::ifstream in(workdir() / dump / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
+  return anvil::testing::metric_by_step(workdir() / dump / "metrics.jsonl", "loss");
 }
 
 // ||a − b|| / ||b|| over every tensor of the two runs' final checkpoints.
 double weight_difference(const std::string& a, const std::string& b) {
-  const auto wa = anvil::load_safetensors((workdir() / a / "checkpoint" / "step-10" / "model.safetensors").string());
-  const auto wb = anvil::load_safetensors((workdir() / b / "checkpoint" / "step-10" / "model.safetensors").string());
-  EXPECT_EQ(wa.tensors.size(), wb.tensors.size());
-  double diff = 0, norm = 0;
-  for (const auto& [name, tb] : wb.tensors) {
-    const auto it = wa.tensors.find(name);
-    if (it == wa.tensors.end()) {
-      ADD_FAILURE() << "missing " << name;
-      continue;
-    }
-    const float* x = it->second.data<float>();
-    const float* y = tb.data<float>();
-    for (int64_t i = 0; i < tb.numel(); ++i) {
-      diff += (static_cast<double>(x[i]) - y[i]) * (static_cast<double>(x[i]) - y[i]);
-      norm += static_cast<double>(y[i]) * y[i];
-    }
-  }
-  return std::sqrt(diff / norm);
+  return anvil::testing::safetensors_relative_difference(workdir() / a / "checkpoint" / "step-10" / "model.safetensors",
+                                                         workdir() / b / "checkpoint" / "step-10" / "model.safetensors");
 }
 
 struct Layout {
@@ -238,11 +214,11 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
 }
 
 // When a rank dies mid-step the others must not wait forever in their next
-// collective: the job ends with a message naming the rank. `timeout` turns a
-// hang into exit code 124, which the test refuses.
+// collective: the job ends with a message naming the rank. mpirun_prefix's
+// `timeout` turns a hang into exit code 124, which the test refuses.
 TEST(Distributed, ARankKilledMidStepEndsTheJobNamingIt) {
   const Output out = run_mpi(2, "killed", "--training.local_batch_size 2",
-                             "ANVIL_FAULT_KILL_RANK=1:3 timeout 120 ");
+                             "ANVIL_FAULT_KILL_RANK=1:3 ");
   EXPECT_NE(out.exit_code, 0) << out.text;
   EXPECT_NE(out.exit_code, 124) << "the job hung:\n" << out.text;
   EXPECT_NE(out.text.find("rank 1"), std::string::npos) << out.text;
@@ -266,8 +242,7 @@ TEST(Distributed, ABadDataFileStopsTheJobNamingTheFile) {
   }
   const Output out = run_mpi(2, "bad_data",
                              "--training.local_batch_size 2 --training.dataset shards --training.dataset_path " +
-                                 shards.string(),
-                             "timeout 120 ");
+                                 shards.string());
   EXPECT_NE(out.exit_code, 0) << out.text;
   EXPECT_NE(out.exit_code, 124) << "the job hung:\n" << out.text;
   EXPECT_NE(out.text.find(victim.filename().string()), std::string::npos) << out.text;

@@ -41,6 +41,7 @@
 #include "anvil/core/safetensors.h"
 #include "anvil/ops/cross_entropy.h"
 #include "anvil/ops/embedding.h"
+#include "mpi_test_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -227,22 +228,12 @@ Output run_single(const std::string& dump, const std::string& extra) {
 }
 
 Output run_mpi(int ranks, const std::string& dump, const std::string& extra) {
-  // One thread per rank: the ranks share the machine's cores.
-  const std::string prefix = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-                             "timeout -k 5 300 mpirun --oversubscribe --bind-to none -np " +
-                             std::to_string(ranks) + " ";
-  return anvil::testing::run_anvil(common_args(dump, extra), prefix);
+  return anvil::testing::run_anvil(common_args(dump, extra), anvil::testing::mpirun_prefix(ranks));
 }
 
 // A run's `key` ("loss", "grad_norm") by step, from its metrics.jsonl.
 std::map<int64_t, double> metric(const std::string& dump, const char* key) {
-  std::map<int64_t, double> out;
-  std::ifstream in(workdir() / dump / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j[key].get<double>();
-  }
-  return out;
+  return anvil::testing::metric_by_step(workdir() / dump / "metrics.jsonl", key);
 }
 std::map<int64_t, double> losses(const std::string& dump) { return metric(dump, "loss"); }
 
@@ -250,25 +241,8 @@ std::map<int64_t, double> losses(const std::string& dump) { return metric(dump, 
 double checkpoint_difference(const std::string& a, const std::string& b, int step = 10,
                              const std::string& file = "model.safetensors") {
   const std::string dir = "step-" + std::to_string(step);
-  const auto wa = anvil::load_safetensors((workdir() / a / "checkpoint" / dir / file).string());
-  const auto wb = anvil::load_safetensors((workdir() / b / "checkpoint" / dir / file).string());
-  EXPECT_EQ(wa.tensors.size(), wb.tensors.size());
-  double diff = 0, norm = 0;
-  for (const auto& [name, tb] : wb.tensors) {
-    const auto it = wa.tensors.find(name);
-    if (it == wa.tensors.end()) {
-      ADD_FAILURE() << "missing " << name;
-      continue;
-    }
-    EXPECT_EQ(it->second.shape(), tb.shape()) << name;  // global shapes, whatever the layout
-    const float* x = it->second.data<float>();
-    const float* y = tb.data<float>();
-    for (int64_t i = 0; i < tb.numel(); ++i) {
-      diff += (static_cast<double>(x[i]) - y[i]) * (static_cast<double>(x[i]) - y[i]);
-      norm += static_cast<double>(y[i]) * y[i];
-    }
-  }
-  return std::sqrt(diff / norm);
+  return anvil::testing::safetensors_relative_difference(workdir() / a / "checkpoint" / dir / file,
+                                                         workdir() / b / "checkpoint" / dir / file);
 }
 
 // Single-process references, run once per set of flags and shared by the layouts that need them.

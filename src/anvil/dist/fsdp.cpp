@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "anvil/core/error.h"
+#include "anvil/core/parallel.h"
 #include "anvil/core/profiler.h"
 
 namespace anvil {
@@ -187,7 +188,9 @@ void FsdpParams::complete(Pending& p) {
   Tensor mine = grads_.slice(shard_offset_[static_cast<size_t>(p.group)], shard_numel_[static_cast<size_t>(p.group)]);
   const float* src = p.partial.data<float>();
   float* dst = mine.data<float>();
-  for (int64_t i = 0; i < mine.numel(); ++i) dst[i] += src[i];
+  parallel_for(0, mine.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] += src[i];
+  });
   p.full = p.partial = Tensor();
 }
 

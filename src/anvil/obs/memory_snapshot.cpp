@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 
 namespace anvil {
@@ -83,15 +83,7 @@ void write_memory_snapshot(const MemorySnapshot& s, const std::string& path) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   ANVIL_CHECK(!ec, "cannot create the folder of '", path, "': ", ec.message());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(1) << "\n";
-    out.flush();
-    ANVIL_CHECK(out.good(), "cannot write '", tmp, "'; is the disk full?");
-  }
-  std::filesystem::rename(tmp, path, ec);
-  ANVIL_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  write_file_durably(path, j.dump(1) + "\n");
 }
 
 }  // namespace anvil

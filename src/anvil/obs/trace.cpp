@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 
 namespace anvil {
@@ -59,15 +59,7 @@ void write_chrome_trace(const StepTrace& t, const std::string& path) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   ANVIL_CHECK(!ec, "cannot create the folder of '", path, "': ", ec.message());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << doc.dump() << "\n";
-    out.flush();
-    ANVIL_CHECK(out.good(), "cannot write '", tmp, "'; is the disk full?");
-  }
-  std::filesystem::rename(tmp, path, ec);
-  ANVIL_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  write_file_durably(path, doc.dump() + "\n");
 }
 
 }  // namespace anvil

@@ -172,17 +172,17 @@ void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const
   ANVIL_CHECK(p.model_only || model_dtype == DType::f32, "a resumable checkpoint keeps fp32 weights");
   // A synchronous save writes straight from the live tensors; an asynchronous
   // one takes a copy now, so training can change them while the copy is written.
-  auto keep = [&](const std::string& name, Tensor t, DType dtype) {
+  auto keep = [&](Tensor t, DType dtype) {
     if (!async_ && dtype == t.dtype()) return t;
     return t.to(dtype, MemCategory::workspace, "checkpoint.staging");
   };
   for (const ParamSpec& s : specs) {
-    p.model.emplace_back(s.name, keep(s.name, spec_view(master_flat, s), model_dtype));
+    p.model.emplace_back(s.name, keep(spec_view(master_flat, s), model_dtype));
     if (p.model_only) continue;
     p.optimizer.emplace_back(s.name + ".exp_avg",
-                             keep(s.name, adam_m->slice(s.offset, s.numel()).view(s.shape), DType::f32));
+                             keep(adam_m->slice(s.offset, s.numel()).view(s.shape), DType::f32));
     p.optimizer.emplace_back(s.name + ".exp_avg_sq",
-                             keep(s.name, adam_v->slice(s.offset, s.numel()).view(s.shape), DType::f32));
+                             keep(adam_v->slice(s.offset, s.numel()).view(s.shape), DType::f32));
   }
   if (!async_) {
     write(p);

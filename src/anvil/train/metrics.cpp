@@ -66,6 +66,14 @@ MetricsLog::MetricsLog(const std::string& dump_folder) {
   ANVIL_CHECK(jsonl_.good(), "cannot write '", path_, "'");
 }
 
+namespace {
+nlohmann::ordered_json by_category(const std::array<size_t, kNumMemCategories>& bytes) {
+  nlohmann::ordered_json j;
+  for (int c = 0; c < kNumMemCategories; ++c) j[category_name(static_cast<MemCategory>(c))] = bytes[static_cast<size_t>(c)];
+  return j;
+}
+}  // namespace
+
 void MetricsLog::log(const StepLog& s) {
   const auto& peak = s.memory.peak;
   auto cat = [&](MemCategory c) { return peak[static_cast<int>(c)]; };
@@ -94,13 +102,8 @@ void MetricsLog::log(const StepLog& s) {
   j["tflops"] = s.tflops;
   j["mfu_pct"] = s.mfu_pct;
   j["max_active_bytes"] = s.memory.peak_total;
-  nlohmann::ordered_json by_cat;
-  for (int c = 0; c < kNumMemCategories; ++c) by_cat[category_name(static_cast<MemCategory>(c))] = peak[c];
-  j["max_active_bytes_by_category"] = by_cat;
-  nlohmann::ordered_json steady;
-  for (int c = 0; c < kNumMemCategories; ++c)
-    steady[category_name(static_cast<MemCategory>(c))] = s.live_after_optimizer[static_cast<size_t>(c)];
-  j["live_bytes_after_optimizer_by_category"] = steady;
+  j["max_active_bytes_by_category"] = by_category(peak);
+  j["live_bytes_after_optimizer_by_category"] = by_category(s.live_after_optimizer);
   j["data_loading_pct"] = s.data_pct;
   j["elapsed_s"] = s.elapsed_s;
   if (s.world_size > 1) {

@@ -1,0 +1,61 @@
+// Helpers shared by the tests that run anvil under mpirun and compare layouts.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "anvil/core/safetensors.h"
+
+namespace anvil::testing {
+
+// Runs `ranks` processes as root if need be, one OpenMP thread each (they
+// share the machine's cores); a hang ends after 300 s instead of stalling CI.
+inline std::string mpirun_prefix(int ranks) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+         "timeout -k 5 300 mpirun --oversubscribe --bind-to none -np " +
+         std::to_string(ranks) + " ";
+}
+
+// A run's `key` ("loss", "grad_norm") by step from its metrics.jsonl, the
+// training lines only, the last line of a step winning.
+inline std::map<int64_t, double> metric_by_step(const std::filesystem::path& metrics_jsonl, const char* key) {
+  std::map<int64_t, double> out;
+  std::ifstream in(metrics_jsonl);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j[key].get<double>();
+  }
+  return out;
+}
+
+// ||a − b|| / ||b|| over every tensor of two safetensors files, which must
+// hold the same names and global shapes.
+inline double safetensors_relative_difference(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const auto wa = load_safetensors(a.string());
+  const auto wb = load_safetensors(b.string());
+  EXPECT_EQ(wa.tensors.size(), wb.tensors.size());
+  double diff = 0, norm = 0;
+  for (const auto& [name, tb] : wb.tensors) {
+    const auto it = wa.tensors.find(name);
+    if (it == wa.tensors.end()) {
+      ADD_FAILURE() << "missing " << name;
+      continue;
+    }
+    EXPECT_EQ(it->second.shape(), tb.shape()) << name;
+    const float* x = it->second.data<float>();
+    const float* y = tb.data<float>();
+    for (int64_t i = 0; i < tb.numel(); ++i) {
+      diff += (static_cast<double>(x[i]) - y[i]) * (static_cast<double>(x[i]) - y[i]);
+      norm += static_cast<double>(y[i]) * y[i];
+    }
+  }
+  return std::sqrt(diff / norm);
+}
+
+}  // namespace anvil::testing
