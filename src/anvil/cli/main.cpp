@@ -106,8 +106,7 @@ int main(int argc, char** argv) {
       std::printf("threads: %d\n", anvil::num_threads());
       std::printf("bf16 matmul kernel: %s\n", anvil::matmul_impl_name(anvil::DType::bf16).c_str());
       std::printf("f32 matmul kernel:  %s\n", anvil::matmul_impl_name(anvil::DType::f32).c_str());
-      std::printf("peak bf16: %s\n", anvil::cpu_peak_flops(anvil::DType::bf16, anvil::num_threads()).derivation.c_str());
-      std::printf("peak fp32: %s\n", anvil::cpu_peak_flops(anvil::DType::f32, anvil::num_threads()).derivation.c_str());
+      std::printf("%s", anvil::cpu_peak_report(anvil::num_threads()).c_str());
       return 0;
     }
     std::fprintf(stderr, "anvil: unknown command '%s'; run 'anvil help' for the list\n", cmd.c_str());

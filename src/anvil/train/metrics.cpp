@@ -17,46 +17,6 @@ double flops_per_token(const ModelArgs& a, int64_t seq_len) {
   return dense + attention;
 }
 
-namespace {
-bool cpu_has_amx_bf16() {
-  unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;  // CPUID leaf 7, sub-leaf 0: EDX bit 22 = AMX-BF16
-  __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
-  return (edx >> 22) & 1u;
-}
-
-// Maximum clock in GHz: cpufreq's cpuinfo_max_freq, else the highest "cpu MHz" in /proc/cpuinfo.
-std::pair<double, std::string> max_clock_ghz() {
-  std::ifstream f("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
-  double khz = 0;
-  if (f >> khz && khz > 0) return {khz / 1e6, "cpufreq max"};
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  double mhz = 0;
-  while (std::getline(cpuinfo, line))
-    if (line.rfind("cpu MHz", 0) == 0) mhz = std::max(mhz, std::stod(line.substr(line.find(':') + 1)));
-  if (mhz > 0) return {mhz / 1e3, "/proc/cpuinfo cpu MHz"};
-  return {2.0, "clock unknown, assumed"};
-}
-}  // namespace
-
-PeakFlops cpu_peak_flops(DType dt, int cores) {
-  cores = std::max(1, std::min<int>(cores, static_cast<int>(std::thread::hardware_concurrency())));
-  int per_cycle;
-  std::string isa;
-  if (dt == DType::bf16 && cpu_has_amx_bf16()) per_cycle = 1024, isa = "AMX bf16";
-  else if (__builtin_cpu_supports("avx512f")) per_cycle = 64, isa = "AVX-512 fp32, 2 FMA units";
-  else if (__builtin_cpu_supports("avx2")) per_cycle = 32, isa = "AVX2 fp32, 2 FMA units";
-  else per_cycle = 8, isa = "SSE fp32";
-  const auto [ghz, clock_src] = max_clock_ghz();
-  PeakFlops p;
-  p.flops_per_s = cores * per_cycle * ghz * 1e9;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%d cores x %d FLOP/cycle (%s) x %.2f GHz (%s) = %.2f TFLOP/s", cores, per_cycle,
-                isa.c_str(), ghz, clock_src.c_str(), p.flops_per_s / 1e12);
-  p.derivation = buf;
-  return p;
-}
-
 MetricsLog::MetricsLog(const std::string& dump_folder) {
   std::error_code ec;
   std::filesystem::create_directories(dump_folder, ec);

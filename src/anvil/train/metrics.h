@@ -1,5 +1,6 @@
-// Throughput and MFU as torchtitan defines them, the CPU's peak FLOP rate, and
-// the metrics log (one console line and one JSON line per logging step).
+// Throughput and MFU as torchtitan defines them (the CPU's peak FLOP rate is in
+// core/cpu_peak.h), and the metrics log (one console line and one JSON line per
+// logging step).
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "anvil/core/allocator.h"
+#include "anvil/core/cpu_peak.h"
 #include "anvil/core/dtype.h"
 #include "anvil/model/args.h"
 
@@ -17,13 +19,6 @@ namespace anvil {
 // token) plus attention's scores and weighted sum, causal mask not discounted.
 double flops_per_token(const ModelArgs& args, int64_t seq_len);
 
-struct PeakFlops {
-  double flops_per_s = 0;
-  std::string derivation;  // e.g. "2 cores × 1024 FLOP/cycle (AMX bf16) × 2.70 GHz"
-};
-// From the ISA (AMX bf16: 1024 FLOP/cycle/core; AVX-512 fp32: 64; AVX2: 32),
-// the cores this process uses, and the maximum clock.
-PeakFlops cpu_peak_flops(DType compute_dtype, int cores);
 
 struct StepLog {
   int64_t step = 0;

@@ -230,6 +230,7 @@ TrainResult train(const JobConfig& cfg) {
                              ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
                              : cpu_peak_flops(dt, num_threads());
   const double fpt = flops_per_token(args, tc.seq_len);
+  bool mfu_warned = false;
   if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
   std::printf("anvil: %s/%s, %s parameters (%lld layers, dim %lld, %lld heads, %lld kv heads, ffn %lld, vocab %lld)\n",
               args.name.c_str(), args.flavor.c_str(), with_commas(args.num_params()).c_str(),
@@ -608,6 +609,15 @@ TrainResult train(const JobConfig& cfg) {
         log.tokens_per_s = static_cast<double>(interval_tokens) / secs / par.tp_size;
         log.tflops = fpt * log.tokens_per_s / 1e12;
         log.mfu_pct = 100.0 * fpt * log.tokens_per_s / peak.flops_per_s;
+        // Never printed silently: above 100% either the peak is wrong for this
+        // CPU or the FLOP count overstates the work (causal attention counted whole).
+        if (log.mfu_pct > 100.0 && !mfu_warned) {
+          std::fprintf(stderr,
+                       "anvil: warning: MFU %.0f%% is above 100%%: the peak (%s) is below what this run computes; "
+                       "set metrics.peak_tflops to this machine's real peak\n",
+                       log.mfu_pct, peak.derivation.c_str());
+          mfu_warned = true;
+        }
         log.memory = alloc.stats();
         log.data_pct = 100.0 * data_seconds / secs;
         log.elapsed_s = seconds_since(t_start);
