@@ -315,7 +315,11 @@ TEST(Tokenizer, CommandLine) {
     const int status = pclose(p);
     return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
   };
-  if (run("--help", "").first != 0) GTEST_SKIP() << "anvil has no `tokenizer` command yet";
+  // The command exists and answers --help: a broken binary or a missing
+  // command fails here, with its output, rather than passing unseen.
+  const auto help = run("--help", "");
+  ASSERT_EQ(help.first, 0) << "`anvil tokenizer --help` failed:\n" << help.second;
+  EXPECT_NE(help.second.find("usage: anvil tokenizer encode"), std::string::npos) << help.second;
   const std::string path = write("strings.json", hf_json(false).dump());
   EXPECT_EQ(run("encode --tokenizer " + path, "hello world"), std::make_pair(0, std::string("259 264\n")));
   EXPECT_EQ(run("encode --tokenizer " + path + " --bos --eos", "hello world"),
