@@ -108,6 +108,7 @@ if ((refresh)) || [ ! -s "$cache" ]; then
   }
   mkdir -p "$cache_dir"
   build=$(mktemp -d "$cache_dir/build.XXXXXX")
+  chmod 755 "$build"  # it becomes the root's /; mktemp makes it 0700, which locks out _apt and other users
   trap 'rm -rf --one-file-system "$build"' EXIT
   echo "fresh_debian_check: debootstrap --variant=minbase bookworm (cached in $cache)"
   t0=$SECONDS
@@ -134,6 +135,7 @@ remove_work() {
 trap remove_work EXIT
 mkdir "$root"
 tar -C "$root" --numeric-owner -xpf "$cache"
+chmod 755 "$root"  # / as on any Debian system (a cache made by an earlier version held 0700)
 
 # This machine's access to the network, not an install step of Anvil: its
 # resolver, its APT sources and APT settings (e.g. a snapshot mirror, which
