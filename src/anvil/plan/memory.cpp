@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
+#include "anvil/core/parallel.h"
 #include "anvil/model/params.h"
+#include "anvil/ops/attention.h"
+#include "anvil/ops/cross_entropy.h"
 
 namespace anvil {
 
@@ -108,17 +112,54 @@ MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
   }
   est.peak[static_cast<int>(MemCategory::activations)] = c.peak;
 
-  // Workspace: the largest of the loss head's chunk buffers, attention's
-  // per-thread tiles and a weight gradient's partial sum (an upper bound; the
-  // exact size depends on the kernels' tile choices).
-  const size_t row_block = std::min<size_t>(d.M, 1024), vocab_chunk = std::min<size_t>(args.vocab_size, 8192);
-  const size_t ce = row_block * vocab_chunk * (4 + 2) + row_block * (d.D * 4 + 16);
-  const size_t T = static_cast<size_t>(shape.seq_len), hd = static_cast<size_t>(args.head_dim());
-  const size_t group = static_cast<size_t>(args.n_heads / args.n_kv_heads);
-  const size_t attn = 2 * (T * hd * (2 * d.e + 2 * group * d.e + group * 4) + 4 * 256 * 256 * 6) +
-                      d.M * d.Dq * 4 /* dq partial sums */;
-  const size_t weight_grad = d.F * d.D * 4;  // linear_backward_weight's partial gradient
-  est.peak[static_cast<int>(MemCategory::workspace)] = std::max({ce, attn, weight_grad});
+  // Workspace: what stays allocated through the step (the RoPE table, the
+  // step's token and target batches) plus the largest of the per-op scratch
+  // buffers, which are never live at the same time. Each term follows the
+  // allocations of the op named; oneDNN's own GEMM scratchpad
+  // ("gemm.scratchpad", grown per thread to the largest primitive run) is its
+  // implementation's choice and is not included. docs/memory.md lists the terms.
+  const size_t T = static_cast<size_t>(shape.seq_len), B = static_cast<size_t>(shape.local_batch_size);
+  const size_t hd = static_cast<size_t>(args.head_dim()), group = static_cast<size_t>(args.n_heads / args.n_kv_heads);
+  const size_t rope = T * hd * 4;  // cos and sin, (T, head_dim/2) f32 each (the model is built for seq_len)
+  const size_t batches = static_cast<size_t>(std::max<int64_t>(1, shape.micro_batches)) * B * T * 4 * 2;
+  // Loss head (ops/cross_entropy.cpp): f32 logits of one row block × vocabulary
+  // chunk and 4 f32 stats per row; in bf16 also the bf16 dlogits and an f32 dx
+  // accumulator of the row block.
+  const size_t row_block = std::min<size_t>(d.M, kCrossEntropyRowBlock);
+  const size_t vocab_chunk = std::min<size_t>(static_cast<size_t>(args.vocab_size), kCrossEntropyVocabChunk);
+  const size_t ce = row_block * vocab_chunk * 4 + 4 * row_block * 4 +
+                    (bf16 ? row_block * vocab_chunk * 2 + row_block * d.D * 4 : 0);
+  // Attention (ops/attention.cpp): scratch per thread, each thread of the
+  // parallel loop allocating its own; in the backward with several splits per
+  // (batch, kv head), an f32 dQ partial of the whole output per split.
+  const AttentionTiles tiles;
+  const auto diagonal_tile = [T](int64_t tile) {
+    return std::min({static_cast<size_t>(tile), std::max<size_t>(64, T / 4), T});
+  };
+  const size_t owners = B * static_cast<size_t>(args.n_kv_heads);
+  const size_t threads = static_cast<size_t>(shape.threads > 0 ? shape.threads : num_threads());
+  const auto splits_for = [&](size_t tiles_along_t) {  // task_splits in ops/attention.cpp
+    if (owners % threads == 0) return size_t{1};
+    return std::clamp<size_t>(threads / std::gcd(owners, threads), 1, std::max<size_t>(1, (tiles_along_t + 1) / 2));
+  };
+  const size_t fq = diagonal_tile(tiles.fwd_q), fk = std::min<size_t>(static_cast<size_t>(tiles.fwd_k), T);
+  const size_t attn_fwd_thread = 2 * T * hd * d.e + fq * hd * d.e + fq * fk * (4 + d.e) + fq * hd * 4 + 2 * fq * 4;
+  const size_t fwd_splits = splits_for((T + fq - 1) / fq);
+  const size_t attn_fwd = std::min(threads, owners * fwd_splits) * attn_fwd_thread;
+  const size_t bq = std::min<size_t>(static_cast<size_t>(tiles.bwd_q), T), bk = diagonal_tile(tiles.bwd_k);
+  const size_t attn_bwd_thread = 2 * T * hd * d.e + 2 * group * T * hd * d.e + group * T * hd * 4 + 2 * group * T * 4 +
+                                 2 * bk * bq * (4 + d.e) + 2 * bk * hd * 4;
+  const size_t bwd_splits = splits_for((T + bk - 1) / bk);
+  const size_t attn_bwd = std::min(threads, owners * bwd_splits) * attn_bwd_thread +
+                          (bwd_splits > 1 ? bwd_splits * d.M * d.Dq * 4 : 0);
+  // A weight gradient's f32 partial (ops/matmul.cpp, bf16 only): the largest
+  // block weight, w1/w2/w3 (F × D) or wq/wo (Dq × D).
+  const size_t weight_grad = bf16 ? std::max(d.F, d.Dq) * d.D * 4 : 0;
+  // RMSNorm's weight gradient (ops/rmsnorm.cpp): one f32 row per chunk of rows.
+  const size_t norm_rows = std::max<size_t>(16, (size_t{1} << 19) / d.D);
+  const size_t norm = (d.M + norm_rows - 1) / norm_rows * d.D * 4;
+  est.peak[static_cast<int>(MemCategory::workspace)] =
+      rope + batches + std::max({ce, attn_fwd, attn_bwd, weight_grad, norm});
 
   for (size_t b : est.peak) est.peak_total += b;
   return est;

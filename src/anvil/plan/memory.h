@@ -24,6 +24,8 @@ struct TrainShape {
   int64_t seq_len = 1;
   DType compute_dtype = DType::bf16;
   AcPolicy ac;
+  int64_t micro_batches = 1;  // the trainer holds every micro-batch's tokens of a step
+  int threads = 0;            // threads running the ops (attention's scratch is per thread); 0: num_threads()
 };
 
 MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape);
