@@ -8,8 +8,11 @@
 // loss by orders of magnitude more.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -223,6 +226,79 @@ TEST(Distributed, ARankKilledMidStepEndsTheJobNamingIt) {
   EXPECT_NE(out.exit_code, 124) << "the job hung:\n" << out.text;
   EXPECT_NE(out.text.find("rank 1"), std::string::npos) << out.text;
   EXPECT_EQ(out.text.find("anvil: done"), std::string::npos) << out.text;
+}
+
+// Ctrl-C under mpirun. A terminal's Ctrl-C reaches mpirun only (OpenMPI puts
+// each rank in its own process group), and mpirun relays it as SIGTERM to every
+// rank, SIGKILL following after odls_base_sigkill_timeout seconds; a scheduler
+// or a user may instead signal the ranks themselves, at different moments.
+// (mpirun sends SIGCONT, waits that timeout, sends SIGTERM, waits, SIGKILLs.)
+// Either way every rank must stop after the same micro-batch (they agree at each
+// micro-batch boundary) and the job must end without hanging. Returns the
+// job's exit code and output, the ranks' "stopped ..." lines by rank.
+struct Interrupted {
+  int exit_code = -1;
+  std::string text;
+  std::map<int, std::string> stopped_by_rank;
+};
+Interrupted interrupt_a_run(const std::string& dump, const std::string& target, const std::string& mpirun_flags) {
+  const fs::path dir = workdir() / dump, log = workdir() / (dump + ".log");
+  fs::remove_all(dir);
+  // 4 micro-batches per step (2 sequences each on 2 ranks, 16 per step), so a
+  // signal usually lands inside a step.
+  const std::string train = std::string(ANVIL_BINARY) + " " +
+                            common_args(dump, "--training.local_batch_size 2 --training.global_batch_size 16 "
+                                              "--checkpoint.enable false --training.steps 100000");
+  const std::string script =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout -k 5 300 mpirun " +
+      mpirun_flags + " --oversubscribe --bind-to none -np 2 " + train + " > " + log.string() +
+      " 2>&1 &\n"
+      "T=$!\n"
+      // Training is under way once two steps are logged.
+      "for i in $(seq 1200); do [ \"$(cat " + (dir / "metrics.jsonl").string() +
+      " 2>/dev/null | wc -l)\" -ge 2 ] && break; sleep 0.1; done\n"
+      "MP=$(pgrep -P $T -x mpirun)\n"
+      "RANK1=$(for p in $(pgrep -P $MP); do tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && "
+      "echo $p; done)\n"
+      "kill -INT " + target + "\n"
+      "wait $T\n"
+      "exit $?\n";
+  const fs::path script_path = workdir() / (dump + ".sh");
+  std::ofstream(script_path) << script;
+  const int status = std::system(("bash " + script_path.string()).c_str());
+  Interrupted r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    r.text += line + "\n";
+    int rank = -1;
+    char rest[256] = {};
+    if (std::sscanf(line.c_str(), "anvil: rank %d: stopped %255[^\n]", &rank, rest) == 2) r.stopped_by_rank[rank] = rest;
+  }
+  return r;
+}
+
+TEST(Distributed, CtrlCToOneRankStopsEveryRankAfterTheSameMicroBatch) {
+  const Interrupted r = interrupt_a_run("sigint_rank1", "$RANK1", "");
+  EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.text;
+  EXPECT_EQ(r.exit_code, 130) << r.text;  // mpirun passes on the ranks' 130
+  ASSERT_EQ(r.stopped_by_rank.size(), 2u) << r.text;
+  EXPECT_EQ(r.stopped_by_rank.at(0), r.stopped_by_rank.at(1)) << r.text;
+  EXPECT_NE(r.text.find("anvil: interrupted (Interrupt)"), std::string::npos) << r.text;
+  EXPECT_EQ(r.text.find("anvil: done"), std::string::npos) << r.text;
+  std::printf("SIGINT to rank 1: both ranks stopped %s; exit %d\n", r.stopped_by_rank.at(0).c_str(), r.exit_code);
+}
+
+TEST(Distributed, CtrlCToMpirunStopsEveryRankAfterTheSameMicroBatch) {
+  // mpirun's default grace between SIGTERM and SIGKILL, 1 s, is ample for
+  // these millisecond micro-batches (docs/distributed.md for longer ones).
+  const Interrupted r = interrupt_a_run("sigint_mpirun", "$MP", "");
+  EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.text;
+  EXPECT_NE(r.exit_code, 0) << r.text;  // mpirun's own code after it was interrupted (1 in OpenMPI 4.1)
+  ASSERT_EQ(r.stopped_by_rank.size(), 2u) << r.text;
+  EXPECT_EQ(r.stopped_by_rank.at(0), r.stopped_by_rank.at(1)) << r.text;
+  EXPECT_NE(r.text.find("anvil: interrupted (Terminated)"), std::string::npos) << r.text;
+  std::printf("SIGINT to mpirun: both ranks stopped %s; exit %d\n", r.stopped_by_rank.at(0).c_str(), r.exit_code);
 }
 
 // A bad data file stops every rank with the file named, and no hang.

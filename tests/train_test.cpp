@@ -94,6 +94,10 @@ TEST(Train, BadInputGetsOneClearLine) {
   out = run("train --model.flavor 8B --training.seq_len 8192 --training.local_batch_size 1");
   EXPECT_EQ(out.exit_code, 1);
   EXPECT_NE(out.text.find("exceeds the"), std::string::npos) << out.text;
+  // It says first how big the model is, then what would fit: FSDP ranks and an AC mode.
+  EXPECT_EQ(out.text.find("anvil: error: llama3/8B has 8,030,261,248 parameters; predicted peak memory"), 0u)
+      << out.text;
+  EXPECT_NE(out.text.find("FSDP ranks with activation_checkpoint.mode = \"full\""), std::string::npos) << out.text;
 }
 
 TEST(Train, ReadsTokenShardsAndJsonLines) {

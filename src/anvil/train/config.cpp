@@ -89,7 +89,7 @@ std::vector<Key> key_table(JobConfig& c) {
 
       {"metrics", "log_freq", &c.metrics.log_freq, "log every this many steps", {}, 1, kInf},
       {"metrics", "peak_tflops", &c.metrics.peak_tflops,
-       "peak TFLOP/s of one process for MFU; 0: derive from ISA, cores and clock", {}, 0, kInf},
+       "peak TFLOP/s of one process for MFU; 0: derive it from the measured clock and vector issue rates (`anvil info`)", {}, 0, kInf},
       {"metrics", "enable_tensorboard", &c.metrics.enable_tensorboard,
        "write TensorBoard scalar event files (loss, lr, grad norm, throughput, MFU, memory)"},
       {"metrics", "save_tb_folder", &c.metrics.save_tb_folder, "TensorBoard folder, inside dump_folder"},

@@ -22,6 +22,14 @@ void Parallel::sum_over_dp(float* values, int n) const {
   for (int i = 0; i < n; ++i) values[i] = t.data<float>()[i];
 }
 
+int Parallel::max_over_world(int value) const {
+  if (!mesh || world_size == 1) return value;
+  Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.max");
+  t.data<float>()[0] = static_cast<float>(value);
+  Communicator::world().all_reduce(t, ReduceOp::max);
+  return static_cast<int>(t.data<float>()[0]);
+}
+
 std::vector<double> Parallel::gather_world(double value) const {
   if (!mesh || world_size == 1) return {value};
   Tensor mine = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.gather");

@@ -35,6 +35,9 @@ struct Parallel {
   bool rank0() const { return rank == 0; }
   // Sums `values` over the data-parallel ranks (a no-op for one process).
   void sum_over_dp(float* values, int n) const;
+  // The largest of every rank's `value` (collective over the world; small
+  // integers such as a signal number).
+  int max_over_world(int value) const;
   // Every rank's `value`, by world rank (collective; as f32, enough for rates and MiB).
   std::vector<double> gather_world(double value) const;
 };

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <array>
@@ -33,6 +34,7 @@
 #include "anvil/obs/trace.h"
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/grad_norm.h"
+#include "anvil/plan/fit.h"
 #include "anvil/plan/memory.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/lr_schedule.h"
@@ -43,8 +45,10 @@ namespace anvil {
 
 namespace {
 
+// The signal that asked the run to stop: SIGINT (Ctrl-C), or SIGTERM (what
+// mpirun sends every rank when it gets Ctrl-C, and what schedulers send).
 volatile std::sig_atomic_t g_interrupted = 0;
-void on_sigint(int) { g_interrupted = 1; }
+void on_stop_signal(int sig) { g_interrupted = sig; }
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -168,15 +172,59 @@ void load_initial_weights(const std::string& path, const ModelArgs& args, ParamS
                              "model)"));
 }
 
+// The refusal of a run that cannot fit: the model's size, where the bytes go,
+// and what would fit instead (smaller micro-batches, recomputation, or FSDP
+// over more ranks of this machine's size), in configuration keys.
+std::string does_not_fit_message(const ModelArgs& args, const TrainShape& shape, const MemoryEstimate& est,
+                                 size_t available) {
+  std::string msg = detail::concat(
+      args.name, "/", args.flavor, " has ", with_commas(args.num_params()), " parameters; predicted peak memory ",
+      human_bytes(est.peak_total), " per process exceeds the ", human_bytes(available), " available (parameters ",
+      human_bytes(est.bytes(MemCategory::parameters)), ", gradients ", human_bytes(est.bytes(MemCategory::gradients)),
+      ", optimizer state ", human_bytes(est.bytes(MemCategory::optimizer_state)), ", activations ",
+      human_bytes(est.bytes(MemCategory::activations)), ", workspace ", human_bytes(est.bytes(MemCategory::workspace)),
+      "). To fit: lower training.local_batch_size (", shape.local_batch_size, ") or training.seq_len (", shape.seq_len,
+      ")");
+  // FSDP divides the model state but not the activations: say how many ranks,
+  // each with this much memory, would do under this and lighter AC modes.
+  std::vector<std::string> options;
+  std::vector<AcMode> modes{shape.ac.mode};
+  if (shape.ac.mode == AcMode::none) modes.push_back(AcMode::selective_op);
+  modes.push_back(AcMode::full);
+  for (AcMode mode : modes) {
+    TrainShape s = shape;
+    s.ac.mode = mode;
+    const int64_t ranks = fsdp_ranks_to_fit(args, s, available);
+    const std::string key = mode == AcMode::full           ? "activation_checkpoint.mode = \"full\""
+                            : mode == AcMode::selective_op ? "activation_checkpoint.mode = \"selective\" (op)"
+                            : mode == AcMode::none         ? "activation_checkpoint.mode = \"none\""
+                                                           : "the configured selective layer policy";
+    const std::string option = ranks > 0 ? detail::concat(ranks, " FSDP ranks with ", key)
+                                         : detail::concat("no number of FSDP ranks with ", key);
+    if (std::find(options.begin(), options.end(), option) == options.end()) options.push_back(option);
+  }
+  msg += "; or shard it: by the estimate, ";
+  for (size_t i = 0; i < options.size(); ++i) msg += (i ? (i + 1 == options.size() ? ", or " : ", ") : "") + options[i];
+  msg += detail::concat(" would fit, each rank with ", human_bytes(available),
+                        " (mpirun -np N anvil train ... --parallelism.data_parallel_shard_degree N); or pick a smaller "
+                        "model.flavor");
+  return msg;
+}
+
 }  // namespace
 
 TrainResult train(const JobConfig& cfg) {
-  // Ctrl-C from here on stops at the next micro-batch boundary, with a message.
+  // Ctrl-C (or SIGTERM) from here on stops at the next micro-batch boundary,
+  // with a message; under MPI every rank stops at the same one.
   g_interrupted = 0;
-  struct RestoreSigint {
-    void (*previous)(int);
-    ~RestoreSigint() { std::signal(SIGINT, previous); }
-  } restore{std::signal(SIGINT, on_sigint)};
+  struct RestoreSignals {
+    void (*previous_int)(int);
+    void (*previous_term)(int);
+    ~RestoreSignals() {
+      std::signal(SIGINT, previous_int);
+      std::signal(SIGTERM, previous_term);
+    }
+  } restore{std::signal(SIGINT, on_stop_signal), std::signal(SIGTERM, on_stop_signal)};
   // A write past a file-size limit (ulimit -f) fails with EFBIG and a message
   // instead of killing the process.
   std::signal(SIGXFSZ, SIG_IGN);
@@ -205,26 +253,11 @@ TrainResult train(const JobConfig& cfg) {
 
   // Refuse, before allocating anything, a run that cannot fit.
   const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac};
-  MemoryEstimate est = estimate_memory(args, shape);
-  if (fsdp_mode || par.tp_size > 1) {  // each rank keeps 1/(dp_shard·tp) of the weights, gradients and optimizer state
-    const int64_t shards = (fsdp_mode ? par.mesh->layout().dp_shard() : 1) * par.tp_size;
-    for (MemCategory c : {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer_state}) {
-      const size_t full = est.bytes(c), sharded = full / static_cast<size_t>(shards);
-      est.peak[static_cast<int>(c)] = sharded;
-      est.peak_total -= full - sharded;
-    }
-  }
+  // Each rank keeps 1/(dp_shard·tp) of the weights, gradients and optimizer state.
+  const MemoryEstimate est = shard_model_state(
+      estimate_memory(args, shape), (fsdp_mode ? par.mesh->layout().dp_shard() : 1) * par.tp_size);
   const size_t available = available_memory_bytes();
-  if (available > 0 && est.peak_total > available) {
-    throw Error(detail::concat(
-        "predicted peak memory ", human_bytes(est.peak_total), " exceeds the ", human_bytes(available),
-        " available (parameters ", human_bytes(est.bytes(MemCategory::parameters)), ", gradients ",
-        human_bytes(est.bytes(MemCategory::gradients)), ", optimizer state ",
-        human_bytes(est.bytes(MemCategory::optimizer_state)), ", activations ",
-        human_bytes(est.bytes(MemCategory::activations)),
-        "); lower training.local_batch_size or training.seq_len, use activation_checkpoint.mode = \"full\", "
-        "or pick a smaller model.flavor"));
-  }
+  if (available > 0 && est.peak_total > available) throw Error(does_not_fit_message(args, shape, est, available));
 
   const PeakFlops peak = cfg.metrics.peak_tflops > 0
                              ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
@@ -465,6 +498,11 @@ TrainResult train(const JobConfig& cfg) {
   int64_t step = first_step;
   // ANVIL_FAULT_KILL_RANK=<rank>:<step> (a test hook): that rank SIGKILLs
   // itself after the step's backward, before its gradients are reduced.
+  int stop_signal = 0;  // the signal that stops the run, agreed over the ranks
+  const auto stop_requested = [&] {
+    stop_signal = par.distributed() ? par.max_over_world(g_interrupted) : static_cast<int>(g_interrupted);
+    return stop_signal != 0;
+  };
   int64_t fault_kill_step = -1;
   if (const char* v = std::getenv("ANVIL_FAULT_KILL_RANK")) {
     int fault_rank = -1;
@@ -515,6 +553,7 @@ TrainResult train(const JobConfig& cfg) {
       const int64_t global_step_tokens = step_tokens * par.dp_size;
       double loss_sum = 0;
       int64_t loss_tokens = 0;
+      int64_t stopped_after = 0;  // micro-batches done when a stop was agreed, 0 while running
       for (int64_t i = 0; i < accum_steps; ++i) {
         if (ddp) ddp->set_sync(i == accum_steps - 1);
         const CrossEntropyResult r = model.forward_backward(tokens[static_cast<size_t>(i)],
@@ -522,7 +561,13 @@ TrainResult train(const JobConfig& cfg) {
                                                             1.0f / static_cast<float>(global_step_tokens), ac);
         loss_sum += r.loss_sum;
         loss_tokens += r.num_tokens;
-        if (g_interrupted && !par.distributed()) break;  // ranks must not leave a collective half done
+        // A signal reaches one rank, or the ranks at different moments: they
+        // agree here, so all leave the step after the same micro-batch and no
+        // rank is left waiting in a collective the others skipped.
+        if (stop_requested()) {
+          stopped_after = i + 1;
+          break;
+        }
       }
       if (fault_kill_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
       if (ddp) ddp->finish();
@@ -545,9 +590,15 @@ TrainResult train(const JobConfig& cfg) {
         loss_sum = totals[0];
         loss_tokens = static_cast<int64_t>(totals[1]);
       }
-      if (g_interrupted) {
-        std::printf("anvil: interrupted during step %lld; its gradients were discarded. %lld steps completed.\n",
-                    static_cast<long long>(step), static_cast<long long>(step - 1));
+      if (stopped_after > 0) {
+        std::printf("anvil: interrupted (%s) during step %lld after micro-batch %lld of %lld; its gradients were "
+                    "discarded. %lld steps completed.\n",
+                    strsignal(stop_signal), static_cast<long long>(step), static_cast<long long>(stopped_after),
+                    static_cast<long long>(accum_steps), static_cast<long long>(step - 1));
+        if (par.distributed())
+          std::fprintf(stderr, "anvil: rank %d: stopped in step %lld after micro-batch %lld of %lld\n", par.rank,
+                       static_cast<long long>(step), static_cast<long long>(stopped_after),
+                       static_cast<long long>(accum_steps));
         result.interrupted = true;
         break;
       }
@@ -718,9 +769,11 @@ TrainResult train(const JobConfig& cfg) {
         const std::string written = capture->finish();
         if (!written.empty()) std::printf("anvil: step %lld: %s\n", static_cast<long long>(step), written.c_str());
       }
-      if (g_interrupted) {
-        std::printf("anvil: interrupted after step %lld of %lld.\n", static_cast<long long>(step),
-                    static_cast<long long>(tc.steps));
+      if (stop_requested()) {
+        std::printf("anvil: interrupted (%s) after step %lld of %lld.\n", strsignal(stop_signal),
+                    static_cast<long long>(step), static_cast<long long>(tc.steps));
+        if (par.distributed())
+          std::fprintf(stderr, "anvil: rank %d: stopped after step %lld\n", par.rank, static_cast<long long>(step));
         result.interrupted = true;
         break;
       }
