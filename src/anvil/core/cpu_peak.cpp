@@ -63,6 +63,8 @@ CpuFeatures detect() {
   return f;
 }
 
+constexpr int kTrials = 15;
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -135,9 +137,11 @@ CpuMeasurements measure() {
   // Interleaved trials, best of each: another process, an interrupt or the
   // hypervisor can only make a trial slower, never faster. About 1 ms each.
   constexpr uint64_t kAddIters = 30000, kVecIters = 100000;
+  // Enough that ranks sharing a core (mpirun --oversubscribe) still get
+  // trials that run undisturbed from start to end.
   const bool zmm = f.avx512f;
   double adds_per_s = 0, fma_per_s = 0, dp_per_s = 0;
-  for (int trial = 0; trial < 10; ++trial) {  // trial 0 warms up (vector units power up, clocks settle)
+  for (int trial = 0; trial <= kTrials; ++trial) {  // trial 0 warms up (vector units power up, clocks settle)
     const double a = 100.0 * kAddIters / time_add_chain(kAddIters);
     double fm = 0, dp = 0;
     if (f.fma) fm = kVecPerIter * kVecIters / time_vec_loop(zmm ? VecLoop::fma_zmm : VecLoop::fma_ymm, kVecIters);
@@ -235,9 +239,9 @@ std::string cpu_peak_report(int cores) {
   std::string s = format("cpu: %s\n", f.model_name.empty() ? "(no brand string)" : f.model_name.c_str());
   s += format("isa: AVX2+FMA %s, AVX-512 %s, AVX512-BF16 %s, AMX-BF16 %s (CPUID, with the OS's XCR0)\n", yes(f.fma),
               yes(f.avx512f), yes(f.avx512_bf16), yes(f.amx_bf16));
-  s += format("clock: %.2f GHz measured (a chain of dependent adds, one per cycle; best of 9 trials); "
+  s += format("clock: %.2f GHz measured (a chain of dependent adds, one per cycle; best of %d trials); "
               "/proc/cpuinfo says %.2f GHz\n",
-              m.clock_hz / 1e9, m.reported_clock_hz / 1e9);
+              m.clock_hz / 1e9, kTrials, m.reported_clock_hz / 1e9);
   s += "peak bf16: " + cpu_peak_flops(DType::bf16, cores).derivation + "\n";
   s += "peak fp32: " + cpu_peak_flops(DType::f32, cores).derivation + "\n";
   return s;
