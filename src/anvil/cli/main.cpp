@@ -12,6 +12,7 @@
 #include "anvil/cli/tokenizer_train_cmd.h"
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
+#include "anvil/dist/mesh.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/matmul.h"
 #include "anvil/plan/memory.h"
@@ -49,7 +50,11 @@ int estimate(const anvil::JobConfig& cfg) {
   const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
   const DType dt = cfg.training.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
   const AcPolicy ac = parse_ac_policy(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
-  const MemoryEstimate est = estimate_memory(args, {cfg.training.local_batch_size, cfg.training.seq_len, dt, ac});
+  // As one process runs it: a step holds all its micro-batches' tokens at once.
+  const int64_t micro_batches = gradient_accumulation_steps(cfg.training.local_batch_size,
+                                                            cfg.training.global_batch_size, MeshLayout(1, 1, 1, 1));
+  const MemoryEstimate est =
+      estimate_memory(args, {cfg.training.local_batch_size, cfg.training.seq_len, dt, ac, micro_batches});
   std::printf("%s/%s: %lld parameters, %.4g FLOP per token at seq_len %lld\n", args.name.c_str(),
               args.flavor.c_str(), static_cast<long long>(args.num_params()),
               flops_per_token(args, cfg.training.seq_len), static_cast<long long>(cfg.training.seq_len));

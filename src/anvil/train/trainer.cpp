@@ -252,7 +252,7 @@ TrainResult train(const JobConfig& cfg) {
               "; pick a flavour with a larger vocabulary or a smaller tokenizer");
 
   // Refuse, before allocating anything, a run that cannot fit.
-  const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac};
+  const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac, accum_steps};
   // Each rank keeps 1/(dp_shard·tp) of the weights, gradients and optimizer state.
   const MemoryEstimate est = shard_model_state(
       estimate_memory(args, shape), (fsdp_mode ? par.mesh->layout().dp_shard() : 1) * par.tp_size);
