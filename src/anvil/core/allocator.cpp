@@ -1,21 +1,20 @@
 #include "anvil/core/allocator.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "anvil/core/error.h"
 
 namespace anvil {
 
-namespace {
 std::string human_bytes(size_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  return detail::concat(static_cast<double>(static_cast<int64_t>(v * 10)) / 10, " ", units[u]);
+  char buf[32];
+  if (b >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1 << 30));
+  else if (b >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  return buf;
 }
-}  // namespace
 
 const char* category_name(MemCategory c) {
   switch (c) {

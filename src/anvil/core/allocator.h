@@ -27,6 +27,10 @@ enum class MemCategory : uint8_t {
 inline constexpr int kNumMemCategories = 6;
 const char* category_name(MemCategory c);
 
+// "512.0 KiB", "47.0 MiB", "1.60 GiB": how every byte count reaches the user
+// (logs, errors, the estimator's table).
+std::string human_bytes(size_t bytes);
+
 // Thrown when the system refuses an allocation; the trainer catches it to dump
 // a memory snapshot of what was live.
 class OutOfMemoryError : public Error {

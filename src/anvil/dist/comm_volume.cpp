@@ -15,12 +15,12 @@ double fsdp_bytes_per_step(const std::vector<int64_t>& group_numel, int n, int r
   const size_t groups = group_numel.size();
   double per_micro_batch = 0, shard_elements = 0;
   for (size_t i = 0; i < groups; ++i) {
-    // Each rank's slice is padded to 32 elements, as FsdpParams lays it out.
-    const int64_t per_rank = ((group_numel[i] + n - 1) / n + 31) / 32 * 32;
+    const int64_t per_rank = fsdp_shard_numel(group_numel[i], n);
     const uint64_t full = static_cast<uint64_t>(n * per_rank);
     shard_elements += static_cast<double>(per_rank);
-    const bool head = i + 1 == groups, last_block = i + 2 == groups;
-    const bool kept = head || reshard == ReshardPolicy::never || (last_block && reshard == ReshardPolicy::default_policy);
+    // The head's forward and backward are one fused pass: one gather, whatever the policy.
+    const bool head = i + 1 == groups;
+    const bool kept = head || fsdp_keep_after_forward(static_cast<int>(i), static_cast<int>(groups), reshard);
     const int gathers = kept ? 1 : 2;
     per_micro_batch += gathers * static_cast<double>(comm_bytes(CommOp::all_gather, full * compute_dtype_bytes, n));
     per_micro_batch += static_cast<double>(comm_bytes(CommOp::reduce_scatter, full * 4, n));

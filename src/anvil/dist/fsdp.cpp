@@ -15,13 +15,26 @@ ReshardPolicy parse_reshard_policy(const std::string& s) {
   throw Error(detail::concat("parallelism.fsdp_reshard_after_forward is '", s, "'; use default, always or never"));
 }
 
+int64_t fsdp_shard_numel(int64_t group_numel, int n) {
+  const int64_t per_rank = (group_numel + n - 1) / n;
+  return (per_rank + 31) / 32 * 32;
+}
+
+bool fsdp_keep_after_forward(int group, int num_groups, ReshardPolicy reshard) {
+  switch (reshard) {
+    case ReshardPolicy::never: return true;
+    case ReshardPolicy::always: return false;
+    case ReshardPolicy::default_policy: break;
+  }
+  // The last block's weights are needed again at once by the backward.
+  return group == num_groups - 2;
+}
+
 FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* replicate, ReshardPolicy reshard)
     : model_(model), shard_(shard), replicate_(replicate), reshard_(reshard), n_(shard.size()) {
   const auto& groups = model.groups();
   for (const ParamGroup& g : groups) {
-    // Each rank's slice a multiple of 32 elements, so every shard stays 64-byte aligned.
-    const int64_t per_rank = (g.numel + n_ - 1) / n_;
-    shard_numel_.push_back((per_rank + 31) / 32 * 32);
+    shard_numel_.push_back(fsdp_shard_numel(g.numel, n_));
     shard_offset_.push_back(shard_total_);
     shard_total_ += shard_numel_.back();
   }
@@ -124,16 +137,6 @@ void FsdpParams::progress() {
   }
 }
 
-bool FsdpParams::keep_after_forward(int group) const {
-  switch (reshard_) {
-    case ReshardPolicy::never: return true;
-    case ReshardPolicy::always: return false;
-    case ReshardPolicy::default_policy: break;
-  }
-  // The last block's weights are needed again at once by the backward.
-  return group == static_cast<int>(model_.groups().size()) - 2;
-}
-
 void FsdpParams::before_forward(int group) {
   gather(group, false);
   wait_gather(group);
@@ -144,7 +147,8 @@ void FsdpParams::before_forward(int group) {
 
 void FsdpParams::after_forward(int group) {
   model_.unbind_group(group);
-  if (!keep_after_forward(group)) gathered_[static_cast<size_t>(group)] = Tensor();
+  if (!fsdp_keep_after_forward(group, static_cast<int>(model_.groups().size()), reshard_))
+    gathered_[static_cast<size_t>(group)] = Tensor();
 }
 
 void FsdpParams::before_backward(int group) {

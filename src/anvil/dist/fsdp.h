@@ -31,6 +31,17 @@ namespace anvil {
 enum class ReshardPolicy { default_policy, always, never };
 ReshardPolicy parse_reshard_policy(const std::string& s);
 
+// FSDP's layout and reshard rules, here once for FsdpParams and for the closed
+// form of its traffic (comm_volume.h), so the two cannot drift apart.
+// Elements of each rank's slice of a group of `group_numel` over n shards: the
+// 1/n share rounded up to a multiple of 32, so every shard stays 64-byte aligned.
+int64_t fsdp_shard_numel(int64_t group_numel, int n);
+// Whether group `group` (of `num_groups`) keeps its gathered weights from its
+// forward to its backward instead of gathering them again: under "never"
+// every group, under "always" none, by default the last block, whose backward
+// comes at once.
+bool fsdp_keep_after_forward(int group, int num_groups, ReshardPolicy reshard);
+
 class FsdpParams : public ParamGroupHooks {
  public:
   // `model` is a ParamStore built without buffers (allocate = false) whose
@@ -78,7 +89,6 @@ class FsdpParams : public ParamGroupHooks {
   void wait_gather(int group);
   void complete(Pending& p);
   void progress();
-  bool keep_after_forward(int group) const;
   int layer_of(int group) const { return layer_of_group(group, static_cast<int>(model_.groups().size())); }
 
   ParamStore& model_;

@@ -65,10 +65,10 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a, int tp_rank, int tp
   const int64_t D = a.dim, hd = a.head_dim(), F = a.ffn_hidden_dim();
   const int64_t T = tp_size;
   ANVIL_ASSERT(T >= 1 && tp_rank >= 0 && tp_rank < T);
-  ANVIL_CHECK(a.n_heads % T == 0 && a.n_kv_heads % T == 0, a.name, "/", a.flavor, ": tensor_parallel_degree ", T,
-              " must divide n_heads ", a.n_heads, " and n_kv_heads ", a.n_kv_heads);
-  ANVIL_CHECK(F % T == 0, a.name, "/", a.flavor, ": tensor_parallel_degree ", T,
-              " must divide the feed-forward width ", F);
+  ANVIL_CHECK(a.n_heads % T == 0 && a.n_kv_heads % T == 0, a.name, "/", a.flavor, ": ", T,
+              " tensor-parallel ranks must divide n_heads ", a.n_heads, " and n_kv_heads ", a.n_kv_heads);
+  ANVIL_CHECK(F % T == 0, a.name, "/", a.flavor, ": ", T, " tensor-parallel ranks must divide the feed-forward width ",
+              F);
   // This rank's extents along the split dimension, and where its slice begins.
   const int64_t q_rows = a.n_heads / T * hd, kv_rows = a.n_kv_heads / T * hd, f_rows = F / T;
   const int64_t v_rows = padded_vocab_size(a.vocab_size, tp_size) / T;
@@ -168,9 +168,8 @@ BlockParams Llama::block_grads(int layer) const {
 int64_t Llama::residual_rows(int64_t M) const {
   if (tp_ == nullptr || !tp_->sequence_parallel()) return M;
   ANVIL_CHECK(M % tp_->size() == 0, "sequence parallelism splits the ", M,
-              " tokens of a micro-batch (local_batch_size x seq_len) over tensor_parallel_degree ", tp_->size(),
-              ", which must divide them; change training.local_batch_size or training.seq_len, or set "
-              "parallelism.enable_sequence_parallel = false");
+              " tokens of a micro-batch (batch x sequence length) over ", tp_->size(),
+              " tensor-parallel ranks, which must divide them");
   return M / tp_->size();
 }
 
@@ -514,7 +513,7 @@ CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& t
                " targets ", shape_str(targets.shape()));
   const int64_t B = tokens.size(0), T = tokens.size(1), M = B * T, D = args_.dim;
   ANVIL_CHECK(T <= rope_.max_positions(), "sequence length ", T, " exceeds the model's maximum ",
-              rope_.max_positions(), "; lower training.seq_len");
+              rope_.max_positions());
   const int64_t Ml = residual_rows(M);
   const DType dt = compute_dtype();
   const float eps = static_cast<float>(args_.norm_eps);

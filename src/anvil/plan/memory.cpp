@@ -1,7 +1,6 @@
 #include "anvil/plan/memory.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -184,14 +183,6 @@ size_t available_memory_bytes() {
   if (read_number("/sys/fs/cgroup/memory.max", limit) && read_number("/sys/fs/cgroup/memory.current", usage))
     avail = std::min(avail, limit > usage ? limit - usage : 0);
   return avail;
-}
-
-std::string human_bytes(size_t b) {
-  char buf[32];
-  if (b >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1 << 30));
-  else if (b >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
-  else std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
-  return buf;
 }
 
 }  // namespace anvil

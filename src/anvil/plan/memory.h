@@ -38,6 +38,4 @@ size_t block_saved_bytes(const ModelArgs& args, const TrainShape& shape, int lay
 // cgroup limit minus current usage when that is lower.
 size_t available_memory_bytes();
 
-std::string human_bytes(size_t bytes);
-
 }  // namespace anvil

@@ -11,12 +11,6 @@
 
 namespace anvil {
 
-double flops_per_token(const ModelArgs& a, int64_t seq_len) {
-  const double dense = 6.0 * static_cast<double>(a.num_params() - a.num_embedding_params());
-  const double attention = 6.0 * static_cast<double>(a.n_layers * a.n_heads * 2 * a.head_dim() * seq_len);
-  return dense + attention;
-}
-
 MetricsLog::MetricsLog(const std::string& dump_folder) {
   std::error_code ec;
   std::filesystem::create_directories(dump_folder, ec);

@@ -1,6 +1,6 @@
-// Throughput and MFU as torchtitan defines them (the CPU's peak FLOP rate is in
-// core/cpu_peak.h), and the metrics log (one console line and one JSON line per
-// logging step).
+// The metrics log: one console line and one JSON line per logging step, with
+// throughput and MFU as torchtitan defines them (FLOPs per token is predicted in
+// plan/flops.h, the CPU's peak FLOP rate is in core/cpu_peak.h).
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -10,15 +10,8 @@
 #include "anvil/core/allocator.h"
 #include "anvil/core/cpu_peak.h"
 #include "anvil/core/dtype.h"
-#include "anvil/model/args.h"
 
 namespace anvil {
-
-// 6·(parameters − embedding parameters) + 6·n_layers·n_heads·2·head_dim·seq_len:
-// the matrix products of forward and backward (3 × 2 FLOPs per weight per
-// token) plus attention's scores and weighted sum, causal mask not discounted.
-double flops_per_token(const ModelArgs& args, int64_t seq_len);
-
 
 struct StepLog {
   int64_t step = 0;

@@ -58,12 +58,18 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
     check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
     ANVIL_CHECK(args.ffn_hidden_dim() % layout.tp() == 0, "parallelism.tensor_parallel_degree ", layout.tp(),
                 " must divide ", args.name, "/", args.flavor, "'s feed-forward width ", args.ffn_hidden_dim());
+    // The model checks this too, in shapes; here it is said in the keys that set it.
+    const int64_t tokens = cfg.training.local_batch_size * cfg.training.seq_len;
+    ANVIL_CHECK(!p.enable_sequence_parallel || tokens % layout.tp() == 0, "sequence parallelism splits the ", tokens,
+                " tokens of a micro-batch (local_batch_size x seq_len) over tensor_parallel_degree ", layout.tp(),
+                ", which must divide them; change training.local_batch_size or training.seq_len, or set "
+                "parallelism.enable_sequence_parallel = false");
   }
   if (layout.dp_shard() > 1)
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
                 " ties its embedding and output weights, which FSDP does not shard yet; use DDP "
                 "(data_parallel_shard_degree = 1, data_parallel_replicate_degree = ", layout.dp(), ")");
-  (void)gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size, layout);
+  par.accum_steps = gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size, layout);
   if (world_size == 1) return par;
 
   par.mesh = std::make_unique<DeviceMesh>(world, layout);

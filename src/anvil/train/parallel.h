@@ -7,6 +7,7 @@
 // and, independently, tensor parallelism over the tp group when tp > 1 (2-D:
 // FSDP shards each tp rank's slices over dp_shard).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct Parallel {
   int rank = 0, world_size = 1;
   int dp_rank = 0, dp_size = 1;
   int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data
+  // Micro-batches per optimizer step: training.global_batch_size over
+  // local_batch_size × the data-parallel degree, resolved and checked once here.
+  int64_t accum_steps = 1;
   std::string description = "single process";
 
   bool distributed() const { return mesh != nullptr; }
@@ -43,8 +47,9 @@ struct Parallel {
 };
 
 // Resolves and checks the [parallelism] degrees against the world and the
-// model, on every rank with the same message; checks that every rank has the
-// same configuration. Requires MPI to be running when launched by MPI.
+// model, on every rank with the same message, and the batch against them
+// (accum_steps); checks that every rank has the same configuration. Requires
+// MPI to be running when launched by MPI.
 Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args);
 
 }  // namespace anvil

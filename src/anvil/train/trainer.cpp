@@ -35,6 +35,7 @@
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/plan/fit.h"
+#include "anvil/plan/flops.h"
 #include "anvil/plan/memory.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/lr_schedule.h"
@@ -239,9 +240,7 @@ TrainResult train(const JobConfig& cfg) {
   const bool fsdp_mode = par.mode == DataParallelMode::fsdp;
   const DType dt = tc.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
   const AcPolicy ac = parse_ac_policy(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
-  const int64_t accum_steps =
-      gradient_accumulation_steps(tc.local_batch_size, tc.global_batch_size,
-                                  par.distributed() ? par.mesh->layout() : MeshLayout(1, 1, 1, 1));
+  const int64_t accum_steps = par.accum_steps;
   ANVIL_CHECK(tc.seq_len <= args.max_seq_len, "training.seq_len ", tc.seq_len, " exceeds ", args.name, "/",
               args.flavor, "'s max_seq_len ", args.max_seq_len);
   const std::unique_ptr<Tokenizer> tokenizer_ptr =

@@ -1,0 +1,16 @@
+// The compute prediction: floating-point operations per trained token, the
+// numerator of throughput in TFLOP/s and of MFU (torchtitan's definition, so
+// the figures compare with its logs). Beside plan/memory.h, the other prediction.
+#pragma once
+#include <cstdint>
+
+#include "anvil/model/args.h"
+
+namespace anvil {
+
+// 6·(parameters − embedding parameters) + 6·n_layers·n_heads·2·head_dim·seq_len:
+// the matrix products of forward and backward (3 × 2 FLOPs per weight per
+// token) plus attention's scores and weighted sum, causal mask not discounted.
+double flops_per_token(const ModelArgs& args, int64_t seq_len);
+
+}  // namespace anvil
