@@ -26,6 +26,7 @@
 #include "anvil/dist/comm.h"
 #include "anvil/dist/config_check.h"
 #include "anvil/dist/mesh.h"
+#include "mpi_test_util.h"
 
 using namespace anvil;
 
@@ -478,27 +479,6 @@ TEST(Mesh, CollectivesOnSubGroups) {
 
 namespace {
 
-// On ranks other than 0 GoogleTest stays quiet except for failures, each
-// prefixed with the rank, so a 4-rank run prints one report, not four.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  // The name is kept here because OnTestPartResult runs under GoogleTest's
-  // lock, where UnitTest::current_test_info() would deadlock.
-  void OnTestStart(const ::testing::TestInfo& test) override {
-    test_ = std::string(test.test_suite_name()) + "." + test.name();
-  }
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "rank %d: %s failed at %s:%d\n%s\n", rank_, test_.c_str(),
-                 result.file_name() ? result.file_name() : "?", result.line_number(), result.summary());
-  }
-
- private:
-  int rank_;
-  std::string test_;
-};
-
 int config_mismatch_scenario() {
   // Rank 2 (the last rank in smaller worlds) runs with another step count.
   const int odd = std::min(2, world().size() - 1);
@@ -546,10 +526,6 @@ int main(int argc, char** argv) {
   }
 
   ::testing::InitGoogleTest(&argc, argv);
-  if (w.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(w.rank()));
-  }
+  anvil::testing::report_only_failures_unless_rank_0(w.rank());
   return RUN_ALL_TESTS();
 }

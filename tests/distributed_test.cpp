@@ -1,11 +1,9 @@
-// Every data-parallel layout against the single-process run, through mpirun:
-// 10 fp32 steps from the same initial weights on the same global batches give
-// losses within 1e-5 relative at every step and final weights within 1e-5
-// relative norm. The layouts differ from one process only in the order of
-// floating-point sums (gradients reduced over ranks, losses summed in fp32),
-// which moves results by a few ulps per step — far inside 1e-5 — while any
-// real error (a wrong shard, a missed reduction, a token seen twice) moves the
-// loss by orders of magnitude more.
+// Data parallelism through the trainer under mpirun: every data-parallel row
+// of the layout table (tests/layout_parity.h: DDP 2, FSDP 2, FSDP 4, HSDP 2x2,
+// FSDP 2 with 4 accumulation steps, each under AC none, full and selective op)
+// against the single-process run, with the bounds and reasoning given there;
+// FSDP's memory per rank; checkpoints moving between layouts; faults and
+// Ctrl-C; bytes moved against their closed forms; bf16 tolerances.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -19,11 +17,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "anvil/core/safetensors.h"
 #include "anvil/model/args.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
-#include "mpi_test_util.h"
+#include "layout_parity.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -31,113 +28,20 @@ namespace fs = std::filesystem;
 namespace {
 
 using Output = anvil::testing::CommandOutput;
+using anvil::testing::layout;
+using anvil::testing::runs;
 
-fs::path workdir() {
-  static const fs::path dir = [] {
-    const fs::path d = anvil::testing::scratch_root() / "anvil_distributed_test";
-    fs::remove_all(d);
-    fs::create_directories(d);
-    std::ofstream text(d / "text.txt");
-    for (int i = 0; i < 600; ++i)
-      text << "Line " << i % 29 << ": the jury's presentments praised the city's purchasing department, "
-           << i * 7 % 13 << " times.\n";
-    return d;
-  }();
-  return dir;
-}
-
-// One micro-batch of 2 sequences of 32 tokens per data-parallel rank.
-std::string common_args(const std::string& dump, const std::string& extra) {
-  return "train --training.dataset text --training.dataset_path " + (workdir() / "text.txt").string() +
-         " --training.seq_len 32 --training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32"
-         " --lr_scheduler.warmup_steps 2 --checkpoint.enable --checkpoint.interval 10 --metrics.enable_tensorboard false"
-         " --job.dump_folder " + (workdir() / dump).string() + " " + extra;
-}
-
-Output run_single(const std::string& dump, const std::string& extra) {
-  return anvil::testing::run_anvil(common_args(dump, extra), "OMP_NUM_THREADS=2 ");
-}
-
-Output run_mpi(int ranks, const std::string& dump, const std::string& extra, const std::string& before = "") {
-  return anvil::testing::run_anvil(common_args(dump, extra), before + anvil::testing::mpirun_prefix(ranks));
-}
-
-std::map<int64_t, double> losses(const std::string& dump) {
-  return anvil::testing::metric_by_step(workdir() / dump / "metrics.jsonl", "loss");
-}
-
-// ||a − b|| / ||b|| over every tensor of the two runs' final checkpoints.
-double weight_difference(const std::string& a, const std::string& b) {
-  return anvil::testing::safetensors_relative_difference(workdir() / a / "checkpoint" / "step-10" / "model.safetensors",
-                                                         workdir() / b / "checkpoint" / "step-10" / "model.safetensors");
-}
-
-struct Layout {
-  std::string name;
-  int ranks;
-  int dp;             // data-parallel degree: the reference's batch is dp times larger
-  std::string flags;  // [parallelism] and batch flags
-  int accumulation = 1;
-};
-
-void expect_matches_single_process(const Layout& layout, const std::string& ac) {
-  SCOPED_TRACE(layout.name + ", activation checkpointing " + ac);
-  const std::string ac_flags = ac == "op" ? "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"
-                                          : "--activation_checkpoint.mode " + ac;
-  const int local = 2;
-  std::string tag = layout.name + "_" + ac;
-  for (char& c : tag)
-    if (c == ' ') c = '_';
-  // The single process takes the whole global batch in one micro-batch per accumulation step.
-  const std::string ref_flags = "--training.local_batch_size " + std::to_string(local * layout.dp) +
-                                " --training.global_batch_size " + std::to_string(local * layout.dp * layout.accumulation) +
-                                " " + ac_flags;
-  const Output ref = run_single("single_" + tag, ref_flags);
-  ASSERT_EQ(ref.exit_code, 0) << ref.text;
-  const Output out = run_mpi(layout.ranks, tag,
-                             "--training.local_batch_size " + std::to_string(local) + " --training.global_batch_size " +
-                                 std::to_string(local * layout.dp * layout.accumulation) + " " + layout.flags + " " +
-                                 ac_flags);
-  ASSERT_EQ(out.exit_code, 0) << out.text;
-  const auto want = losses("single_" + tag), got = losses(tag);
-  ASSERT_EQ(want.size(), 10u);
-  ASSERT_EQ(got.size(), 10u) << out.text;
-  double worst = 0;
-  for (const auto& [step, loss] : want) {
-    const double rel = std::abs(got.at(step) - loss) / std::abs(loss);
-    worst = std::max(worst, rel);
-    EXPECT_LE(rel, 1e-5) << "step " << step << ": " << got.at(step) << " vs " << loss;
-  }
-  const double wdiff = weight_difference(tag, "single_" + tag);
-  EXPECT_LE(wdiff, 1e-5);
-  std::printf("%-22s AC %-5s worst loss difference %.2e, final weights %.2e (relative)\n", layout.name.c_str(),
-              ac.c_str(), worst, wdiff);
-}
-
-const Layout kDdp2{"DDP 2", 2, 2, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1"};
-const Layout kFsdp2{"FSDP 2", 2, 2, "--parallelism.data_parallel_shard_degree -1"};
-const Layout kFsdp4{"FSDP 4", 4, 4, "--parallelism.data_parallel_shard_degree 4"};
-const Layout kHsdp{"HSDP 2x2", 4, 4,
-                   "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"};
-const Layout kFsdp2Accum{"FSDP 2 accumulation 4", 2, 2, "", 4};
+fs::path workdir() { return runs().dir(); }
 
 }  // namespace
 
-TEST(Distributed, DdpMatchesSingleProcess) {
-  for (const char* ac : {"none", "full", "op"}) expect_matches_single_process(kDdp2, ac);
-}
-TEST(Distributed, Fsdp2MatchesSingleProcess) {
-  for (const char* ac : {"none", "full", "op"}) expect_matches_single_process(kFsdp2, ac);
-}
-TEST(Distributed, Fsdp4MatchesSingleProcess) {
-  for (const char* ac : {"none", "full", "op"}) expect_matches_single_process(kFsdp4, ac);
-}
-TEST(Distributed, Hsdp2x2MatchesSingleProcess) {
-  for (const char* ac : {"none", "full", "op"}) expect_matches_single_process(kHsdp, ac);
-}
-TEST(Distributed, Fsdp2WithGradientAccumulationMatchesSingleProcess) {
-  for (const char* ac : {"none", "full", "op"}) expect_matches_single_process(kFsdp2Accum, ac);
-}
+using anvil::testing::LayoutParity;
+TEST_P(LayoutParity, MatchesSingleProcess) { anvil::testing::expect_matches_single_process(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(DataParallel, LayoutParity,
+                         ::testing::ValuesIn(anvil::testing::parity_cases([](const anvil::testing::Layout& l) {
+                           return l.ranks > 1 && l.tp == 1;
+                         })),
+                         anvil::testing::parity_case_name);
 
 // ZeRO-3's closed form: with N shards each rank keeps 1/N of the fp32 master
 // weights and their bf16 copy (6 bytes per parameter), of the fp32 gradients
@@ -150,7 +54,7 @@ TEST(Distributed, FsdpRanksKeepOneShardOfWeightsGradientsAndOptimizerState) {
     SCOPED_TRACE("FSDP " + std::to_string(n));
     const std::string dump = "memory_fsdp" + std::to_string(n);
     const std::string flags = "--training.local_batch_size 2 --training.steps 2 --training.mixed_precision_param bfloat16";
-    const Output out = n == 1 ? run_single(dump, flags) : run_mpi(n, dump, flags);
+    const Output out = n == 1 ? runs().single(dump, flags) : runs().mpi(n, dump, flags);
     ASSERT_EQ(out.exit_code, 0) << out.text;
     std::ifstream in(workdir() / dump / "metrics.jsonl");
     nlohmann::json last;
@@ -178,32 +82,26 @@ TEST(Distributed, FsdpRanksKeepOneShardOfWeightsGradientsAndOptimizerState) {
 TEST(Distributed, CheckpointsMoveBetweenLayouts) {
   // A constant learning rate after warm-up, so stopping at step 5 changes nothing before it.
   const std::string batch = "--training.global_batch_size 4 --lr_scheduler.decay_ratio 0 ";
-  const Output whole = run_mpi(2, "xl_whole", batch + "--training.local_batch_size 2");
+  const Output whole = runs().mpi(2, "xl_whole", batch + "--training.local_batch_size 2");
   ASSERT_EQ(whole.exit_code, 0) << whole.text;
-  const Output saved = run_mpi(2, "xl_saved", batch + "--training.local_batch_size 2 --checkpoint.interval 5 --training.steps 5");
+  const Output saved =
+      runs().mpi(2, "xl_saved", batch + "--training.local_batch_size 2 --checkpoint.interval 5 --training.steps 5");
   ASSERT_EQ(saved.exit_code, 0) << saved.text;
-  const auto want = losses("xl_whole");
+  const auto want = runs().losses("xl_whole");
   ASSERT_EQ(want.size(), 10u);
-  const struct {
-    std::string name;
-    int ranks;
-    std::string flags;
-  } targets[] = {{"single", 1, "--training.local_batch_size 4"},
-                 {"fsdp4", 4, "--training.local_batch_size 1 --parallelism.data_parallel_shard_degree 4"},
-                 {"ddp2", 2,
-                  "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
-                  "--parallelism.data_parallel_shard_degree 1"}};
-  for (const auto& t : targets) {
+  for (const char* target : {"single", "fsdp4", "ddp2"}) {
+    const anvil::testing::Layout& t = layout(target);
     SCOPED_TRACE(t.name);
     const std::string dump = "xl_to_" + t.name;
     fs::remove_all(workdir() / dump);
     fs::create_directories(workdir() / dump);
     fs::copy(workdir() / "xl_saved" / "checkpoint", workdir() / dump / "checkpoint", fs::copy_options::recursive);
-    const Output out = t.ranks == 1 ? run_single(dump, batch + t.flags) : run_mpi(t.ranks, dump, batch + t.flags);
+    // The same 4 sequences per step, split over the layout's data-parallel ranks.
+    const Output out = runs().run(t, dump, batch + "--training.local_batch_size " + std::to_string(4 / t.dp));
     ASSERT_EQ(out.exit_code, 0) << out.text;
     EXPECT_NE(out.text.find("resumed from " + (workdir() / dump / "checkpoint" / "step-5").string()), std::string::npos)
         << out.text;
-    const auto got = losses(dump);
+    const auto got = runs().losses(dump);
     ASSERT_EQ(got.size(), 5u) << out.text;
     double worst = 0;
     for (const auto& [step, loss] : got) {
@@ -220,8 +118,7 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
 // collective: the job ends with a message naming the rank. mpirun_prefix's
 // `timeout` turns a hang into exit code 124, which the test refuses.
 TEST(Distributed, ARankKilledMidStepEndsTheJobNamingIt) {
-  const Output out = run_mpi(2, "killed", "--training.local_batch_size 2",
-                             "ANVIL_FAULT_KILL_RANK=1:3 ");
+  const Output out = runs().mpi(2, "killed", "--training.local_batch_size 2", "ANVIL_FAULT_KILL_RANK=1:3 ");
   EXPECT_NE(out.exit_code, 0) << out.text;
   EXPECT_NE(out.exit_code, 124) << "the job hung:\n" << out.text;
   EXPECT_NE(out.text.find("rank 1"), std::string::npos) << out.text;
@@ -247,7 +144,7 @@ Interrupted interrupt_a_run(const std::string& dump, const std::string& target, 
   // 4 micro-batches per step (2 sequences each on 2 ranks, 16 per step), so a
   // signal usually lands inside a step.
   const std::string train = std::string(ANVIL_BINARY) + " " +
-                            common_args(dump, "--training.local_batch_size 2 --training.global_batch_size 16 "
+                            runs().args(dump, "--training.local_batch_size 2 --training.global_batch_size 16 "
                                               "--checkpoint.enable false --training.steps 100000");
   const std::string script =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout -k 5 300 mpirun " +
@@ -316,7 +213,7 @@ TEST(Distributed, ABadDataFileStopsTheJobNamingTheFile) {
     std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
     f.write("BAD!", 4);  // the shard's magic
   }
-  const Output out = run_mpi(2, "bad_data",
+  const Output out = runs().mpi(2, "bad_data",
                              "--training.local_batch_size 2 --training.dataset shards --training.dataset_path " +
                                  shards.string());
   EXPECT_NE(out.exit_code, 0) << out.text;
@@ -360,9 +257,8 @@ TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
   const double f = static_cast<double>(n - 1) / n;
   // DDP: every group's fp32 gradients all-reduced once per step.
   {
-    const Output out = run_mpi(n, "bytes_ddp",
-                               "--training.local_batch_size 2 --training.steps 2 "
-                               "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1");
+    const Output out =
+        runs().mpi(n, "bytes_ddp", "--training.local_batch_size 2 --training.steps 2 " + layout("ddp2").flags);
     ASSERT_EQ(out.exit_code, 0) << out.text;
     const double want = 2 * f * 4.0 * static_cast<double>(g.total);
     EXPECT_EQ(last_metric("bytes_ddp", "comm_bytes_per_step"), want);
@@ -375,7 +271,7 @@ TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
   // the head (its forward and backward are one pass); every group's fp32
   // gradients reduce-scattered once.
   {
-    const Output out = run_mpi(n, "bytes_fsdp",
+    const Output out = runs().mpi(n, "bytes_fsdp",
                                "--training.local_batch_size 2 --training.steps 2 --training.mixed_precision_param bfloat16"
                                " --profiling.enable_profiling --profiling.profile_freq 2");
     ASSERT_EQ(out.exit_code, 0) << out.text;
@@ -422,14 +318,12 @@ TEST(Distributed, ClosedFormTrafficHoldsForHsdpAndAccumulation) {
     const char* dump;
     int ranks;
     std::string flags;
-  } runs[] = {{"bytes_hsdp", 4,
-               "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2 "
-               "--parallelism.data_parallel_shard_degree 2"},
+  } cases[] = {{"bytes_hsdp", 4, "--training.local_batch_size 1 " + layout("hsdp2x2").flags},
               {"bytes_accum", 2, "--training.local_batch_size 1 --training.global_batch_size 6"},
               {"bytes_never", 2, "--training.local_batch_size 1 --parallelism.fsdp_reshard_after_forward never"}};
-  for (const auto& r : runs) {
+  for (const auto& r : cases) {
     SCOPED_TRACE(r.dump);
-    const Output out = run_mpi(r.ranks, r.dump, "--training.steps 2 " + r.flags);
+    const Output out = runs().mpi(r.ranks, r.dump, "--training.steps 2 " + r.flags);
     ASSERT_EQ(out.exit_code, 0) << out.text;
     const double measured = last_metric(r.dump, "comm_bytes_per_step");
     EXPECT_GT(measured, 0);
@@ -449,27 +343,24 @@ TEST(Distributed, ClosedFormTrafficHoldsForHsdpAndAccumulation) {
 // itself — what a layout bug (a wrong shard, a token counted twice) would
 // exceed at once, as the fp32 tests show by how far inside 1e-5 they stay.
 TEST(Distributed, Bf16LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
-  const std::string common = "--training.mixed_precision_param bfloat16 ";
-  const Output ref = run_single("bf16_single", common + "--training.local_batch_size 4");
-  ASSERT_EQ(ref.exit_code, 0) << ref.text;
-  const auto want = losses("bf16_single");
-  ASSERT_EQ(want.size(), 10u);
+  const std::string bf16 = "--training.mixed_precision_param bfloat16 ";
+  // Each layout takes 4 sequences per step (16 with 4 accumulation steps), split
+  // over its data-parallel ranks; the single process takes them at once.
   const struct {
-    const char* name;
-    int ranks;
-    std::string flags;
-  } layouts[] = {
-      {"bf16_ddp2", 2, "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1"},
-      {"bf16_fsdp2", 2, "--training.local_batch_size 2"},
-      {"bf16_fsdp4", 4, "--training.local_batch_size 1"},
-      {"bf16_hsdp", 4, "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"},
-      {"bf16_tp4", 4, "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 4 --parallelism.data_parallel_shard_degree 1"},
-      {"bf16_fsdp2_tp2", 4, "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2"}};
-  for (const auto& l : layouts) {
-    SCOPED_TRACE(l.name);
-    const Output out = run_mpi(l.ranks, l.name, common + l.flags);
+    const char* layout;
+    int accumulation;
+  } cases[] = {{"ddp2", 1}, {"fsdp2", 1}, {"fsdp4", 1}, {"hsdp2x2", 1}, {"tp4", 1}, {"fsdp2_tp2", 1}, {"fsdp2", 4}};
+  for (const auto& c : cases) {
+    const anvil::testing::Layout& l = layout(c.layout);
+    const std::string name = "bf16_" + l.name + (c.accumulation > 1 ? "_accum" + std::to_string(c.accumulation) : "");
+    SCOPED_TRACE(name);
+    const int global = 4 * c.accumulation;
+    const std::string ref = runs().reference(bf16 + anvil::testing::batch_flags(4, global));
+    const auto want = runs().losses(ref);
+    ASSERT_EQ(want.size(), 10u);
+    const Output out = runs().run(l, name, bf16 + anvil::testing::batch_flags(4 / l.dp, global));
     ASSERT_EQ(out.exit_code, 0) << out.text;
-    const auto got = losses(l.name);
+    const auto got = runs().losses(name);
     ASSERT_EQ(got.size(), 10u);
     double worst = 0;
     for (const auto& [step, loss] : want) {
@@ -477,31 +368,16 @@ TEST(Distributed, Bf16LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
       worst = std::max(worst, rel);
       EXPECT_LE(rel, 5e-4) << "step " << step;
     }
-    std::printf("%-11s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", l.name, worst,
-                weight_difference(l.name, "bf16_single"));
+    std::printf("%-17s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", name.c_str(), worst,
+                runs().checkpoint_difference(name, ref));
   }
-  // FSDP 2 with 4 accumulation steps against the single process taking the same 16 sequences per step.
-  const Output ref16 = run_single("bf16_single_accum", common + "--training.local_batch_size 4 --training.global_batch_size 16");
-  ASSERT_EQ(ref16.exit_code, 0) << ref16.text;
-  const Output accum = run_mpi(2, "bf16_fsdp2_accum4", common + "--training.local_batch_size 2 --training.global_batch_size 16");
-  ASSERT_EQ(accum.exit_code, 0) << accum.text;
-  const auto want16 = losses("bf16_single_accum"), got16 = losses("bf16_fsdp2_accum4");
-  ASSERT_EQ(got16.size(), 10u);
-  double worst = 0;
-  for (const auto& [step, loss] : want16) {
-    const double rel = std::abs(got16.at(step) - loss) / std::abs(loss);
-    worst = std::max(worst, rel);
-    EXPECT_LE(rel, 5e-4) << "accumulation, step " << step;
-  }
-  std::printf("%-11s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", "bf16_fsdp2_accum4", worst,
-              weight_difference("bf16_fsdp2_accum4", "bf16_single_accum"));
 }
 
 // Tensor-parallel collectives appear in a profiled step's trace with their bytes.
 TEST(Distributed, TensorParallelCollectivesAreTracedWithTheirBytes) {
-  const Output out = run_mpi(2, "tp_trace",
-                             "--training.local_batch_size 2 --training.steps 1 --parallelism.tensor_parallel_degree 2 "
-                             "--parallelism.data_parallel_shard_degree 1 --profiling.enable_profiling");
+  const Output out = runs().mpi(2, "tp_trace",
+                                "--training.local_batch_size 2 --training.steps 1 --profiling.enable_profiling " +
+                                    layout("tp2").flags + " --parallelism.data_parallel_shard_degree 1");
   ASSERT_EQ(out.exit_code, 0) << out.text;
   std::ifstream in(workdir() / "tp_trace" / "profile_traces" / "step-1.trace.json");
   const nlohmann::json trace = nlohmann::json::parse(in);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -56,6 +57,36 @@ inline double safetensors_relative_difference(const std::filesystem::path& a, co
     }
   }
   return std::sqrt(diff / norm);
+}
+
+// On ranks other than 0 of a GoogleTest program run under mpirun (dist_worker,
+// tp_worker), GoogleTest stays quiet except for failures, each prefixed with
+// the rank, so a 4-rank run prints one report, not four.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The name is kept here because OnTestPartResult runs under GoogleTest's
+  // lock, where UnitTest::current_test_info() would deadlock.
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "rank %d: %s failed at %s:%d\n%s\n", rank_, test_.c_str(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.summary());
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
+// Call after InitGoogleTest: only rank 0 prints GoogleTest's report.
+inline void report_only_failures_unless_rank_0(int rank) {
+  if (rank == 0) return;
+  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  delete listeners.Release(listeners.default_result_printer());
+  listeners.Append(new RankFailurePrinter(rank));
 }
 
 }  // namespace anvil::testing

@@ -31,6 +31,7 @@
 #include "anvil/dist/tensor_parallel.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
+#include "mpi_test_util.h"
 
 using namespace anvil;
 
@@ -161,23 +162,6 @@ TEST(TensorParallelModel, MatchesTheWholeModelUnderActivationCheckpointing) {
   }
 }
 
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestStart(const ::testing::TestInfo& test) override {
-    test_ = std::string(test.test_suite_name()) + "." + test.name();
-  }
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "rank %d: %s failed at %s:%d\n%s\n", rank_, test_.c_str(),
-                 result.file_name() ? result.file_name() : "?", result.line_number(), result.summary());
-  }
-
- private:
-  int rank_;
-  std::string test_;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,11 +169,6 @@ int main(int argc, char** argv) {
   Communicator w = Communicator::world();
   g_world = &w;
   ::testing::InitGoogleTest(&argc, argv);
-  // Only rank 0 prints GoogleTest's report; the others print their failures.
-  if (w.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(w.rank()));
-  }
+  anvil::testing::report_only_failures_unless_rank_0(w.rank());
   return RUN_ALL_TESTS();
 }

@@ -1,0 +1,263 @@
+// The layout-parity harness of distributed_test and tensor_parallel_test: one
+// table of named layouts, one way to run anvil (a single process or under
+// mpirun) on a small text corpus, and one comparison of a layout's run with the
+// single process's.
+//
+// Every parity case trains 10 fp32 steps from the same initial weights on the
+// same global batches, once under the layout (2 sequences of 32 tokens per
+// micro-batch per data-parallel rank) and once in a single process taking the
+// whole global batch in one micro-batch per accumulation step, and asks for
+// losses and gradient norms within 1e-5 relative at every step and final
+// weights within 1e-5 relative norm. The layouts differ from one process only
+// in the order of floating-point sums (gradients reduced over ranks, partial
+// products reduced over tp, the log-sum-exp combined from shard maxima, losses
+// summed in fp32), a few ulps per step, far inside 1e-5; a wrong shard or
+// slice, a missed reduction or a token seen twice moves the loss by orders of
+// magnitude more.
+//
+// A new layout (pp2_1f1b) is one row of layouts(): its cases then run in
+// distributed_test, or in tensor_parallel_test when it has a tp degree.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "mpi_test_util.h"
+#include "test_util.h"
+
+namespace anvil::testing {
+
+// How one parity case of a layout differs from its plain run.
+struct Variant {
+  std::string label;            // printed after the layout's name; "" for the plain run
+  std::vector<std::string> ac;  // activation-checkpointing modes it runs under: none, full, op (selective op)
+  int accumulation = 1;         // micro-batches per rank per step
+  std::string flags = "";       // more flags for the layout's run only
+  std::string model = "";       // flags for both runs (a model flavour)
+};
+
+struct Layout {
+  std::string name;  // the table's key: also the printed name and part of the run folders
+  int ranks;
+  int dp;            // data-parallel degree: the single process takes dp ranks' batches at once
+  int tp;            // tensor-parallel degree: tensor_parallel_test runs the cases of tp > 1
+  std::string flags;  // [parallelism] flags
+  std::vector<Variant> parity;  // the cases compared with the single process
+};
+
+inline const std::vector<std::string> kEveryAc = {"none", "full", "op"};
+
+inline const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> table = {
+      {"single", 1, 1, 1, "", {}},
+      {"ddp2", 2, 2, 1, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1",
+       {{"", kEveryAc}}},
+      {"fsdp2", 2, 2, 1, "--parallelism.data_parallel_shard_degree -1",
+       {{"", kEveryAc}, {"accumulation 4", kEveryAc, 4}}},
+      {"fsdp4", 4, 4, 1, "--parallelism.data_parallel_shard_degree 4", {{"", kEveryAc}}},
+      {"hsdp2x2", 4, 4, 1,
+       "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2", {{"", kEveryAc}}},
+      {"tp2", 2, 1, 2, "--parallelism.tensor_parallel_degree 2",
+       {{"", kEveryAc},
+        {"sequence parallel off", {"none", "op"}, 1, "--parallelism.enable_sequence_parallel false"},
+        {"loss parallel off", {"none"}, 1, "--parallelism.disable_loss_parallel true"},
+        // 8 query heads over 4 KV heads: each rank runs 4 query heads over 2 KV heads.
+        {"llama3/25M (GQA)", {"none"}, 1, "", "--model.flavor 25M"}}},
+      {"tp4", 4, 1, 4, "--parallelism.tensor_parallel_degree 4", {{"", kEveryAc}}},
+      // With accumulation the sequence-parallel norm gradients of the second
+      // micro-batch must not re-sum the first's.
+      {"fsdp2_tp2", 4, 2, 2, "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2",
+       {{"", kEveryAc}, {"accumulation 2", {"none"}, 2}}},
+      // DDP composes with TP as FSDP does (its buckets hold each tp rank's slices).
+      {"ddp2_tp2", 4, 2, 2,
+       "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+       "--parallelism.data_parallel_replicate_degree 2",
+       {{"", {"none"}}}},
+  };
+  return table;
+}
+
+inline const Layout& layout(const std::string& name) {
+  for (const Layout& l : layouts())
+    if (l.name == name) return l;
+  ADD_FAILURE() << "no layout '" << name << "' in layouts() (tests/layout_parity.h)";
+  return layouts().front();
+}
+
+inline std::string ac_flags(const std::string& ac) {
+  return ac == "op" ? "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"
+                    : "--activation_checkpoint.mode " + ac;
+}
+
+inline std::string batch_flags(int local, int global) {
+  return "--training.local_batch_size " + std::to_string(local) + " --training.global_batch_size " +
+         std::to_string(global);
+}
+
+// A folder or test name: letters and digits, each run of anything else one '_'
+// (labels hold spaces, ',', '/' and '(').
+inline std::string tag_of(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      out += c;
+    else if (!out.empty() && out.back() != '_')
+      out += '_';
+  }
+  if (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
+
+// anvil train runs in this test program's scratch folder, each in its own dump
+// folder, on a small text corpus: 10 fp32 steps (flags given later win), a
+// metrics line per step, checkpoints at steps 5 and 10, both kept.
+class TrainRuns {
+ public:
+  TrainRuns() : dir_(scratch_root() / "runs") {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    std::ofstream text(dir_ / "text.txt");
+    for (int i = 0; i < 600; ++i)
+      text << "Line " << i % 29 << ": the jury's presentments praised the city's purchasing department, "
+           << i * 7 % 13 << " times.\n";
+  }
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+  std::string args(const std::string& dump, const std::string& extra) const {
+    return "train --training.dataset text --training.dataset_path " + (dir_ / "text.txt").string() +
+           " --training.seq_len 32 --training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32"
+           " --lr_scheduler.warmup_steps 2 --checkpoint.enable --checkpoint.interval 5 --checkpoint.keep_latest_k 0"
+           " --metrics.enable_tensorboard false --job.dump_folder " +
+           (dir_ / dump).string() + " " + extra;
+  }
+
+  CommandOutput single(const std::string& dump, const std::string& extra) const {
+    return run_anvil(args(dump, extra), "OMP_NUM_THREADS=2 ");
+  }
+
+  // `env`: variables for mpirun and the ranks ("ANVIL_FAULT_KILL_RANK=1:3 ").
+  CommandOutput mpi(int ranks, const std::string& dump, const std::string& extra, const std::string& env = "") const {
+    return run_anvil(args(dump, extra), env + mpirun_prefix(ranks));
+  }
+
+  // Under `layout`: in one process for "single", else under mpirun with its flags.
+  CommandOutput run(const Layout& layout, const std::string& dump, const std::string& extra) const {
+    return layout.ranks == 1 ? single(dump, extra + " " + layout.flags)
+                             : mpi(layout.ranks, dump, extra + " " + layout.flags);
+  }
+
+  // A run's `key` ("loss", "grad_norm") by step.
+  std::map<int64_t, double> metric(const std::string& dump, const char* key) const {
+    return metric_by_step(dir_ / dump / "metrics.jsonl", key);
+  }
+  std::map<int64_t, double> losses(const std::string& dump) const { return metric(dump, "loss"); }
+
+  // ||a − b|| / ||b|| over every tensor of the two runs' checkpoints of `step` (`file`: model or optimizer).
+  double checkpoint_difference(const std::string& a, const std::string& b, int step = 10,
+                               const std::string& file = "model.safetensors") const {
+    const std::string at = "step-" + std::to_string(step);
+    return safetensors_relative_difference(dir_ / a / "checkpoint" / at / file, dir_ / b / "checkpoint" / at / file);
+  }
+
+  // The dump folder of a single-process run with `flags`, run once per set of
+  // flags and shared by every case and test of this program that needs it.
+  std::string reference(const std::string& flags) {
+    const auto it = references_.find(flags);
+    if (it != references_.end()) return it->second;
+    const std::string dump = "single_" + std::to_string(references_.size());
+    const CommandOutput ref = single(dump, flags);
+    EXPECT_EQ(ref.exit_code, 0) << ref.text;
+    references_[flags] = dump;
+    return dump;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::map<std::string, std::string> references_;
+};
+
+inline TrainRuns& runs() {
+  static TrainRuns r;
+  return r;
+}
+
+// One row of the table under one variant and one AC mode.
+struct ParityCase {
+  const Layout* layout;
+  const Variant* variant;
+  std::string ac;
+  std::string name() const { return layout->name + (variant->label.empty() ? "" : ", " + variant->label); }
+};
+
+// Every case of the layouts `select` takes, in table order.
+inline std::vector<ParityCase> parity_cases(const std::function<bool(const Layout&)>& select) {
+  std::vector<ParityCase> out;
+  for (const Layout& l : layouts())
+    if (select(l))
+      for (const Variant& v : l.parity)
+        for (const std::string& ac : v.ac) out.push_back({&l, &v, ac});
+  return out;
+}
+
+// GoogleTest prints a case by its name, not its bytes.
+inline void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.name() << ", AC " << c.ac; }
+
+// GoogleTest's name for a case: "fsdp2_accumulation_4_ac_full".
+inline std::string parity_case_name(const ::testing::TestParamInfo<ParityCase>& info) {
+  return tag_of(info.param.name() + "_ac_" + info.param.ac);
+}
+
+inline void expect_matches_single_process(const ParityCase& c) {
+  const Layout& layout = *c.layout;
+  const Variant& v = *c.variant;
+  SCOPED_TRACE(c.name() + ", activation checkpointing " + c.ac);
+  TrainRuns& r = runs();
+  const int local = 2;
+  const std::string common =
+      "--training.mixed_precision_param float32 " + ac_flags(c.ac) + (v.model.empty() ? "" : " " + v.model);
+  const int global = local * layout.dp * v.accumulation;
+  const std::string ref = r.reference(batch_flags(local * layout.dp, global) + " " + common);
+  const std::string tag = tag_of(c.name() + "_" + c.ac);
+  const CommandOutput out =
+      r.mpi(layout.ranks, tag, batch_flags(local, global) + " " + layout.flags + " " + v.flags + " " + common);
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  const auto want = r.losses(ref), got = r.losses(tag);
+  ASSERT_EQ(want.size(), 10u);
+  ASSERT_EQ(got.size(), 10u) << out.text;
+  double worst = 0;
+  for (const auto& [step, loss] : want) {
+    const double rel = std::abs(got.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << step << ": " << got.at(step) << " vs " << loss;
+  }
+  // The gradient norm (clipping uses it) counts each global element once, whatever the layout.
+  const auto norm_want = r.metric(ref, "grad_norm"), norm_got = r.metric(tag, "grad_norm");
+  ASSERT_EQ(norm_got.size(), norm_want.size());
+  double worst_norm = 0;
+  for (const auto& [step, norm] : norm_want) {
+    const double rel = std::abs(norm_got.at(step) - norm) / norm;
+    worst_norm = std::max(worst_norm, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << step << ": grad_norm " << norm_got.at(step) << " vs " << norm;
+  }
+  const double wdiff = r.checkpoint_difference(tag, ref);
+  EXPECT_LE(wdiff, 1e-5);
+  std::printf("%-34s AC %-5s worst loss difference %.2e, grad norm %.2e, final weights %.2e (relative)\n",
+              c.name().c_str(), c.ac.c_str(), worst, worst_norm, wdiff);
+}
+
+// Each test program instantiates this for its rows of the table:
+//   INSTANTIATE_TEST_SUITE_P(Tp, LayoutParity, ValuesIn(parity_cases(...)), parity_case_name);
+class LayoutParity : public ::testing::TestWithParam<ParityCase> {};
+
+}  // namespace anvil::testing
