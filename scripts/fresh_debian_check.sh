@@ -138,11 +138,15 @@ tar -C "$root" --numeric-owner -xpf "$cache"
 chmod 755 "$root"  # / as on any Debian system (a cache made by an earlier version held 0700)
 
 # This machine's access to the network, not an install step of Anvil: its
-# resolver, its APT sources and APT settings (e.g. a snapshot mirror, which
+# resolver and host names, its APT sources and APT settings (e.g. a snapshot mirror, which
 # needs Valid-Until checks off), and the certificate authorities of the
 # TLS-intercepting proxy through which this network reaches the registries.
 # A user on an ordinary network needs none of this.
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap writes no /etc/hosts (an installed system has one): without it
+# "localhost" goes to DNS, and OpenMPI's look-up of it waited out the 5 s
+# resolver timeout in every mpirun (seen as 5 s more per distributed test).
+cp -L /etc/hosts "$root/etc/hosts"
 if [ -f /etc/apt/sources.list.d/debian.sources ]; then
   rm -f "$root/etc/apt/sources.list"
   cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/"
