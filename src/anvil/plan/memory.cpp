@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <numeric>
 #include <sstream>
 
 #include "anvil/core/parallel.h"
@@ -132,14 +131,13 @@ MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
   // parallel loop allocating its own; in the backward with several splits per
   // (batch, kv head), an f32 dQ partial of the whole output per split.
   const AttentionTiles tiles;
-  const auto diagonal_tile = [T](int64_t tile) {
-    return std::min({static_cast<size_t>(tile), std::max<size_t>(64, T / 4), T});
-  };
+  const auto diagonal_tile = [&](int64_t tile) { return static_cast<size_t>(attention_diagonal_tile(tile, shape.seq_len)); };
   const size_t owners = B * static_cast<size_t>(args.n_kv_heads);
   const size_t threads = static_cast<size_t>(shape.threads > 0 ? shape.threads : num_threads());
-  const auto splits_for = [&](size_t tiles_along_t) {  // task_splits in ops/attention.cpp
-    if (owners % threads == 0) return size_t{1};
-    return std::clamp<size_t>(threads / std::gcd(owners, threads), 1, std::max<size_t>(1, (tiles_along_t + 1) / 2));
+  const auto splits_for = [&](size_t tiles_along_t) {  // tiles go in causal-balanced pairs
+    return static_cast<size_t>(attention_task_splits(static_cast<int64_t>(owners),
+                                                     static_cast<int64_t>((tiles_along_t + 1) / 2),
+                                                     static_cast<int64_t>(threads)));
   };
   const size_t fq = diagonal_tile(tiles.fwd_q), fk = std::min<size_t>(static_cast<size_t>(tiles.fwd_k), T);
   const size_t attn_fwd_thread = 2 * T * hd * d.e + fq * hd * d.e + fq * fk * (4 + d.e) + fq * hd * 4 + 2 * fq * 4;
