@@ -1,0 +1,31 @@
+// What the trainer says before it starts: the refusal of a run predicted not
+// to fit, and the banner (model, precision, layout, peak FLOP rate, predicted memory).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "anvil/core/cpu_peak.h"
+#include "anvil/core/dtype.h"
+#include "anvil/model/args.h"
+#include "anvil/model/llama.h"
+#include "anvil/train/config.h"
+#include "anvil/train/parallel.h"
+
+namespace anvil {
+
+// 1234567 → "1,234,567".
+std::string with_commas(int64_t n);
+
+// What MFU is measured against.
+struct MfuBasis {
+  PeakFlops peak;
+  double flops_per_token = 0;
+};
+
+// Throws anvil::Error, before anything is allocated, when the run's predicted
+// peak memory per process exceeds what is available, saying what would fit;
+// otherwise prints the banner.
+MfuBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par,
+                                    DType compute_dtype, const AcPolicy& ac);
+
+}  // namespace anvil

@@ -1,0 +1,256 @@
+#include "anvil/train/parallelize.h"
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "anvil/core/allocator.h"
+#include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
+#include "anvil/dist/comm_volume.h"
+#include "anvil/dist/ddp.h"
+#include "anvil/dist/fsdp.h"
+#include "anvil/dist/tensor_parallel.h"
+#include "anvil/model/llama.h"
+#include "anvil/ops/grad_norm.h"
+
+namespace anvil {
+
+namespace {
+
+// The model's constructor and the tensor-parallel API are named only in this
+// block, so a change to either is made here and nowhere else in the trainer.
+
+// The model as this rank holds it: this tp rank's slices, communicating over
+// the tp group, when tensor_parallel_degree > 1. allocate_params = false: the
+// model keeps no weights of its own (FSDP lends each group's while it runs).
+void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType compute_dtype,
+                 bool allocate_params, std::unique_ptr<CommTensorParallel>& tp, std::unique_ptr<Llama>& model) {
+  if (par.tp_size > 1)
+    tp = std::make_unique<CommTensorParallel>(
+        par.mesh->tp(), TensorParallel::Options{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
+                                                .loss_parallel = !cfg.parallelism.disable_loss_parallel});
+  model = std::make_unique<Llama>(args, compute_dtype, cfg.training.seq_len, allocate_params, tp.get());
+}
+
+// This tp rank's parameter list (the whole model's without tensor parallelism).
+std::vector<ParamSpec> local_param_specs(const ModelArgs& args, const Parallel& par) {
+  return llama_param_specs(args, par.tp_rank, par.tp_size);
+}
+
+// The global model's parameter list, as checkpoints store it.
+std::vector<ParamSpec> global_param_specs(const ModelArgs& args) { return llama_param_specs(args); }
+
+// This rank's slices of a global flat buffer.
+void global_to_local(const ParamStore& global, const Tensor& global_flat, const ParamStore& local, Tensor& local_flat) {
+  global_flat_to_local(global.specs(), global_flat, local.specs(), local_flat);
+}
+
+// The global flat buffer assembled from every tp rank's `local` (collective over tp).
+Tensor local_to_global(const Parallel& par, const ParamStore& local_layout, const Tensor& local,
+                       const ParamStore& global_layout) {
+  return gather_tp_global(par.mesh->tp(), local_layout.specs(), local, global_layout.specs(), global_layout.numel());
+}
+
+// The pieces of this rank's gradients whose squares, summed over tp (and
+// dp_shard), count every global element once.
+std::vector<Tensor> tp_grads_counted_once(const Parallel& par, const ParamStore& ps, const Tensor& grad,
+                                          const FsdpParams* fsdp) {
+  return grads_counted_once(ps, grad, par.tp_rank, fsdp, fsdp ? par.mesh->dp_shard().rank() : 0);
+}
+
+}  // namespace
+
+void sum_loss_over_dp(const Parallel& par, double& loss_sum, int64_t& tokens) {
+  if (!par.distributed()) return;
+  float totals[2] = {static_cast<float>(loss_sum), static_cast<float>(tokens)};
+  par.sum_over_dp(totals, 2);
+  loss_sum = totals[0];
+  tokens = static_cast<int64_t>(totals[1]);
+}
+
+ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args, const Parallel& par,
+                                     DType compute_dtype)
+    : cfg_(cfg), args_(args), par_(par), compute_dtype_(compute_dtype) {
+  // Under FSDP the model holds no weights of its own: FsdpParams keeps this
+  // rank's shards and lends each group's gathered weights while the group runs.
+  const bool fsdp_mode = par.mode == DataParallelMode::fsdp;
+  std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
+  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, tp_, model_);
+  ParamStore& ps = model_->params();
+  const ReshardPolicy reshard = parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward);
+  if (fsdp_mode) {
+    const bool hsdp = par.mesh->layout().dp_replicate() > 1;
+    fsdp_ = std::make_unique<FsdpParams>(ps, par.mesh->dp_shard(), hsdp ? &par.mesh->dp_replicate() : nullptr,
+                                         reshard);
+    model_->set_hooks(fsdp_.get());
+  } else if (par.mode == DataParallelMode::ddp) {
+    ddp_ = std::make_unique<DdpGradSync>(ps, par.mesh->dp());
+    model_->set_hooks(ddp_.get());
+  }
+  // What the layout should send per step, to set against what it does.
+  std::vector<int64_t> group_numel;
+  for (const ParamGroup& g : ps.groups()) group_numel.push_back(g.numel);
+  if (fsdp_)
+    comm_closed_form_ =
+        fsdp_bytes_per_step(group_numel, par.mesh->layout().dp_shard(), par.mesh->layout().dp_replicate(),
+                            compute_dtype == DType::bf16 ? 2 : 4, reshard, par.accum_steps);
+  else if (ddp_)
+    comm_closed_form_ = ddp_bytes_per_step(group_numel, par.dp_size);
+  global_layout_ = std::make_unique<ParamStore>(global_param_specs(args), DType::f32, /*allocate=*/false);
+  // The global model's initialisation, of which each rank keeps its part.
+  if (fsdp_) {
+    ParamStore full = full_staging();
+    full.init(static_cast<uint64_t>(cfg.training.seed));
+    fsdp_->load_full_master(full.master_flat());
+  } else {
+    ps.init(static_cast<uint64_t>(cfg.training.seed));
+  }
+  setup_phase.reset();
+  ps.release_grads();  // each step's backward creates them
+  master_ = fsdp_ ? &fsdp_->master() : &ps.master_flat();
+  opt_numel_ = fsdp_ ? fsdp_->shard_numel() : ps.numel();
+}
+
+ParallelizedModel::~ParallelizedModel() = default;
+
+void ParallelizedModel::print_comm_closed_form() const {
+  if (par_.distributed())
+    std::printf("anvil: data-parallel traffic per rank per step, closed form: %s\n",
+                human_bytes(static_cast<size_t>(comm_closed_form_)).c_str());
+}
+
+ParamStore ParallelizedModel::full_staging() const { return ParamStore(local_param_specs(args_, par_), DType::f32); }
+
+void ParallelizedModel::load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read) {
+  if (!tp_) return read(target);
+  ParamStore global(global_param_specs(args_), DType::f32);
+  read(global);
+  global_to_local(global, global.master_flat(), target, target.master_flat());
+  target.sync_compute_copy();
+}
+
+void ParallelizedModel::load_global_weights(const std::function<void(ParamStore&)>& read) {
+  if (fsdp_) {  // every rank reads the global tensors and keeps its slices
+    ParamStore full = full_staging();
+    load_global_into(full, read);
+    fsdp_->load_full_master(full.master_flat());
+  } else {
+    load_global_into(model_->params(), read);
+  }
+}
+
+nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpointer, int64_t step) {
+  create_optimizer_state();
+  // Loads the global tensors into `target` and moments m, v of its layout:
+  // under TP through a global staging copy, of which this rank keeps its slices.
+  auto load_state = [&](ParamStore& target, Tensor& m, Tensor& v) {
+    if (!tp_) return checkpointer.load(step, target, m, v);
+    ParamStore global(global_param_specs(args_), DType::f32);
+    Tensor gm = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
+    Tensor gv = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
+    nlohmann::json st = checkpointer.load(step, global, gm, gv);
+    global_to_local(global, global.master_flat(), target, target.master_flat());
+    global_to_local(global, gm, target, m);
+    global_to_local(global, gv, target, v);
+    target.sync_compute_copy();
+    return st;
+  };
+  if (!fsdp_) return load_state(model_->params(), adam_m_, adam_v_);
+  // Every rank reads the global tensors and keeps its slices.
+  ParamStore full = full_staging();
+  Tensor m = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
+  Tensor v = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
+  nlohmann::json state = load_state(full, m, v);
+  fsdp_->load_full_master(full.master_flat());
+  fsdp_->scatter_full(m, adam_m_);
+  fsdp_->scatter_full(v, adam_v_);
+  return state;
+}
+
+void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step, bool model_only, DType model_dtype,
+                                        const std::function<CheckpointMeta()>& meta) {
+  const ParamStore& ps = model_->params();
+  // Checkpoints hold global tensors whatever the layout: FSDP gathers
+  // them (every rank takes part), and rank 0 writes.
+  Tensor full_master, full_m, full_v;
+  if (fsdp_) {
+    full_master = fsdp_->gather_full_master();
+    if (!model_only) full_m = fsdp_->gather_full(adam_m_), full_v = fsdp_->gather_full(adam_v_);
+  }
+  const Tensor* w = fsdp_ ? &full_master : &model_->params().master_flat();
+  const Tensor* m = model_only ? nullptr : (fsdp_ ? &full_m : &adam_m_);
+  const Tensor* v = model_only ? nullptr : (fsdp_ ? &full_v : &adam_v_);
+  const std::vector<ParamSpec>* specs = &ps.specs();
+  Tensor global_w, global_m, global_v;
+  if (tp_) {  // then the tp ranks' slices into global tensors (every rank takes part)
+    auto gather = [&](const Tensor& local) { return local_to_global(par_, ps, local, *global_layout_); };
+    global_w = gather(*w), w = &global_w;
+    if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
+    specs = &global_layout_->specs();
+  }
+  if (par_.rank0()) checkpointer.save(step, *specs, *w, m, v, meta(), model_dtype);
+}
+
+void ParallelizedModel::begin_step() {
+  model_->params().release_grads();
+  if (fsdp_) fsdp_->zero_grad();
+}
+
+void ParallelizedModel::before_micro_batch(int64_t i, int64_t n) {
+  if (ddp_) ddp_->set_sync(i == n - 1);
+}
+
+void ParallelizedModel::finish_backward() {
+  if (ddp_) ddp_->finish();
+  if (fsdp_) fsdp_->finish();
+}
+
+void ParallelizedModel::create_optimizer_state() {
+  adam_m_ = Tensor::zeros({opt_numel_}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg");
+  adam_v_ = Tensor::zeros({opt_numel_}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg_sq");
+}
+
+Tensor& ParallelizedModel::grads() { return fsdp_ ? fsdp_->grads() : model_->params().grad_flat(); }
+
+double ParallelizedModel::grad_norm() {
+  Tensor& grad = grads();
+  const Tensor all[] = {grad};
+  // Under TP each global element is counted on one tp rank only (replicated norms on tp rank 0).
+  double sum_sq = tp_ ? grad_sum_of_squares(tp_grads_counted_once(par_, model_->params(), grad, fsdp_.get()))
+                      : grad_sum_of_squares(all);
+  if (fsdp_ || tp_) {  // each shard holds part of the gradient; replicas hold the same parts
+    Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
+    t.data<float>()[0] = static_cast<float>(sum_sq);
+    if (fsdp_) par_.mesh->dp_shard().all_reduce(t);
+    if (tp_) par_.mesh->tp().all_reduce(t);
+    sum_sq = t.data<float>()[0];
+  }
+  return grad_norm_from_sum_of_squares(sum_sq);
+}
+
+void ParallelizedModel::optimizer_step(const AdamWConfig& adamw, int64_t step, float clip) {
+  if (!adam_m_.defined()) create_optimizer_state();
+  Tensor* compute_copy =
+      compute_dtype_ == DType::bf16 ? (fsdp_ ? &fsdp_->compute() : &model_->params().compute_flat()) : nullptr;
+  adamw_step(adamw, step, *master_, grads(), adam_m_, adam_v_, compute_copy, clip);
+}
+
+void ParallelizedModel::release_grads() {
+  model_->params().release_grads();
+  if (fsdp_) fsdp_->release_grads();
+}
+
+StepComm ParallelizedModel::take_comm_stats() {
+  StepComm out;
+  if (ddp_) out.data_parallel = ddp_->tracker().take();
+  else if (fsdp_) out.data_parallel = fsdp_->tracker().take();
+  if (tp_) {
+    out.tp_bytes = par_.mesh->tp().counters().total_bytes();
+    par_.mesh->tp().reset_counters();
+  }
+  return out;
+}
+
+}  // namespace anvil

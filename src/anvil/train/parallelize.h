@@ -1,0 +1,108 @@
+// The job's layout, built once (torchtitan's parallelize_llama): the model
+// with tensor parallelism applied, FSDP/HSDP or DDP attached through its
+// parameter-group hooks, and everything else that depends on the layout —
+// the optimizer's buffers and step, the gradient norm over the ranks,
+// checkpoint gather and scatter, and loading global weights into any layout.
+// The trainer drives a step through it without knowing which layout it is.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "anvil/core/tensor.h"
+#include "anvil/dist/comm_tracker.h"
+#include "anvil/model/args.h"
+#include "anvil/model/params.h"
+#include "anvil/ops/adamw.h"
+#include "anvil/train/checkpoint.h"
+#include "anvil/train/config.h"
+#include "anvil/train/parallel.h"
+
+namespace anvil {
+
+class Llama;
+class FsdpParams;
+class DdpGradSync;
+class CommTensorParallel;
+
+// This rank's communication since the last take.
+struct StepComm {
+  CommStats data_parallel;  // FSDP's or DDP's collectives (gradients, weights)
+  uint64_t tp_bytes = 0;    // tensor-parallel collectives (activations), counted by the tp communicator
+};
+
+// A loss sum and its token count summed over the data-parallel ranks (as f32,
+// enough for a loss; a single process's are left as they are).
+void sum_loss_over_dp(const Parallel& par, double& loss_sum, int64_t& tokens);
+
+class ParallelizedModel {
+ public:
+  // Builds the model for this rank's place in `par` and initialises its
+  // weights from training.seed (the global model's, whatever the layout).
+  ParallelizedModel(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType compute_dtype);
+  ~ParallelizedModel();
+  ParallelizedModel(const ParallelizedModel&) = delete;
+  ParallelizedModel& operator=(const ParallelizedModel&) = delete;
+
+  Llama& model() { return *model_; }
+  // What the data-parallel layout should send per rank per step, in closed
+  // form (0 for a single process), and its console line (distributed runs).
+  double comm_bytes_closed_form() const { return comm_closed_form_; }
+  void print_comm_closed_form() const;
+
+  // Weights read as global tensors by `read` (a checkpoint's or a Hugging
+  // Face folder's) into this rank's layout.
+  void load_global_weights(const std::function<void(ParamStore&)>& read);
+  // Resumes from checkpoint `step`: weights and AdamW moments (created here),
+  // global tensors sliced to this rank. Returns the checkpoint's state.json.
+  nlohmann::json load_checkpoint(const Checkpointer& checkpointer, int64_t step);
+  // Saves checkpoint `step` as global tensors: every rank takes part in the
+  // gathers, rank 0 writes. model_only: the weights alone, in model_dtype.
+  void save_checkpoint(Checkpointer& checkpointer, int64_t step, bool model_only, DType model_dtype,
+                       const std::function<CheckpointMeta()>& meta);
+
+  // The step, in order: begin_step, before_micro_batch for each micro-batch of
+  // the schedule, finish_backward, grad_norm, optimizer_step, release_grads.
+  void begin_step();  // drops gradients a skipped or interrupted step left
+  void before_micro_batch(int64_t i, int64_t n);
+  void finish_backward();  // waits for the gradient reductions in flight
+  // The global gradient norm (every element of the global gradient counted once).
+  double grad_norm();
+  // AdamW on this rank's master weights (the model's, or its FSDP shard), its
+  // gradients scaled by clip; the moments are created at the first call, as in
+  // PyTorch, so the first step's forward and backward run without them.
+  void optimizer_step(const AdamWConfig& adamw, int64_t step, float clip);
+  void release_grads();
+  StepComm take_comm_stats();
+
+ private:
+  // The gradients this rank's optimizer updates.
+  Tensor& grads();
+  // AdamW's moments, zero, shaped as this rank's master weights.
+  void create_optimizer_state();
+  // Global (all tp ranks') tensors → this rank's layout, through `full` (this
+  // tp rank's whole-model staging under FSDP, else the model's own store).
+  void load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read);
+  // A whole-model fp32 store of this tp rank's slices, for staging a load.
+  ParamStore full_staging() const;
+
+  const JobConfig& cfg_;
+  ModelArgs args_;
+  const Parallel& par_;
+  DType compute_dtype_;
+  std::unique_ptr<CommTensorParallel> tp_;
+  std::unique_ptr<Llama> model_;
+  std::unique_ptr<FsdpParams> fsdp_;
+  std::unique_ptr<DdpGradSync> ddp_;
+  double comm_closed_form_ = 0;
+  // Checkpoints hold global tensors; under tensor parallelism they are
+  // gathered from, and sliced to, the tp ranks' slices (the specs carry the
+  // offsets). Specs only: nothing is allocated.
+  std::unique_ptr<ParamStore> global_layout_;
+  Tensor* master_ = nullptr;  // what this rank's optimizer updates: the model's weights or its FSDP shard
+  int64_t opt_numel_ = 0;
+  Tensor adam_m_, adam_v_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,99 @@
+#include "anvil/train/profiling.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "anvil/core/profiler.h"
+#include "anvil/obs/memory_snapshot.h"
+
+namespace anvil {
+
+StepCapture::StepCapture(int64_t step, const std::string& trace_path, const std::string& snapshot_path)
+    : step_(step), trace_path_(trace_path), snapshot_path_(snapshot_path) {
+  auto& alloc = TrackingAllocator::instance();
+  trace_.step = step;
+  trace_.live_at_start = alloc.stats().live;
+  if (!snapshot_path_.empty()) live_before_ = alloc.live_allocations();
+  alloc.clear_timeline();
+  alloc.set_timeline(true);
+  trace_.start_us = steady_now_us();
+  Profiler::instance().start();
+}
+
+StepCapture::~StepCapture() {
+  if (finished_) return;
+  Profiler::instance().stop();
+  TrackingAllocator::instance().set_timeline(false);
+  TrackingAllocator::instance().clear_timeline();
+}
+
+std::string StepCapture::finish() {
+  finished_ = true;
+  auto& alloc = TrackingAllocator::instance();
+  Profiler::instance().stop();
+  alloc.set_timeline(false);
+  trace_.memory_events = alloc.timeline();
+  alloc.clear_timeline();
+  trace_.spans = Profiler::instance().spans();
+  trace_.thread_names = Profiler::instance().thread_names();
+  std::string written;
+  if (!trace_path_.empty()) {
+    write_chrome_trace(trace_, trace_path_);
+    written = "trace " + trace_path_;
+  }
+  if (!snapshot_path_.empty()) {
+    MemorySnapshot snap = snapshot_at_peak(live_before_, trace_.memory_events, 25);
+    snap.step = step_;
+    snap.reason = "peak";
+    write_memory_snapshot(snap, snapshot_path_);
+    written += (written.empty() ? "" : ", ") +
+               ("memory snapshot " + snapshot_path_ + " (peak " + human_bytes(snap.total_bytes) + ")");
+  }
+  return written;
+}
+
+std::string trace_dir(const JobConfig& cfg) {
+  return (std::filesystem::path(cfg.job.dump_folder) / cfg.profiling.save_traces_folder).string();
+}
+
+std::string snapshot_dir(const JobConfig& cfg) {
+  return (std::filesystem::path(cfg.job.dump_folder) / cfg.profiling.save_memory_snapshot_folder).string();
+}
+
+std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const Parallel& par, int64_t step,
+                                                 int64_t first_step) {
+  const auto& p = cfg.profiling;
+  const bool profile_step = par.rank0() && (p.enable_profiling || p.enable_memory_snapshot) &&
+                            (step == first_step || step % p.profile_freq == 0);
+  if (!profile_step) return nullptr;
+  const std::string name = "step-" + std::to_string(step);
+  return std::make_unique<StepCapture>(
+      step, p.enable_profiling ? (std::filesystem::path(trace_dir(cfg)) / (name + ".trace.json")).string() : "",
+      p.enable_memory_snapshot ? (std::filesystem::path(snapshot_dir(cfg)) / (name + ".snapshot.json")).string()
+                               : "");
+}
+
+void finish_capture(std::unique_ptr<StepCapture>& capture, int64_t step) {
+  if (!capture) return;
+  const std::string written = capture->finish();
+  if (!written.empty()) std::printf("anvil: step %lld: %s\n", static_cast<long long>(step), written.c_str());
+}
+
+void rethrow_with_oom_snapshot(const OutOfMemoryError& e, const JobConfig& cfg, const Parallel& par, int64_t step) {
+  auto& alloc = TrackingAllocator::instance();
+  Profiler::instance().stop();
+  alloc.set_timeline(false);
+  MemorySnapshot snap = snapshot_now(alloc.live_allocations(), 25);
+  snap.step = step;
+  snap.reason = "out_of_memory";
+  const std::string name = "step-" + std::to_string(step) +
+                           (par.distributed() ? ".rank-" + std::to_string(par.rank) : std::string()) +
+                           ".oom.snapshot.json";
+  const std::string path = (std::filesystem::path(snapshot_dir(cfg)) / name).string();
+  write_memory_snapshot(snap, path);
+  throw OutOfMemoryError(detail::concat(e.what(), "; the ", snap.num_live, " live tensors are listed in ", path,
+                                        ". Lower training.local_batch_size or training.seq_len, use "
+                                        "activation_checkpoint.mode = \"full\", or pick a smaller model.flavor"));
+}
+
+}  // namespace anvil

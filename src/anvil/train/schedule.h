@@ -1,0 +1,49 @@
+// The single-stage schedule: one optimizer step's micro-batches run through
+// the whole model on this rank — forward, loss and backward for each, the
+// gradients accumulating. It is the schedule of a job without pipeline
+// parallelism; pipeline schedules (1F1B, interleaved, zero-bubble) sit beside
+// it and take the same inputs.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "anvil/core/tensor.h"
+#include "anvil/model/llama.h"
+
+namespace anvil {
+
+// A step's micro-batches: tokens[i], targets[i] (B, T) i32.
+struct MicroBatches {
+  std::vector<Tensor> tokens, targets;
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+struct ScheduleResult {
+  double loss_sum = 0;      // over the micro-batches that ran
+  int64_t loss_tokens = 0;  // the targets that carried loss
+  // Micro-batches done when a stop was agreed; 0 when the step ran to its end
+  // without one.
+  int64_t stopped_after = 0;
+};
+
+struct ScheduleHooks {
+  // Called before micro-batch i of n runs (the layout's per-micro-batch
+  // control: DDP synchronises only on the last). May be empty.
+  std::function<void(int64_t i, int64_t n)> before_micro_batch;
+  // Asked after every micro-batch; true stops the step there. It is
+  // collective under MPI (the ranks agree), so every rank asks it equally often.
+  std::function<bool()> stop_requested;
+};
+
+// Runs `batches` through `model`: forward, loss and backward per micro-batch,
+// the parameter gradients scaled by grad_scale (1 / the step's tokens over
+// all data-parallel ranks, so accumulation equals one large batch).
+ScheduleResult run_single_stage(Llama& model, const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
+                                const ScheduleHooks& hooks);
+
+// The loss of one micro-batch, forward only (evaluation): no gradients, no
+// activations kept beyond the running block.
+CrossEntropyResult evaluate_single_stage(Llama& model, const Tensor& tokens, const Tensor& targets);
+
+}  // namespace anvil

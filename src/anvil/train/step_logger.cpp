@@ -1,0 +1,145 @@
+#include "anvil/train/step_logger.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <sys/resource.h>
+#include <vector>
+
+#include "anvil/train/trainer.h"
+
+namespace anvil {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+StepLogger::StepLogger(const JobConfig& cfg, const Parallel& par, PeakFlops peak, double flops_per_token,
+                       double comm_bytes_closed_form)
+    : cfg_(cfg), par_(par), peak_(std::move(peak)), flops_per_token_(flops_per_token),
+      comm_closed_form_(comm_bytes_closed_form) {
+  if (par.rank0()) metrics_ = std::make_unique<MetricsLog>(cfg.job.dump_folder);
+  if (cfg.metrics.enable_tensorboard && par.rank0())
+    tb_ = std::make_unique<TensorBoardWriter>(
+        (std::filesystem::path(cfg.job.dump_folder) / cfg.metrics.save_tb_folder).string());
+}
+
+void StepLogger::print_destinations() const {
+  std::printf("anvil: dump folder %s: metrics %s", cfg_.job.dump_folder.c_str(),
+              metrics_ ? metrics_->path().c_str() : "(rank 0)");
+  if (tb_)
+    std::printf(", TensorBoard %s", (std::filesystem::path(cfg_.job.dump_folder) / cfg_.metrics.save_tb_folder).c_str());
+  std::printf("\n");
+}
+
+void StepLogger::start() {
+  TrackingAllocator::instance().reset_peak();
+  t_start_ = Clock::now();
+  t_interval_ = Clock::now();
+}
+
+void StepLogger::add_comm(const StepComm& c) {
+  interval_comm_.bytes += c.data_parallel.bytes;
+  interval_comm_.in_flight_s += c.data_parallel.in_flight_s;
+  interval_comm_.blocked_s += c.data_parallel.blocked_s;
+  interval_comm_.collectives += c.data_parallel.collectives;
+  ++interval_steps_;
+  interval_tp_bytes_ += c.tp_bytes;
+}
+
+void StepLogger::step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens) {
+  interval_tokens_ += step_tokens;
+  if (step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps) write(step, loss, grad_norm, lr);
+}
+
+void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
+  auto& alloc = TrackingAllocator::instance();
+  const double secs = seconds_since(t_interval_);
+  StepLog log;
+  log.step = step;
+  log.loss = loss;
+  log.grad_norm = grad_norm;
+  log.lr = lr;
+  // Per rank, as torchtitan: a tp group's ranks share their tokens' work.
+  log.tokens_per_s = static_cast<double>(interval_tokens_) / secs / par_.tp_size;
+  log.tflops = flops_per_token_ * log.tokens_per_s / 1e12;
+  log.mfu_pct = 100.0 * flops_per_token_ * log.tokens_per_s / peak_.flops_per_s;
+  // Never printed silently: above 100% either the peak is wrong for this
+  // CPU or the FLOP count overstates the work (causal attention counted whole).
+  if (log.mfu_pct > 100.0 && !mfu_warned_) {
+    std::fprintf(stderr,
+                 "anvil: warning: MFU %.0f%% is above 100%%: the peak (%s) is below what this run computes; "
+                 "set metrics.peak_tflops to this machine's real peak\n",
+                 log.mfu_pct, peak_.derivation.c_str());
+    mfu_warned_ = true;
+  }
+  log.memory = alloc.stats();
+  log.data_pct = 100.0 * data_seconds_ / secs;
+  log.elapsed_s = seconds_since(t_start_);
+  log.world_size = par_.world_size;
+  log.live_after_optimizer = steady_live_;
+  if (par_.distributed() && interval_steps_ > 0) {
+    const auto steps = static_cast<double>(interval_steps_);
+    log.comm_bytes_per_step = static_cast<double>(interval_comm_.bytes) / steps;
+    log.comm_in_flight_s = interval_comm_.in_flight_s / steps;
+    log.comm_blocked_s = interval_comm_.blocked_s / steps;
+    log.comm_hidden_pct = 100.0 * interval_comm_.hidden_share();
+    log.comm_bytes_closed_form = comm_closed_form_;
+    log.tp_comm_bytes_per_step = static_cast<double>(interval_tp_bytes_) / steps;
+  }
+  interval_comm_ = {};
+  interval_steps_ = 0;
+  interval_tp_bytes_ = 0;
+  if (par_.distributed()) {  // every rank reports; rank 0 prints the fullest
+    const std::vector<double> mib = par_.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
+    log.tokens_per_s_by_rank = par_.gather_world(log.tokens_per_s);
+    for (double m : mib) log.peak_mib_by_rank.push_back(m);
+    log.max_memory_over_ranks = log.memory.peak_total;
+    for (double m : mib)
+      log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
+  }
+  if (metrics_) metrics_->log(log);
+  if (tb_) {
+    tb_->add_scalar("loss/train", log.loss, step);
+    tb_->add_scalar("grad_norm", log.grad_norm, step);
+    tb_->add_scalar("lr", log.lr, step);
+    tb_->add_scalar("throughput/tokens_per_s", log.tokens_per_s, step);
+    tb_->add_scalar("throughput/tflops", log.tflops, step);
+    tb_->add_scalar("throughput/mfu_pct", log.mfu_pct, step);
+    tb_->add_scalar("throughput/data_loading_pct", log.data_pct, step);
+    tb_->add_scalar("memory/max_active_bytes", static_cast<double>(log.memory.peak_total), step);
+    for (int c = 0; c < kNumMemCategories; ++c)
+      tb_->add_scalar(std::string("memory/") + category_name(static_cast<MemCategory>(c)),
+                      static_cast<double>(log.memory.peak[c]), step);
+    tb_->flush();
+  }
+  run_peak_ = std::max(run_peak_, log.memory.peak_total);
+  alloc.reset_peak();
+  t_interval_ = Clock::now();
+  interval_tokens_ = 0;
+  data_seconds_ = 0;
+}
+
+void StepLogger::log_validation(int64_t step, double loss, int64_t tokens) {
+  std::printf("step %5lld | validation loss %.4f over %lld tokens\n", static_cast<long long>(step), loss,
+              static_cast<long long>(tokens));
+  if (metrics_) metrics_->log_validation(step, loss, tokens);
+  if (tb_) {
+    tb_->add_scalar("loss/validation", loss, step);
+    tb_->flush();
+  }
+}
+
+void StepLogger::print_done(const TrainResult& result) const {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  if (!result.interrupted)
+    std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs; peak RSS %s, peak tracked %s\n",
+                static_cast<long long>(result.steps_done), result.first_loss, result.last_loss,
+                seconds_since(t_start_), human_bytes(static_cast<size_t>(usage.ru_maxrss) * 1024).c_str(),
+                human_bytes(std::max(run_peak_, TrackingAllocator::instance().stats().peak_total)).c_str());
+}
+
+}  // namespace anvil

@@ -1,0 +1,69 @@
+// The trainer's step log: every metrics.log_freq steps (and at the last) one
+// console line, one metrics.jsonl line and the TensorBoard scalars, with
+// throughput, MFU, memory peaks and communication averaged over the interval;
+// the validation losses; and the closing summary.
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "anvil/core/allocator.h"
+#include "anvil/core/cpu_peak.h"
+#include "anvil/obs/tensorboard.h"
+#include "anvil/train/config.h"
+#include "anvil/train/metrics.h"
+#include "anvil/train/parallel.h"
+#include "anvil/train/parallelize.h"
+
+namespace anvil {
+
+struct TrainResult;
+
+class StepLogger {
+ public:
+  // Rank 0 writes the job's files: metrics.jsonl and the TensorBoard events.
+  // peak and flops_per_token: what MFU is measured against.
+  StepLogger(const JobConfig& cfg, const Parallel& par, PeakFlops peak, double flops_per_token,
+             double comm_bytes_closed_form);
+  // Where the files go ("(rank 0)" on the other ranks), for the console.
+  void print_destinations() const;
+
+  // Starts the clocks and the memory peak, just before the first step.
+  void start();
+  void add_data_seconds(double s) { data_seconds_ += s; }
+  // A step's communication (counted also for a step that is then interrupted).
+  void add_comm(const StepComm& c);
+  // What this rank keeps between steps, with this step's gradients: the
+  // figure the ZeRO closed forms predict. Called right after the optimizer.
+  void record_live_after_optimizer() { steady_live_ = TrackingAllocator::instance().stats().live; }
+  // A completed step; writes the log line when it is due.
+  void step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens);
+  void log_validation(int64_t step, double loss, int64_t tokens);
+  // "anvil: done: ..." for a run that was not interrupted.
+  void print_done(const TrainResult& result) const;
+
+ private:
+  void write(int64_t step, double loss, double grad_norm, double lr);
+
+  using Clock = std::chrono::steady_clock;
+  const JobConfig& cfg_;
+  const Parallel& par_;
+  PeakFlops peak_;
+  double flops_per_token_;
+  double comm_closed_form_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<TensorBoardWriter> tb_;
+  Clock::time_point t_start_, t_interval_;
+  double data_seconds_ = 0;
+  int64_t interval_tokens_ = 0;
+  size_t run_peak_ = 0;  // the largest tracked peak of any logging interval
+  bool mfu_warned_ = false;
+  std::array<size_t, kNumMemCategories> steady_live_{};
+  CommStats interval_comm_;  // this rank's data-parallel communication since the last log line
+  int64_t interval_steps_ = 0;
+  uint64_t interval_tp_bytes_ = 0;
+};
+
+}  // namespace anvil

@@ -1,0 +1,123 @@
+#include "anvil/train/train_data.h"
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
+#include "anvil/data/bpe_tokenizer.h"
+#include "anvil/data/brown.h"
+#include "anvil/data/shard.h"
+#include "anvil/train/console.h"
+#include "anvil/train/parallelize.h"
+
+namespace anvil {
+
+namespace {
+
+// The token sources of the configured dataset, for training and validation.
+struct DataSources {
+  std::unique_ptr<TokenSource> train, validation;  // validation may be null
+  std::string description;
+};
+
+std::unique_ptr<TokenSource> open_source(const std::string& kind, const std::string& path, const Tokenizer& tok,
+                                         uint64_t tokenizer_hash) {
+  if (kind == "shards") return std::make_unique<ShardSource>(list_shards(path), tokenizer_hash, tok.vocab_size());
+  return std::make_unique<DocumentTokenSource>(std::vector<std::string>{path}, SourceOptions{}, tok);
+}
+
+DataSources open_dataset(const JobConfig& cfg, const Tokenizer& tok, uint64_t tokenizer_hash) {
+  const auto& t = cfg.training;
+  DataSources d;
+  if (t.dataset == "brown") {
+    // Small enough to tokenize up front; every 20th file is held out, so both
+    // splits span all the corpus' genres.
+    const std::vector<TextDocument> docs = read_brown_corpus(t.dataset_path);
+    std::vector<std::string> train, validation;
+    for (size_t i = 0; i < docs.size(); ++i) (i % 20 == 19 ? validation : train).push_back(docs[i].text);
+    auto train_src = std::make_unique<TokenVectorSource>("brown/train", tokenize_documents(tok, train));
+    d.description = detail::concat("brown at ", t.dataset_path, ": ", train.size(), " train documents (",
+                                   with_commas(train_src->unit_tokens(0)), " tokens), ", validation.size(),
+                                   " validation");
+    d.train = std::move(train_src);
+    d.validation = std::make_unique<TokenVectorSource>("brown/validation", tokenize_documents(tok, validation));
+    return d;
+  }
+  d.train = open_source(t.dataset, t.dataset_path, tok, tokenizer_hash);
+  d.description = detail::concat(t.dataset, " at ", t.dataset_path, ": ", d.train->num_units(), " file(s)");
+  if (!cfg.validation.dataset_path.empty())
+    d.validation = open_source(t.dataset, cfg.validation.dataset_path, tok, tokenizer_hash);
+  return d;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelArgs& args) {
+  ANVIL_CHECK(cfg.training.seq_len <= args.max_seq_len, "training.seq_len ", cfg.training.seq_len, " exceeds ",
+              args.name, "/", args.flavor, "'s max_seq_len ", args.max_seq_len);
+  std::unique_ptr<Tokenizer> tokenizer =
+      load_tokenizer(cfg.model.tokenizer_path.empty() ? "bytes" : cfg.model.tokenizer_path);
+  ANVIL_CHECK(tokenizer->vocab_size() <= args.vocab_size, "the ", tokenizer->name(), " tokenizer has ",
+              tokenizer->vocab_size(), " tokens but the model's vocabulary is ", args.vocab_size,
+              "; pick a flavour with a larger vocabulary or a smaller tokenizer");
+  return tokenizer;
+}
+
+TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Parallel& par) : cfg_(cfg) {
+  const auto& tc = cfg.training;
+  const auto t_data = std::chrono::steady_clock::now();
+  const uint64_t tokenizer_hash =
+      cfg.model.tokenizer_path.empty() ? byte_tokenizer_hash() : tokenizer_file_hash(cfg.model.tokenizer_path);
+  DataSources data = open_dataset(cfg, tokenizer, tokenizer_hash);
+  ANVIL_CHECK(!cfg.validation.enable || data.validation, "validation.enable = true needs validation.dataset_path ",
+              "for the ", tc.dataset, " dataset (only brown holds out a split by itself)");
+  StreamLoaderOptions loader_opts{.seq_len = tc.seq_len, .batch_size = tc.local_batch_size, .rank = par.dp_rank,
+                                  .world = par.dp_size, .seed = static_cast<uint64_t>(tc.seed)};
+  loader_ = std::make_unique<StreamLoader>(std::move(data.train), loader_opts);
+  if (cfg.validation.enable) {
+    StreamLoaderOptions val_opts = loader_opts;
+    val_opts.prefetch = false;
+    val_loader_ = std::make_unique<StreamLoader>(std::move(data.validation), val_opts);
+  }
+  std::printf("anvil: dataset %s; %s tokenizer (%.2fs)\n", data.description.c_str(), tokenizer.name().c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_data).count());
+}
+
+void TrainData::allocate_batches(int64_t micro_batches) {
+  const auto& tc = cfg_.training;
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    batches_.tokens.push_back(
+        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.tokens"));
+    batches_.targets.push_back(
+        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.targets"));
+  }
+}
+
+int64_t TrainData::next_step() {
+  const ScopedPhase phase(SpanCategory::data, "data");
+  int64_t tokens = 0;
+  for (size_t i = 0; i < batches_.tokens.size(); ++i) {
+    ANVIL_CHECK(loader_->next_batch(batches_.tokens[i], batches_.targets[i]), "the dataset ran out of tokens");
+    tokens += batches_.tokens[i].numel();  // packed windows never ignore a target
+  }
+  return tokens;
+}
+
+std::pair<double, int64_t> TrainData::validation_loss(Llama& model, const Parallel& par) {
+  double sum = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < cfg_.validation.steps; ++i) {
+    ANVIL_CHECK(val_loader_->next_batch(batches_.tokens[0], batches_.targets[0]),
+                "the validation set ran out of tokens");
+    const CrossEntropyResult r = evaluate_single_stage(model, batches_.tokens[0], batches_.targets[0]);
+    sum += r.loss_sum, tokens += r.num_tokens;
+  }
+  sum_loss_over_dp(par, sum, tokens);
+  val_loader_->set_state(StreamState{});  // the same held-out batches every time
+  return {sum, tokens};
+}
+
+}  // namespace anvil

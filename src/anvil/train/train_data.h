@@ -1,0 +1,44 @@
+// The trainer's data: the configured dataset's training and validation
+// streams, packed into windows of seq_len + 1 tokens by a prefetch thread
+// while the step computes, and the step's micro-batches.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "anvil/data/stream_loader.h"
+#include "anvil/data/tokenizer.h"
+#include "anvil/model/args.h"
+#include "anvil/train/config.h"
+#include "anvil/train/parallel.h"
+#include "anvil/train/schedule.h"
+
+namespace anvil {
+
+// The job's tokenizer, checked against the model (and training.seq_len against its max_seq_len).
+std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelArgs& args);
+
+class TrainData {
+ public:
+  // Opens the dataset and prints its line. Data-parallel rank r reads windows
+  // r, r + dp, ...: the union of the ranks' batches is the single-process
+  // batch of dp times the size.
+  TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Parallel& par);
+
+  StreamLoader& loader() { return *loader_; }
+  // The step's micro-batches are fetched up front, so the loss can be
+  // normalised by the token count of the whole step before any backward runs.
+  void allocate_batches(int64_t micro_batches);
+  const MicroBatches& batches() const { return batches_; }
+  // Fills the step's micro-batches; returns their tokens.
+  int64_t next_step();
+  // The loss of the validation set's validation.steps batches, summed over
+  // the data-parallel ranks: (loss sum, tokens). The same held-out batches every time.
+  std::pair<double, int64_t> validation_loss(Llama& model, const Parallel& par);
+
+ private:
+  const JobConfig& cfg_;
+  std::unique_ptr<StreamLoader> loader_, val_loader_;
+  MicroBatches batches_;
+};
+
+}  // namespace anvil
