@@ -1,0 +1,142 @@
+// The trainer's layout component and single-stage schedule, in one process:
+// what train() relies on them for, checked without running train().
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "anvil/core/allocator.h"
+#include "anvil/ops/grad_norm.h"
+#include "anvil/train/checkpoint.h"
+#include "anvil/train/parallel.h"
+#include "anvil/train/parallelize.h"
+#include "anvil/train/schedule.h"
+#include "test_util.h"
+
+namespace anvil {
+namespace {
+
+JobConfig small_config(int64_t seed = 0) {
+  JobConfig cfg;
+  cfg.model.flavor = "debugmodel";
+  cfg.training.seq_len = 32;
+  cfg.training.local_batch_size = 2;
+  cfg.training.mixed_precision_param = "float32";
+  cfg.training.seed = seed;
+  return cfg;
+}
+
+MicroBatches random_batches(int64_t n, int64_t B, int64_t T, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  MicroBatches mb;
+  for (int64_t i = 0; i < n; ++i) {
+    mb.tokens.push_back(Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "test.tokens"));
+    mb.targets.push_back(Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "test.targets"));
+    for (int64_t j = 0; j < B * T; ++j) {
+      mb.tokens.back().data<int32_t>()[j] = token(rng);
+      mb.targets.back().data<int32_t>()[j] = token(rng);
+    }
+  }
+  return mb;
+}
+
+size_t live_optimizer_bytes() {
+  return TrackingAllocator::instance().stats().live[static_cast<int>(MemCategory::optimizer_state)];
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(), a.numel() * sizeof(float)) == 0;
+}
+
+// One step as train() drives it: begin, the schedule, finish, norm, AdamW, release.
+double step(ParallelizedModel& layout, const MicroBatches& mb, int64_t step_number) {
+  layout.begin_step();
+  const int64_t tokens = mb.size() * mb.tokens[0].numel();
+  const ScheduleResult r = run_single_stage(layout.model(), mb, 1.0f / static_cast<float>(tokens), AcPolicy{},
+                                            {[&](int64_t i, int64_t n) { layout.before_micro_batch(i, n); }, {}});
+  layout.finish_backward();
+  const double norm = layout.grad_norm();
+  AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  layout.optimizer_step(adamw, step_number, 1.0f);
+  layout.release_grads();
+  EXPECT_EQ(r.loss_tokens, tokens);
+  EXPECT_EQ(r.stopped_after, 0);
+  return norm;
+}
+
+TEST(ParallelizedModel, MomentsAppearAtTheFirstOptimizerStepAndTheNormIsTheGradients) {
+  const JobConfig cfg = small_config();
+  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const Parallel par = setup_parallel(cfg, args);
+  const size_t before = live_optimizer_bytes();
+  ParallelizedModel layout(cfg, args, par, DType::f32);
+  EXPECT_EQ(live_optimizer_bytes(), before) << "AdamW's moments must not exist before the first optimizer step";
+
+  const MicroBatches mb = random_batches(2, 2, 32, args.vocab_size, 1);
+  layout.begin_step();
+  run_single_stage(layout.model(), mb, 1.0f / 128, AcPolicy{}, {});
+  layout.finish_backward();
+  const Tensor grads[] = {layout.model().params().grad_flat()};
+  const double expected = std::sqrt(grad_sum_of_squares(grads));
+  EXPECT_GT(expected, 0);
+  EXPECT_EQ(layout.grad_norm(), expected);
+  EXPECT_EQ(live_optimizer_bytes(), before);
+  layout.optimizer_step(AdamWConfig{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}, 1, 1.0f);
+  EXPECT_EQ(live_optimizer_bytes() - before, 2 * sizeof(float) * static_cast<size_t>(layout.model().params().numel()));
+  layout.release_grads();
+  EXPECT_FALSE(layout.model().params().grad_flat().defined());
+}
+
+TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
+  const JobConfig cfg = small_config();
+  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const Parallel par = setup_parallel(cfg, args);
+  const MicroBatches first = random_batches(2, 2, 32, args.vocab_size, 2);
+  const MicroBatches second = random_batches(2, 2, 32, args.vocab_size, 3);
+
+  ParallelizedModel a(cfg, args, par, DType::f32);
+  step(a, first, 1);
+  Checkpointer ckpt((testing::scratch_root() / "parallelize_test_ckpt").string(), 0);
+  a.save_checkpoint(ckpt, 1, /*model_only=*/false, DType::f32,
+                    [&] { return CheckpointMeta{nlohmann::json::object(), {}, "", "llama3/debugmodel"}; });
+  ckpt.wait();
+
+  // Another seed, so only the checkpoint can make the two agree.
+  const JobConfig other = small_config(7);
+  ParallelizedModel b(other, args, par, DType::f32);
+  ASSERT_FALSE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+  const nlohmann::json state = b.load_checkpoint(ckpt, 1);
+  EXPECT_EQ(state.value("model", std::string()), "llama3/debugmodel");
+  EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+  // The moments too: a second step from the same state gives the same weights.
+  const double norm_a = step(a, second, 2), norm_b = step(b, second, 2);
+  EXPECT_EQ(norm_a, norm_b);
+  EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+}
+
+TEST(SingleStageSchedule, StopsAfterTheMicroBatchAtWhichAStopIsAgreed) {
+  const JobConfig cfg = small_config();
+  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const Parallel par = setup_parallel(cfg, args);
+  ParallelizedModel layout(cfg, args, par, DType::f32);
+  const MicroBatches mb = random_batches(3, 2, 32, args.vocab_size, 4);
+  double expected_loss = 0;
+  for (int i = 0; i < 2; ++i) expected_loss += evaluate_single_stage(layout.model(), mb.tokens[i], mb.targets[i]).loss_sum;
+
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  int asked = 0;
+  layout.begin_step();
+  const ScheduleResult r =
+      run_single_stage(layout.model(), mb, 1.0f / 192, AcPolicy{},
+                       {[&](int64_t i, int64_t n) { calls.emplace_back(i, n); }, [&] { return ++asked == 2; }});
+  EXPECT_EQ(r.stopped_after, 2);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(calls, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 3}}));
+  EXPECT_EQ(r.loss_tokens, 2 * 2 * 32);
+  EXPECT_NEAR(r.loss_sum, expected_loss, 1e-6 * expected_loss);
+}
+
+}  // namespace
+}  // namespace anvil
