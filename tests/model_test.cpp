@@ -1,5 +1,10 @@
-// Whole-model properties: determinism of forward and backward across runs.
+// Whole-model properties: determinism of forward and backward across runs, and
+// the modules run piecewise — a block's backward in two passes, the model as
+// two pipeline stages — equal to the whole.
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
 
 #include "anvil/core/rng.h"
 #include "anvil/model/llama.h"
@@ -38,5 +43,142 @@ TEST(Llama, BackwardIsBitwiseReproducible) {
           diff = std::max(diff, std::abs(runs[run][static_cast<size_t>(i)] - runs[0][static_cast<size_t>(i)]));
         EXPECT_EQ(diff, 0.0) << dtype_name(dt) << " run " << run << ": " << s.name;
       }
+  }
+}
+
+namespace {
+
+ModelArgs small_llama() {
+  ModelArgs args = model_flavor("llama3", "debugmodel");
+  args.dim = 64, args.n_heads = 4, args.n_kv_heads = 2, args.n_layers = 4, args.vocab_size = 96;
+  return args;
+}
+
+// Random token ids and targets (B, T) in [0, V), a few targets ignored.
+void make_batch(int64_t B, int64_t T, int64_t V, Tensor& tokens, Tensor& targets) {
+  tokens = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "tokens");
+  targets = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "targets");
+  const uint64_t key = RngStream{1, "stage-batch"}.key();
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i)) * static_cast<double>(V));
+    targets.data<int32_t>()[i] =
+        i % 7 == 3 ? -100 : static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i + B * T)) * static_cast<double>(V));
+  }
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+const AcPolicy kPolicies[] = {{AcMode::none, 1}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2}, {AcMode::full, 1}};
+
+}  // namespace
+
+// Zero-bubble schedules run a block's backward as an input-gradient pass and,
+// later, a weight-gradient pass: together they must be the fused backward, bit
+// for bit, and the first must leave the weight gradients untouched.
+TEST(TransformerBlock, InputThenWeightGradientPassesEqualTheFusedBackward) {
+  const ModelArgs args = small_llama();
+  const int64_t B = 2, T = 24, layer = 1;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const AcPolicy& policy : kPolicies) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", AC " + ac_mode_name(policy.mode));
+      ParamStore params(llama_param_specs(args), dt);
+      params.init(5);
+      const RopeTable rope = rope_table(T, args.head_dim(), args.rope_theta, args.rope_scaling);
+      const ParallelPlan single_process;
+      const int first = params.index_of("model.layers." + std::to_string(layer) + ".input_layernorm.weight");
+      TransformerBlock block(params, first, layer, args, rope, single_process);
+      const Tensor x = random_tensor({B * T, args.dim}, dt, "x");
+      const Tensor dout = random_tensor({B * T, args.dim}, dt, "dout");
+      auto fresh_dout = [&] {
+        Tensor d = Tensor::empty(dout.shape(), dt, MemCategory::activations, "dout");
+        d.copy_from(dout);
+        return d;
+      };
+
+      params.zero_grad();
+      BlockSaved saved;
+      const Tensor out_fused = block.forward(x, B, T, policy, saved);
+      const Tensor dx_fused = block.backward(saved, fresh_dout());
+      const std::vector<double> grads_fused = to_double(params.grad_flat());
+
+      params.zero_grad();
+      const Tensor out_split = block.forward(x, B, T, policy, saved);
+      WeightGradWork work;
+      const Tensor dx_split = block.backward_input(saved, fresh_dout(), work);
+      EXPECT_EQ(work.products.size(), 7u);  // the seven projections' weights
+      for (const char* w : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+        const Tensor g = params.grad(params.index_of("model.layers.1.self_attn." + std::string(w) + ".weight"));
+        for (int64_t i = 0; i < g.numel(); ++i) ASSERT_EQ(g.data<float>()[i], 0.0f) << w << " before the weight pass";
+      }
+      block.backward_weight(work);
+      EXPECT_TRUE(work.products.empty());
+
+      EXPECT_TRUE(same_bytes(out_fused, out_split));
+      EXPECT_TRUE(same_bytes(dx_fused, dx_split)) << "input gradients differ";
+      const std::vector<double> grads_split = to_double(params.grad_flat());
+      for (const ParamSpec& s : params.specs())
+        for (int64_t i = s.offset; i < s.offset + s.numel(); ++i)
+          ASSERT_EQ(grads_split[static_cast<size_t>(i)], grads_fused[static_cast<size_t>(i)]) << s.name << " [" << i - s.offset << "]";
+      // And the block did learn something: some weight gradient is nonzero.
+      double norm = 0;
+      for (double g : grads_fused) norm += g * g;
+      EXPECT_GT(norm, 0.0);
+    }
+  }
+}
+
+// A pipeline's two stages — the embedding and the first half of the blocks;
+// the second half and the head — with the boundary activation handed forward
+// and its gradient handed back, are the whole model: the same loss and the
+// same gradients, bit for bit, under every checkpointing policy.
+TEST(Llama, TwoStagesEqualTheWholeModel) {
+  const ModelArgs args = small_llama();
+  const int64_t B = 2, T = 16, n = args.n_layers, cut = 1 + n / 2;  // stage 0: modules [0, cut)
+  Tensor tokens, targets;
+  make_batch(B, T, args.vocab_size, tokens, targets);
+  const float scale = 1.0f / 29.0f;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const AcPolicy& policy : kPolicies) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", AC " + ac_mode_name(policy.mode));
+      Llama whole(args, dt, T);
+      whole.params().init(9);
+      Llama first(args, dt, T, {.first_module = 0, .end_module = static_cast<int>(cut)});
+      Llama last(args, dt, T, {.first_module = static_cast<int>(cut)});
+      first.params().init(9);
+      last.params().init(9);
+      EXPECT_TRUE(first.has_embedding() && !first.has_head() && !last.has_embedding() && last.has_head());
+      EXPECT_EQ(first.params().specs().size() + last.params().specs().size(), whole.params().specs().size());
+      // Two micro-batches, accumulated, as a step with gradient accumulation.
+      for (int k = 0; k < 2; ++k) {
+        const CrossEntropyResult want = whole.forward_backward(tokens, targets, scale, policy);
+        StageSaved saved_first, saved_last;
+        const Tensor boundary = first.forward(tokens, B, T, policy, saved_first);
+        last.forward(boundary, B, T, policy, saved_last);
+        Tensor d_boundary;
+        const CrossEntropyResult got = last.backward_from_loss(saved_last, targets, scale, &d_boundary);
+        EXPECT_EQ(d_boundary.shape(), boundary.shape());
+        EXPECT_FALSE(first.backward(saved_first, d_boundary).defined());  // the first stage has no input gradient
+        EXPECT_EQ(got.loss_sum, want.loss_sum);
+        EXPECT_EQ(got.num_tokens, want.num_tokens);
+      }
+      for (const ParamSpec& s : whole.params().specs()) {
+        const Llama& stage = s.group < cut ? first : last;
+        const Tensor got = stage.params().grad(stage.params().index_of(s.name));
+        EXPECT_TRUE(same_bytes(got, whole.params().grad(whole.params().index_of(s.name)))) << s.name;
+      }
+    }
+  }
+}
+
+TEST(Llama, AStageOfATiedModelMustHoldBothEnds) {
+  ModelArgs args = small_llama();
+  args.tie_embeddings = true;
+  try {
+    Llama stage(args, DType::f32, 16, {.first_module = 0, .end_module = 3});
+    FAIL() << "a tied model was split";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ties the output head to the embedding"), std::string::npos) << e.what();
   }
 }

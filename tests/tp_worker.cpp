@@ -94,8 +94,8 @@ void check_case(const Case& c) {
   const AcPolicy policy{c.ac, 1};
   Llama ref(args, DType::f32, args.max_seq_len);
   ref.params().init(7);
-  CommTensorParallel tp(world, {.sequence_parallel = c.sequence_parallel, .loss_parallel = c.loss_parallel});
-  Llama model(args, DType::f32, args.max_seq_len, true, &tp);
+  const TensorParallelPlan tp(world, args, {.sequence_parallel = c.sequence_parallel, .loss_parallel = c.loss_parallel});
+  Llama model(args, DType::f32, args.max_seq_len, {.plan = &tp});
   model.params().init(7);
   const auto& gspecs = ref.params().specs();
   const auto& lspecs = model.params().specs();
@@ -132,8 +132,8 @@ void check_case(const Case& c) {
   }
   // The padding rows of the vocabulary shards never receive a gradient.
   for (const ParamSpec& s : lspecs) {
-    if (s.tp.dim != 0 || s.tp.begin + s.shape[0] <= s.tp.global_extent) continue;
-    const int64_t valid = std::max<int64_t>(0, s.tp.global_extent - s.tp.begin), D = s.shape[1];
+    if (s.slice.dim != 0 || s.slice.begin + s.shape[0] <= s.slice.global_extent) continue;
+    const int64_t valid = std::max<int64_t>(0, s.slice.global_extent - s.slice.begin), D = s.shape[1];
     const Tensor pad = model.params().grad_flat().slice(s.offset + valid * D, (s.shape[0] - valid) * D);
     for (int64_t i = 0; i < pad.numel(); ++i) EXPECT_EQ(pad.data<float>()[i], 0.0f) << s.name << " padding";
   }

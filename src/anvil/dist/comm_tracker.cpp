@@ -2,7 +2,6 @@
 
 namespace anvil {
 
-int layer_of_group(int group, int num_groups) { return group >= 1 && group < num_groups - 1 ? group - 1 : -1; }
 
 int CommTracker::start(const char* label, int layer, CommOp op, uint64_t payload_bytes, int group_size) {
   const uint64_t bytes = comm_bytes(op, payload_bytes, group_size);

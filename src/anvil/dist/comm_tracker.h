@@ -16,10 +16,6 @@
 
 namespace anvil {
 
-// The block index a parameter group's spans carry: group 1 + l is block l;
-// the embedding (0) and the head (the last group) carry none.
-int layer_of_group(int group, int num_groups);
-
 struct CommStats {
   uint64_t bytes = 0;        // sent by this rank (comm_bytes' formulas)
   double in_flight_s = 0;    // Σ over collectives of start → completion seen

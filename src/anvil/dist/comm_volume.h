@@ -12,14 +12,14 @@ namespace anvil {
 
 // DDP over n ranks: every group's fp32 gradients all-reduced once per step
 // (only the last micro-batch synchronises).
-double ddp_bytes_per_step(const std::vector<int64_t>& group_numel, int n);
+double ddp_bytes_per_step(const std::vector<ParamGroup>& groups, int n);
 
 // FSDP over n shards, per micro-batch: each group's compute weights gathered
 // for the forward and again for the backward unless still held (the head, and
 // the last block under the default policy, or every group under "never"), and
 // its fp32 gradients reduce-scattered; HSDP adds an all-reduce of the fp32
 // gradient shard over r replicas once per step.
-double fsdp_bytes_per_step(const std::vector<int64_t>& group_numel, int n, int replicas, int compute_dtype_bytes,
+double fsdp_bytes_per_step(const std::vector<ParamGroup>& groups, int n, int replicas, int compute_dtype_bytes,
                            ReshardPolicy reshard, int64_t micro_batches);
 
 }  // namespace anvil

@@ -32,7 +32,7 @@ class DdpGradSync : public ParamGroupHooks {
 
  private:
   void progress();
-  int layer_of(int group) const { return layer_of_group(group, static_cast<int>(params_.groups().size())); }
+  int layer_of(int group) const { return params_.groups()[static_cast<size_t>(group)].layer; }
   ParamStore& params_;
   Communicator& dp_;
   bool sync_ = true;

@@ -20,14 +20,15 @@ int64_t fsdp_shard_numel(int64_t group_numel, int n) {
   return (per_rank + 31) / 32 * 32;
 }
 
-bool fsdp_keep_after_forward(int group, int num_groups, ReshardPolicy reshard) {
+bool fsdp_keep_after_forward(const std::vector<ParamGroup>& groups, int group, ReshardPolicy reshard) {
   switch (reshard) {
     case ReshardPolicy::never: return true;
     case ReshardPolicy::always: return false;
     case ReshardPolicy::default_policy: break;
   }
   // The last block's weights are needed again at once by the backward.
-  return group == num_groups - 2;
+  const size_t next = static_cast<size_t>(group) + 1;
+  return next < groups.size() && groups[next].module == ModuleKind::head;
 }
 
 FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* replicate, ReshardPolicy reshard)
@@ -147,7 +148,7 @@ void FsdpParams::before_forward(int group) {
 
 void FsdpParams::after_forward(int group) {
   model_.unbind_group(group);
-  if (!fsdp_keep_after_forward(group, static_cast<int>(model_.groups().size()), reshard_))
+  if (!fsdp_keep_after_forward(model_.groups(), group, reshard_))
     gathered_[static_cast<size_t>(group)] = Tensor();
 }
 

@@ -36,11 +36,11 @@ ReshardPolicy parse_reshard_policy(const std::string& s);
 // Elements of each rank's slice of a group of `group_numel` over n shards: the
 // 1/n share rounded up to a multiple of 32, so every shard stays 64-byte aligned.
 int64_t fsdp_shard_numel(int64_t group_numel, int n);
-// Whether group `group` (of `num_groups`) keeps its gathered weights from its
-// forward to its backward instead of gathering them again: under "never"
-// every group, under "always" none, by default the last block, whose backward
-// comes at once.
-bool fsdp_keep_after_forward(int group, int num_groups, ReshardPolicy reshard);
+// Whether group `group` keeps its gathered weights from its forward to its
+// backward instead of gathering them again: under "never" every group, under
+// "always" none, by default the block just before the head, whose backward
+// comes at once. (The head's forward and backward are one pass: it gathers once.)
+bool fsdp_keep_after_forward(const std::vector<ParamGroup>& groups, int group, ReshardPolicy reshard);
 
 class FsdpParams : public ParamGroupHooks {
  public:
@@ -89,7 +89,7 @@ class FsdpParams : public ParamGroupHooks {
   void wait_gather(int group);
   void complete(Pending& p);
   void progress();
-  int layer_of(int group) const { return layer_of_group(group, static_cast<int>(model_.groups().size())); }
+  int layer_of(int group) const { return model_.groups()[static_cast<size_t>(group)].layer; }
 
   ParamStore& model_;
   Communicator& shard_;

@@ -1,29 +1,107 @@
-// Tensor parallelism's communication: the model's TensorParallel collectives
-// over the mesh's tp communicator, and the two places outside the model where
-// tp ranks must cooperate — checkpoints (global tensors gathered from the
-// ranks' slices) and the gradient norm (each global element counted once).
+// Megatron-style tensor parallelism (Shoeybi et al. 2019; sequence
+// parallelism: Korthikanti et al. 2022), applied to the model from outside:
+// TensorParallelPlan is the model's ParallelPlan for a tp rank — which slice
+// of each parameter the rank holds, and the collectives over the tp group at
+// the seams between kernels — and the functions below are the places outside
+// the model where tp ranks cooperate: checkpoints (global tensors gathered
+// from, and sliced to, the ranks' slices) and the gradient norm (each global
+// element counted once).
 #pragma once
 #include <vector>
 
 #include "anvil/dist/comm.h"
 #include "anvil/dist/fsdp.h"
+#include "anvil/model/args.h"
+#include "anvil/model/parallel_plan.h"
 #include "anvil/model/params.h"
-#include "anvil/model/tensor_parallel.h"
 
 namespace anvil {
 
-class CommTensorParallel : public TensorParallel {
+struct TensorParallelOptions {
+  // Shard the residual stream and the norms over the token rows (M/tp rows
+  // per rank) instead of replicating them: all-gather before the
+  // column-parallel products, reduce-scatter after the row-parallel ones.
+  bool sequence_parallel = true;
+  // Cross-entropy over the vocabulary shards (combining per-row max and
+  // sums) instead of gathering the whole output weight on every rank.
+  bool loss_parallel = true;
+};
+
+// The parameters, by Hugging Face name (Megatron's layout):
+//   q_proj, k_proj, v_proj, gate_proj, up_proj   column-parallel: output rows split
+//                                                (q: n_heads/tp heads, k/v: n_kv_heads/tp)
+//   o_proj, down_proj                            row-parallel: input columns split
+//   embed_tokens, lm_head                        vocabulary-parallel: rows split, the
+//                                                vocabulary padded to a multiple of tp
+//   the RMSNorm weights                          replicated
+class TensorParallelPlan : public ParallelPlan {
  public:
-  // tp: the tp group's communicator (not owned); its rank and size are the model's.
-  CommTensorParallel(Communicator& tp, Options options);
-  void all_reduce_sum(const Tensor& t) override;
-  void all_reduce_max(const Tensor& t) override;
-  void all_gather(const Tensor& shard, const Tensor& full) override;
-  void reduce_scatter(const Tensor& full, const Tensor& shard) override;
+  // tp: the tp group's communicator (not owned). Throws anvil::Error when tp
+  // does not divide the heads or the feed-forward width.
+  TensorParallelPlan(Communicator& tp, const ModelArgs& args, TensorParallelOptions options);
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+  bool sequence_parallel() const { return options_.sequence_parallel; }
+  bool loss_parallel() const { return options_.loss_parallel; }
+
+  std::vector<ParamSpec> shard_params(std::vector<ParamSpec> global) const override;
+  int64_t residual_rows(int64_t M) const override;
+  Tensor embedding_forward(const Tensor& tokens, const Tensor& weight, DType dt) const override;
+  void embedding_backward(const Tensor& dh, const Tensor& tokens, Tensor grad) const override;
+  Tensor gather_rows(const Tensor& local, const char* tag) const override;
+  Tensor row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w, const char* tag) const override;
+  Tensor column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt, const char* tag) const override;
+  NormGradTargets norm_grad_targets(std::initializer_list<Tensor> grads) const override;
+  void finish_norm_grads(const NormGradTargets& targets, std::initializer_list<Tensor> grads) const override;
+  CrossEntropyResult loss_forward_backward(const Tensor& hn, const Tensor& w, Tensor dw, const Tensor& targets,
+                                           float grad_scale, Tensor& dhn) const override;
+  CrossEntropyResult loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const override;
 
  private:
+  // Collectives over the tp group, traced while profiling. f32 or bf16 (bf16
+  // sums accumulate in fp32 and round once).
+  void all_reduce_sum(const Tensor& t) const;
+  void all_reduce_max(const Tensor& t) const;
+  void all_gather(const Tensor& shard, const Tensor& full) const;     // full (tp·k, ...) ← shards (k, ...)
+  void reduce_scatter(const Tensor& full, const Tensor& shard) const;  // shard ← Σ_ranks full's rows of this rank
+  // Partial sums (M, D) f32 on every rank, reduced over tp (reduce-scattered to
+  // this rank's rows under sequence parallelism) and rounded once to dt.
+  Tensor reduce_partial(const Tensor& partial, DType dt, const char* tag) const;
+  // Where this rank's shard of a vocabulary-parallel weight (its local tensor,
+  // padding included) begins, and how many of its rows are real (unpadded).
+  int64_t vocab_begin(const Tensor& local) const { return rank() * local.size(0); }
+  int64_t vocab_rows(const Tensor& local) const;
+  // Loss parallel's statistics combined over tp: each row's log-sum-exp over
+  // the whole vocabulary. w: the real rows of the shard, which begins at `begin`.
+  CrossEntropyResult loss_parallel_lse(const Tensor& hn, const Tensor& w, int64_t begin, const Tensor& targets,
+                                       Tensor& lse) const;
+  Tensor gather_output_weight(const Tensor& local) const;  // (V_p, D), the padded vocabulary
+
   Communicator& comm_;
+  ModelArgs args_;
+  TensorParallelOptions options_;
 };
+
+// A padded vocabulary: the smallest multiple of tp holding vocab_size, so every
+// rank's embedding and output shard has the same number of rows (collectives
+// and FSDP's flat shards need equal pieces). The padding rows are zero, receive
+// no gradient (no token id reaches them, and the loss kernels are given only
+// the real rows) and are dropped from checkpoints.
+int64_t padded_vocab_size(int64_t vocab_size, int tp);
+
+// For tensor parallelism's checkpoints, which hold global tensors by name.
+// local (spec.shape) ← this rank's slice of global (spec.global_shape()); padding zeroed.
+void copy_global_to_local(const ParamSpec& spec, const Tensor& global, const Tensor& local);
+// global (spec.global_shape()) ← the tp ranks' local tensors stacked in rank
+// order, stacked (tp, spec.numel()); `spec` is any rank's spec of the
+// parameter (the ranks' slices differ only in where they begin).
+void assemble_global(const ParamSpec& spec, int tp, const Tensor& stacked, const Tensor& global);
+
+// The flat buffers of a whole model (laid out as ParamStore lays out `specs`)
+// converted between a rank's local layout and the global one, parameter by
+// parameter. global_specs and local_specs list the same names in the same order.
+void global_flat_to_local(const std::vector<ParamSpec>& global_specs, const Tensor& global_flat,
+                          const std::vector<ParamSpec>& local_specs, const Tensor& local_flat);
 
 // The global flat buffer, laid out as global_specs (with ParamStore's offsets),
 // of a per-parameter fp32 state (master weights or an AdamW moment) that every

@@ -11,7 +11,7 @@ int64_t padded(int64_t n) { return (n + 31) / 32 * 32; }
 
 Shape ParamSpec::global_shape() const {
   Shape g = shape;
-  if (!tp.replicated()) g[static_cast<size_t>(tp.dim)] = tp.global_extent;
+  if (!slice.replicated()) g[static_cast<size_t>(slice.dim)] = slice.global_extent;
   return g;
 }
 
@@ -31,7 +31,7 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool a
     ANVIL_ASSERT(s.group >= 0 && (groups_.empty() || s.group == static_cast<int>(groups_.size()) - 1 ||
                                   s.group == static_cast<int>(groups_.size())),
                  "parameter groups must be consecutive: ", s.name);
-    if (s.group == static_cast<int>(groups_.size())) groups_.push_back({static_cast<int>(i), 0, s.offset, 0});
+    if (s.group == static_cast<int>(groups_.size())) groups_.push_back({static_cast<int>(i), 0, s.offset, 0, s.module, s.layer});
     groups_.back().end = static_cast<int>(i) + 1;
     groups_.back().numel = numel_ - groups_.back().offset;
   }

@@ -13,19 +13,24 @@ namespace anvil {
 
 enum class ParamInit { ones, normal, trunc_normal };
 
-// How a tensor-parallel rank's parameter maps to the global tensor of the same
-// name (what checkpoints hold): the whole tensor on every rank (replicated), or
-// this rank's slice [begin, begin + shape[dim]) of the global tensor along dim
-// 0 (rows: column-parallel and vocabulary-parallel weights) or 1 (columns:
-// row-parallel weights). Indices at or past global_extent are padding (a
-// vocabulary padded to a multiple of the tp degree): zero, never trained, not
-// stored. Without tensor parallelism every slice is the whole tensor.
-struct TpSlice {
+// How a rank's parameter maps to the global tensor of the same name (what
+// checkpoints hold): the whole tensor (replicated), or the slice [begin, begin
+// + shape[dim]) of the global tensor along dim 0 (rows) or 1 (columns), as a
+// parallel plan shards it (tensor parallelism: dist/tensor_parallel.h).
+// Indices at or past global_extent are padding (a vocabulary padded to a
+// multiple of the shard count): zero, never trained, not stored. Without a
+// sharding plan every slice is the whole tensor.
+struct GlobalSlice {
   int dim = -1;               // -1: replicated
   int64_t begin = 0;          // the slice's first global index along dim
   int64_t global_extent = 0;  // the global tensor's size along dim
   bool replicated() const { return dim < 0; }
 };
+
+// Which module of the model a parameter belongs to (llama.h's list). Data
+// parallelism reads it from the groups instead of assuming a numbering, so a
+// pipeline stage's renumbered groups need nothing else.
+enum class ModuleKind { embedding, block, head };
 
 struct ParamSpec {
   std::string name;  // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
@@ -34,7 +39,9 @@ struct ParamSpec {
   float std = 0.02f;
   int group = 0;       // the parameter group (a model's unit of FSDP sharding and DDP bucketing)
   int64_t offset = 0;  // in elements, into the flat buffers
-  TpSlice tp = {};     // where this (local) tensor sits in the global one
+  GlobalSlice slice = {};  // where this (local) tensor sits in the global one
+  ModuleKind module = ModuleKind::block;
+  int layer = -1;  // a block's layer in the whole model; -1 for the other modules
   int64_t numel() const { return shape_numel(shape); }
   Shape global_shape() const;
 };
@@ -45,15 +52,15 @@ struct ParamSpec {
 // skipped. A row split is one run; a column split is one run per row.
 template <class F>
 void for_each_global_run(const ParamSpec& s, const Tensor& local, F&& fn) {
-  if (s.tp.replicated()) return fn(local, int64_t{0});
+  if (s.slice.replicated()) return fn(local, int64_t{0});
   const int64_t rows = local.size(0), inner = local.numel() / std::max<int64_t>(1, rows);
-  if (s.tp.dim == 0) {
-    const int64_t valid = std::clamp<int64_t>(s.tp.global_extent - s.tp.begin, 0, rows);
-    if (valid > 0) fn(local.slice(0, valid), s.tp.begin * inner);
+  if (s.slice.dim == 0) {
+    const int64_t valid = std::clamp<int64_t>(s.slice.global_extent - s.slice.begin, 0, rows);
+    if (valid > 0) fn(local.slice(0, valid), s.slice.begin * inner);
     return;
   }
   // dim 1 of a matrix: row r's columns [begin, begin + cols) of a global row of global_extent.
-  for (int64_t r = 0; r < rows; ++r) fn(local.slice(r, 1), r * s.tp.global_extent + s.tp.begin);
+  for (int64_t r = 0; r < rows; ++r) fn(local.slice(r, 1), r * s.slice.global_extent + s.slice.begin);
 }
 
 // Elements of a flat buffer holding `specs`, each parameter padded to a
@@ -66,6 +73,8 @@ struct ParamGroup {
   int first = 0, end = 0;  // parameters [first, end)
   int64_t offset = 0;      // the group's start in the flat buffers, in elements
   int64_t numel = 0;       // its padded length
+  ModuleKind module = ModuleKind::block;  // its parameters' module
+  int layer = -1;                         // and layer (blocks only)
 };
 
 class ParamStore {

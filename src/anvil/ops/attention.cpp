@@ -291,6 +291,12 @@ int64_t task_splits(int64_t owners, int64_t max_splits) {
   return attention_task_splits(owners, max_splits, omp_in_parallel() ? 1 : num_threads());
 }
 int64_t diagonal_tile(int64_t tile, int64_t T) { return attention_diagonal_tile(tile, T); }
+// The threads a call runs its tasks on, each with its own slot of scratch. The
+// scratch of every slot is allocated before the threads start, so the peak is
+// the same whichever threads the OS happens to run first (the memory
+// estimator's bound is reached on every run, not only when all threads start
+// together).
+int64_t scratch_slots(int64_t tasks) { return omp_in_parallel() ? 1 : std::min<int64_t>(num_threads(), tasks); }
 
 // ---- Forward ----
 
@@ -307,24 +313,26 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
   const float scale2 = d.scale * kLog2e;  // scores in log2 units: S = scale·log2(e)·Q Kᵀ, P = 2^(S − m)
 
+  // Scratch per thread, once per call: the packed keys and values of one kv
+  // head, one packed query tile, one score block, its probabilities, the
+  // output accumulator and the running max / sum per row.
+  const int64_t slots = scratch_slots(owners * splits);
+  Tensor kv_buf = Tensor::empty({slots, 2, T_, D}, ab, MemCategory::workspace, "attention.fwd.kv_packed");
+  Tensor q_buf = Tensor::empty({slots, Bq, D}, ab, MemCategory::workspace, "attention.fwd.q_packed");
+  Tensor s_buf = Tensor::empty({slots, Bq * Bk}, DType::f32, MemCategory::workspace, "attention.fwd.scores");
+  Tensor p_buf = Tensor::empty({slots, Bq * Bk}, ab, MemCategory::workspace, "attention.fwd.probs");
+  Tensor o_buf = Tensor::empty({slots, Bq, D}, DType::f32, MemCategory::workspace, "attention.fwd.out_acc");
+  Tensor ml_buf = Tensor::empty({slots, 2, Bq}, DType::f32, MemCategory::workspace, "attention.fwd.max_sum");
   std::atomic<int64_t> next_task{0};
-  parallel_for(0, owners * splits, 1, [&](int64_t, int64_t) {
-    // Per-thread scratch, allocated once per call: the packed keys and values
-    // of one kv head, one packed query tile, one score block, its
-    // probabilities, the output accumulator and the running max / sum per row.
-    Tensor kv_buf = Tensor::empty({2, T_, D}, ab, MemCategory::workspace, "attention.fwd.kv_packed");
-    Tensor q_buf = Tensor::empty({Bq, D}, ab, MemCategory::workspace, "attention.fwd.q_packed");
-    Tensor s_buf = Tensor::empty({Bq * Bk}, DType::f32, MemCategory::workspace, "attention.fwd.scores");
-    Tensor p_buf = Tensor::empty({Bq * Bk}, ab, MemCategory::workspace, "attention.fwd.probs");
-    Tensor o_buf = Tensor::empty({Bq, D}, DType::f32, MemCategory::workspace, "attention.fwd.out_acc");
-    Tensor ml_buf = Tensor::empty({2, Bq}, DType::f32, MemCategory::workspace, "attention.fwd.max_sum");
-    T* Kp = kv_buf.data<T>();
+  parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
+    ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
+    T* Kp = kv_buf.data<T>() + slot * 2 * T_ * D;
     T* Vp = Kp + T_ * D;
-    T* Qp = q_buf.data<T>();
-    float* S = s_buf.data<float>();
-    T* P = p_buf.data<T>();
-    float* O = o_buf.data<float>();
-    float* row_m = ml_buf.data<float>();
+    T* Qp = q_buf.data<T>() + slot * Bq * D;
+    float* S = s_buf.data<float>() + slot * Bq * Bk;
+    T* P = p_buf.data<T>() + slot * Bq * Bk;
+    float* O = o_buf.data<float>() + slot * Bq * D;
+    float* row_m = ml_buf.data<float>() + slot * 2 * Bq;
     float* row_l = row_m + Bq;
 
     // Rows q0 .. q0 + mq of query head h. Blocks are packed densely (row
@@ -417,30 +425,32 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   if (splits > 1)
     dq_parts_buf = Tensor::empty({splits, d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_parts");
 
+  // Scratch per thread, once per call (see scratch_slots): packed K, V of one
+  // kv head and Q, dO, dQ (f32), Δ, lse of its G query heads; one transposed
+  // block of scores/dP (f32) and P/dS (storage dtype); the dK_j, dV_j accumulators.
+  const int64_t slots = scratch_slots(owners * splits);
+  Tensor kv_buf = Tensor::empty({slots, 2, T_, D}, ab, MemCategory::workspace, "attention.bwd.kv_packed");
+  Tensor q_buf = Tensor::empty({slots, 2, G, T_, D}, ab, MemCategory::workspace, "attention.bwd.q_dout_packed");
+  Tensor dq_buf = Tensor::empty({slots, G, T_, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_acc");
+  Tensor stats_buf = Tensor::empty({slots, 2, G, T_}, DType::f32, MemCategory::workspace, "attention.bwd.delta_lse2");
+  Tensor s_buf = Tensor::empty({slots, 2, Bk * Bq}, DType::f32, MemCategory::workspace, "attention.bwd.scores_dprobs");
+  Tensor p_buf = Tensor::empty({slots, 2, Bk * Bq}, ab, MemCategory::workspace, "attention.bwd.probs_dscores");
+  Tensor acc_buf = Tensor::empty({slots, 2, Bk, D}, DType::f32, MemCategory::workspace, "attention.bwd.dk_dv_acc");
   std::atomic<int64_t> next_task{0};
-  parallel_for(0, owners * splits, 1, [&](int64_t, int64_t) {
-    // Per-thread scratch, allocated once per call: packed K, V of one kv head
-    // and Q, dO, dQ (f32), Δ, lse of its G query heads; one transposed block of
-    // scores/dP (f32) and P/dS (storage dtype); the dK_j, dV_j accumulators.
-    Tensor kv_buf = Tensor::empty({2, T_, D}, ab, MemCategory::workspace, "attention.bwd.kv_packed");
-    Tensor q_buf = Tensor::empty({2, G, T_, D}, ab, MemCategory::workspace, "attention.bwd.q_dout_packed");
-    Tensor dq_buf = Tensor::empty({G, T_, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_acc");
-    Tensor stats_buf = Tensor::empty({2, G, T_}, DType::f32, MemCategory::workspace, "attention.bwd.delta_lse2");
-    Tensor s_buf = Tensor::empty({2, Bk * Bq}, DType::f32, MemCategory::workspace, "attention.bwd.scores_dprobs");
-    Tensor p_buf = Tensor::empty({2, Bk * Bq}, ab, MemCategory::workspace, "attention.bwd.probs_dscores");
-    Tensor acc_buf = Tensor::empty({2, Bk, D}, DType::f32, MemCategory::workspace, "attention.bwd.dk_dv_acc");
-    T* Kp = kv_buf.data<T>();
+  parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
+    ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
+    T* Kp = kv_buf.data<T>() + slot * 2 * T_ * D;
     T* Vp = Kp + T_ * D;
-    T* Qp = q_buf.data<T>();   // (G, T, D)
-    T* dOp = Qp + G * T_ * D;  // (G, T, D)
-    float* dQp = dq_buf.data<float>();
-    float* delta = stats_buf.data<float>();  // (G, T) Δ per query row
-    float* lse2 = delta + G * T_;            // (G, T) lse in log2 units
-    float* St = s_buf.data<float>();
+    T* Qp = q_buf.data<T>() + slot * 2 * G * T_ * D;  // (G, T, D)
+    T* dOp = Qp + G * T_ * D;                          // (G, T, D)
+    float* dQp = dq_buf.data<float>() + slot * G * T_ * D;
+    float* delta = stats_buf.data<float>() + slot * 2 * G * T_;  // (G, T) Δ per query row
+    float* lse2 = delta + G * T_;                                 // (G, T) lse in log2 units
+    float* St = s_buf.data<float>() + slot * 2 * Bk * Bq;
     float* dPt = St + Bk * Bq;
-    T* Pt = p_buf.data<T>();
+    T* Pt = p_buf.data<T>() + slot * 2 * Bk * Bq;
     T* dSt = Pt + Bk * Bq;
-    float* dK_acc = acc_buf.data<float>();
+    float* dK_acc = acc_buf.data<float>() + slot * 2 * Bk * D;
     float* dV_acc = dK_acc + Bk * D;
 
     // Key tile j (keys k0 .. k0 + nk) of kv head g, against all later queries.

@@ -154,6 +154,15 @@ void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
   gemm(s, x.raw(), w.raw(), y.raw());
 }
 
+void linear_forward_accumulate(const Tensor& x, const Tensor& w, Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(-1), N = w.size(0);
+  ANVIL_ASSERT(x.ndim() == 2 && w.ndim() == 2 && w.size(1) == K && x.dtype() == w.dtype(), "linear: x ",
+               shape_str(x.shape()), " w ", shape_str(w.shape()));
+  ANVIL_ASSERT(y.size(0) == M && y.size(1) == N, "linear: y ", shape_str(y.shape()));
+  GemmShape s{.M = M, .N = N, .K = K, .trans_b = true, .ab = x.dtype(), .c = y.dtype(), .accumulate = true};
+  gemm(s, x.raw(), w.raw(), y.raw());
+}
+
 void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate_dx) {
   const int64_t M = dy.size(0), N = dy.size(1), K = w.size(1);
   ANVIL_ASSERT(w.size(0) == N && dx.size(0) == M && dx.size(1) == K && dy.dtype() == w.dtype(),

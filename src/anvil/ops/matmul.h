@@ -34,6 +34,9 @@ std::string matmul_impl_name(DType dtype, int64_t size = 512);
 // w  (N, K)  weight in the compute dtype (same dtype as x)
 // y  (M, N)  output, same dtype as x
 void linear_forward(const Tensor& x, const Tensor& w, Tensor& y);
+// y (M, N) += x·wᵀ, y in x's dtype or f32: a residual add (or a partial sum)
+// folded into the product.
+void linear_forward_accumulate(const Tensor& x, const Tensor& w, Tensor& y);
 // dy (M, N); dx (M, K) is overwritten, or added to when accumulate_dx.
 void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate_dx = false);
 // dw (N, K) += dyᵀ·x, in place and in one pass; dw may be f32 (the gradient

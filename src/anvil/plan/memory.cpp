@@ -43,15 +43,11 @@ size_t block_all_bytes(const Dims& d) {
          2 * d.M * 4 /* rstd1, rstd2 */ + d.lse;
 }
 
-bool checkpoints_whole_block(const AcPolicy& p, int layer) {
-  return p.mode == AcMode::full || (p.mode == AcMode::selective_layer && layer % p.every == 0);
-}
-
 }  // namespace
 
 size_t block_saved_bytes(const ModelArgs& args, const TrainShape& shape, int layer) {
   const Dims d = dims_of(args, shape);
-  if (checkpoints_whole_block(shape.ac, layer)) return d.M * d.D * d.e;  // the input only
+  if (shape.ac.recomputes_whole_block(layer)) return d.M * d.D * d.e;  // the input only
   if (shape.ac.mode == AcMode::selective_op)  // drops h1, rstd1, h2, rstd2, s
     return block_all_bytes(d) - d.M * d.e * (2 * d.D + d.F) - 2 * d.M * 4;
   return block_all_bytes(d);
@@ -88,7 +84,7 @@ MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
   for (int l = L - 1; l >= 0; --l) {
     // recompute: back to everything block_forward makes (x stays live as it was)
     c.alloc(block_all_bytes(d) - block_saved_bytes(args, shape, l));
-    if (checkpoints_whole_block(shape.ac, l)) {
+    if (shape.ac.recomputes_whole_block(l)) {
       c.alloc(act_D);  // the recomputed block output, dropped at once
       c.free(act_D);
     }

@@ -26,18 +26,16 @@ namespace {
 // the tp group, when tensor_parallel_degree > 1. allocate_params = false: the
 // model keeps no weights of its own (FSDP lends each group's while it runs).
 void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType compute_dtype,
-                 bool allocate_params, std::unique_ptr<CommTensorParallel>& tp, std::unique_ptr<Llama>& model) {
+                 bool allocate_params, std::unique_ptr<TensorParallelPlan>& tp, std::unique_ptr<Llama>& model) {
   if (par.tp_size > 1)
-    tp = std::make_unique<CommTensorParallel>(
-        par.mesh->tp(), TensorParallel::Options{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
-                                                .loss_parallel = !cfg.parallelism.disable_loss_parallel});
-  model = std::make_unique<Llama>(args, compute_dtype, cfg.training.seq_len, allocate_params, tp.get());
+    tp = std::make_unique<TensorParallelPlan>(
+        par.mesh->tp(), args,
+        TensorParallelOptions{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
+                              .loss_parallel = !cfg.parallelism.disable_loss_parallel});
+  model = std::make_unique<Llama>(args, compute_dtype, cfg.training.seq_len,
+                                  LlamaOptions{.plan = tp.get(), .allocate_params = allocate_params});
 }
 
-// This tp rank's parameter list (the whole model's without tensor parallelism).
-std::vector<ParamSpec> local_param_specs(const ModelArgs& args, const Parallel& par) {
-  return llama_param_specs(args, par.tp_rank, par.tp_size);
-}
 
 // The global model's parameter list, as checkpoints store it.
 std::vector<ParamSpec> global_param_specs(const ModelArgs& args) { return llama_param_specs(args); }
@@ -90,14 +88,12 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
     model_->set_hooks(ddp_.get());
   }
   // What the layout should send per step, to set against what it does.
-  std::vector<int64_t> group_numel;
-  for (const ParamGroup& g : ps.groups()) group_numel.push_back(g.numel);
   if (fsdp_)
     comm_closed_form_ =
-        fsdp_bytes_per_step(group_numel, par.mesh->layout().dp_shard(), par.mesh->layout().dp_replicate(),
+        fsdp_bytes_per_step(ps.groups(), par.mesh->layout().dp_shard(), par.mesh->layout().dp_replicate(),
                             compute_dtype == DType::bf16 ? 2 : 4, reshard, par.accum_steps);
   else if (ddp_)
-    comm_closed_form_ = ddp_bytes_per_step(group_numel, par.dp_size);
+    comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   global_layout_ = std::make_unique<ParamStore>(global_param_specs(args), DType::f32, /*allocate=*/false);
   // The global model's initialisation, of which each rank keeps its part.
   if (fsdp_) {
@@ -121,7 +117,8 @@ void ParallelizedModel::print_comm_closed_form() const {
                 human_bytes(static_cast<size_t>(comm_closed_form_)).c_str());
 }
 
-ParamStore ParallelizedModel::full_staging() const { return ParamStore(local_param_specs(args_, par_), DType::f32); }
+// This tp rank's slices of the whole model, in fp32.
+ParamStore ParallelizedModel::full_staging() const { return ParamStore(model_->params().specs(), DType::f32); }
 
 void ParallelizedModel::load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read) {
   if (!tp_) return read(target);

@@ -24,7 +24,7 @@ namespace anvil {
 class Llama;
 class FsdpParams;
 class DdpGradSync;
-class CommTensorParallel;
+class TensorParallelPlan;
 
 // This rank's communication since the last take.
 struct StepComm {
@@ -81,8 +81,9 @@ class ParallelizedModel {
   Tensor& grads();
   // AdamW's moments, zero, shaped as this rank's master weights.
   void create_optimizer_state();
-  // Global (all tp ranks') tensors → this rank's layout, through `full` (this
-  // tp rank's whole-model staging under FSDP, else the model's own store).
+  // Fills `target` — this tp rank's whole-model staging store under FSDP, else
+  // the model's own store — with the global tensors `read` produces, sliced to
+  // this tp rank's part.
   void load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read);
   // A whole-model fp32 store of this tp rank's slices, for staging a load.
   ParamStore full_staging() const;
@@ -91,7 +92,7 @@ class ParallelizedModel {
   ModelArgs args_;
   const Parallel& par_;
   DType compute_dtype_;
-  std::unique_ptr<CommTensorParallel> tp_;
+  std::unique_ptr<TensorParallelPlan> tp_;
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;

@@ -1,0 +1,85 @@
+// The places in the modules' dataflow where a parallelism applied from
+// outside acts (torchtitan's parallelize plan): which part of each parameter
+// this rank holds, and what happens at each seam between kernels. The base
+// class is the single process: every seam is the plain computation, and the
+// modules call nothing else, so the model has one code path and no
+// parallelism in it. Tensor parallelism (dist/tensor_parallel.h) overrides
+// the seams with Megatron's column-, row- and vocabulary-parallel products,
+// sequence parallelism and loss parallelism.
+//
+// Names of the seams follow the products they sit around: a column-parallel
+// product (q/k/v, gate/up, the output head) reads the whole input and writes
+// a slice of its output; a row-parallel one (o, down) reads a slice and writes
+// partial sums of the whole output.
+#pragma once
+#include <initializer_list>
+#include <vector>
+
+#include "anvil/core/tensor.h"
+#include "anvil/model/params.h"
+#include "anvil/ops/cross_entropy.h"
+
+namespace anvil {
+
+// An activation (or activation gradient) of the model, tagged for the allocator.
+inline Tensor new_activation(Shape shape, DType dt, const char* tag) {
+  return Tensor::empty(std::move(shape), dt, MemCategory::activations, tag);
+}
+
+// One term dy·w of an input gradient.
+struct InputGradTerm {
+  Tensor dy, w;
+};
+
+// Where a backward's RMSNorm weight gradients accumulate: `at[i]` for the i-th
+// gradient given; `scratch` is the plan's, if it needs one.
+struct NormGradTargets {
+  std::vector<Tensor> at;
+  Tensor scratch;
+};
+
+class ParallelPlan {
+ public:
+  virtual ~ParallelPlan() = default;
+
+  // This rank's parameters, from the model's whole list (in the same order,
+  // each spec's `slice` saying where its tensor sits in the global one).
+  virtual std::vector<ParamSpec> shard_params(std::vector<ParamSpec> global) const { return global; }
+
+  // Rows of the residual stream this rank holds of a micro-batch's M token rows.
+  virtual int64_t residual_rows(int64_t M) const { return M; }
+
+  // Token embedding: (residual_rows(M), D) in dt ← weight's rows of tokens (M);
+  // backward adds dh's rows into grad's rows of the tokens.
+  virtual Tensor embedding_forward(const Tensor& tokens, const Tensor& weight, DType dt) const;
+  virtual void embedding_backward(const Tensor& dh, const Tensor& tokens, Tensor grad) const;
+
+  // Before column-parallel products: all M rows of a (residual_rows(M), ·)
+  // tensor (a norm's output, or an output gradient). Returns `local` itself
+  // when this rank holds every row.
+  virtual Tensor gather_rows(const Tensor& local, const char* tag) const { return local; }
+
+  // residual + in·wᵀ, the row-parallel product with the residual add folded
+  // in: (residual_rows(M), D) in residual's dtype.
+  virtual Tensor row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w, const char* tag) const;
+
+  // Σ dy·w over the terms: the input gradient (residual_rows(M), D) in dt of
+  // column-parallel products that share their input.
+  virtual Tensor column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt, const char* tag) const;
+
+  // RMSNorm weight gradients in a backward: norm_grad_targets(grads) says where
+  // the norm backwards accumulate them (the gradients themselves here), and
+  // finish_norm_grads(targets, grads) completes them after the last one.
+  virtual NormGradTargets norm_grad_targets(std::initializer_list<Tensor> grads) const { return {grads, Tensor()}; }
+  virtual void finish_norm_grads(const NormGradTargets& targets, std::initializer_list<Tensor> grads) const {}
+
+  // The output head over this rank's output weight w (with gradient dw):
+  // logits, cross-entropy and, for training, both gradients of
+  // grad_scale · loss_sum, fused so the logits are never whole. hn has all M
+  // rows; dhn gets (residual_rows(M), D) in hn's dtype.
+  virtual CrossEntropyResult loss_forward_backward(const Tensor& hn, const Tensor& w, Tensor dw, const Tensor& targets,
+                                                   float grad_scale, Tensor& dhn) const;
+  virtual CrossEntropyResult loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const;
+};
+
+}  // namespace anvil

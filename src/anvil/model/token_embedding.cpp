@@ -1,0 +1,13 @@
+#include "anvil/model/token_embedding.h"
+
+namespace anvil {
+
+Tensor TokenEmbedding::forward(const Tensor& tokens) const {
+  return plan_.embedding_forward(tokens, params_.compute(weight_), params_.compute_dtype());
+}
+
+void TokenEmbedding::backward(const Tensor& tokens, const Tensor& dh) {
+  plan_.embedding_backward(dh, tokens, params_.grad(weight_));
+}
+
+}  // namespace anvil

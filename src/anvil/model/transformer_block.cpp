@@ -1,0 +1,232 @@
+#include "anvil/model/transformer_block.h"
+
+#include <optional>
+
+#include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
+#include "anvil/ops/attention.h"
+#include "anvil/ops/matmul.h"
+#include "anvil/ops/rmsnorm.h"
+#include "anvil/ops/swiglu.h"
+
+namespace anvil {
+
+namespace {
+// Offsets of a block's parameters from its first one, in llama_param_specs' order.
+enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kFfnNorm, kW1, kW3, kW2 };
+}  // namespace
+
+TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args,
+                                   const RopeTable& rope, const ParallelPlan& plan)
+    : params_(params),
+      first_param_(first_param),
+      layer_(layer),
+      dim_(args.dim),
+      head_dim_(args.head_dim()),
+      eps_(static_cast<float>(args.norm_eps)),
+      rope_(rope),
+      plan_(plan) {
+  const std::vector<ParamSpec>& specs = params.specs();
+  heads_ = specs[static_cast<size_t>(first_param + kWq)].shape[0] / head_dim_;
+  kv_heads_ = specs[static_cast<size_t>(first_param + kWk)].shape[0] / head_dim_;
+  ffn_ = specs[static_cast<size_t>(first_param + kW1)].shape[0];
+}
+
+BlockParams TransformerBlock::compute_params() const {
+  auto p = [&](int k) { return params_.compute(first_param_ + k); };
+  return {p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3)};
+}
+
+BlockParams TransformerBlock::grad_params() const {
+  auto p = [&](int k) { return params_.grad(first_param_ + k); };
+  return {p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3)};
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy,
+                                 BlockSaved& saved) const {
+  saved = BlockSaved{};
+  saved.B = B, saved.T = T;
+  saved.x = x;
+  Tensor out = run_forward(saved, /*recomputing=*/false);
+  drop_unkept(saved, policy);
+  return out;
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T) const {
+  BlockSaved s;
+  s.B = B, s.T = T;
+  s.x = x;
+  return run_forward(s, /*recomputing=*/false);
+}
+
+Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
+  const BlockParams p = compute_params();
+  const DType dt = params_.compute_dtype();
+  // Hq, Hkv, F: the heads and feed-forward columns this block's parameters hold.
+  const int64_t B = s.B, T = s.T, M = B * T, Ml = plan_.residual_rows(M), D = dim_, hd = head_dim_, Hq = heads_,
+                Hkv = kv_heads_, F = ffn_;
+
+  const SpanCategory cat = recomputing ? SpanCategory::recompute : SpanCategory::forward;
+  // Attention: h1 = norm(x); q, k, v = h1·W{q,k,v}ᵀ; RoPE; o = attention; x2 = x + o·Woᵀ
+  std::optional<ScopedPhase> phase;
+  phase.emplace(cat, recomputing ? "attention.recompute" : "attention.forward", layer_);
+  s.h1 = new_activation({Ml, D}, dt, "block.h1");
+  s.rstd1 = new_activation({Ml}, DType::f32, "block.rstd1");
+  rmsnorm_forward(s.x, p.attention_norm, eps_, s.h1, s.rstd1);
+  s.h1 = plan_.gather_rows(s.h1, "block.h1");
+  s.q = new_activation({B, T, Hq, hd}, dt, "block.q");
+  s.k = new_activation({B, T, Hkv, hd}, dt, "block.k");
+  s.v = new_activation({B, T, Hkv, hd}, dt, "block.v");
+  Tensor q2 = s.q.view({M, Hq * hd}), k2 = s.k.view({M, Hkv * hd}), v2 = s.v.view({M, Hkv * hd});
+  linear_forward(s.h1, p.wq, q2);
+  linear_forward(s.h1, p.wk, k2);
+  linear_forward(s.h1, p.wv, v2);
+  rope_forward(s.q, rope_, 0, s.q);
+  rope_forward(s.k, rope_, 0, s.k);
+  s.o = new_activation({B, T, Hq, hd}, dt, "block.o");
+  s.lse = new_activation({B, Hq, T}, DType::f32, "block.lse");
+  attention_forward(s.q, s.k, s.v, s.o, s.lse);
+  s.x2 = plan_.row_parallel_out(s.x, s.o.view({M, Hq * hd}), p.wo, "block.x2");
+
+  // Feed-forward: h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
+  phase.reset();
+  phase.emplace(cat, recomputing ? "feed_forward.recompute" : "feed_forward.forward", layer_);
+  s.h2 = new_activation({Ml, D}, dt, "block.h2");
+  s.rstd2 = new_activation({Ml}, DType::f32, "block.rstd2");
+  rmsnorm_forward(s.x2, p.ffn_norm, eps_, s.h2, s.rstd2);
+  s.h2 = plan_.gather_rows(s.h2, "block.h2");
+  s.g = new_activation({M, F}, dt, "block.g");
+  s.u = new_activation({M, F}, dt, "block.u");
+  linear_forward(s.h2, p.w1, s.g);
+  linear_forward(s.h2, p.w3, s.u);
+  s.s = new_activation({M, F}, dt, "block.s");
+  swiglu_forward(s.g, s.u, s.s);
+  return plan_.row_parallel_out(s.x2, s.s, p.w2, "block.out");
+}
+
+void TransformerBlock::drop_unkept(BlockSaved& s, const AcPolicy& policy) const {
+  if (policy.recomputes_whole_block(layer_)) {
+    BlockSaved kept;
+    kept.B = s.B, kept.T = s.T;
+    kept.x = s.x;
+    s = kept;
+  } else if (policy.mode == AcMode::selective_op) {
+    // Keep matmul and attention outputs; the norms and SwiGLU are cheap to redo.
+    s.h1 = s.rstd1 = s.h2 = s.rstd2 = s.s = Tensor();
+  }
+}
+
+void TransformerBlock::recompute(BlockSaved& s) const {
+  if (s.q.defined() && s.h1.defined() && s.h2.defined() && s.s.defined()) return;  // everything was kept
+  const ScopedPhase phase(SpanCategory::recompute, "recompute", layer_);
+  if (!s.q.defined()) {  // only the input was kept: run the whole block again
+    run_forward(s, /*recomputing=*/true);
+    return;
+  }
+  const BlockParams p = compute_params();
+  const DType dt = params_.compute_dtype();
+  const int64_t M = s.B * s.T, Ml = plan_.residual_rows(M), D = dim_, F = ffn_;
+  if (!s.h1.defined()) {
+    s.h1 = new_activation({Ml, D}, dt, "block.h1");
+    s.rstd1 = new_activation({Ml}, DType::f32, "block.rstd1");
+    rmsnorm_forward(s.x, p.attention_norm, eps_, s.h1, s.rstd1);
+    s.h1 = plan_.gather_rows(s.h1, "block.h1");
+  }
+  if (!s.h2.defined()) {
+    s.h2 = new_activation({Ml, D}, dt, "block.h2");
+    s.rstd2 = new_activation({Ml}, DType::f32, "block.rstd2");
+    rmsnorm_forward(s.x2, p.ffn_norm, eps_, s.h2, s.rstd2);
+    s.h2 = plan_.gather_rows(s.h2, "block.h2");
+  }
+  if (!s.s.defined()) {
+    s.s = new_activation({M, F}, dt, "block.s");
+    swiglu_forward(s.g, s.u, s.s);
+  }
+}
+
+Tensor TransformerBlock::backward(BlockSaved& saved, Tensor dout) { return run_backward(saved, std::move(dout), nullptr); }
+
+Tensor TransformerBlock::backward_input(BlockSaved& saved, Tensor dout, WeightGradWork& work) {
+  return run_backward(saved, std::move(dout), &work);
+}
+
+void TransformerBlock::backward_weight(WeightGradWork& work) {
+  const ScopedPhase phase(SpanCategory::backward, "weight_grad", layer_);
+  for (WeightGradWork::Product& p : work.products) linear_backward_weight(p.dy, p.x, p.grad);
+  work.products.clear();  // frees what only they held
+}
+
+Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork* work) {
+  recompute(s);
+  const BlockParams p = compute_params();
+  BlockParams gp = grad_params();
+  const DType dt = params_.compute_dtype();
+  const int64_t B = s.B, T = s.T, M = B * T, hd = head_dim_, Hq = heads_, Hkv = kv_heads_, F = ffn_;
+  // dout (M_l, D): gradient of the block output; it becomes dx2, then dx, in place.
+
+  // grad += dyᵀ·x now, or in the weight-gradient pass. The output gradient
+  // `dy` may be dout's own buffer, which the norm backwards below add into:
+  // a deferred product then keeps a copy of it as it is now.
+  auto weight_grad = [&](const Tensor& dy, const Tensor& x, Tensor& grad) {
+    if (work == nullptr) return linear_backward_weight(dy, x, grad);
+    Tensor kept = dy;
+    if (dy.raw() == dout.raw()) {
+      kept = new_activation(dy.shape(), dy.dtype(), "block.dout_for_weight_grad");
+      kept.copy_from(dy);
+    }
+    work->products.push_back({kept, x, grad});
+  };
+  // Where the two norms' weight gradients accumulate: the ffn norm's, the attention norm's.
+  const NormGradTargets norm_grads = plan_.norm_grad_targets({gp.ffn_norm, gp.attention_norm});
+  Tensor g_ffn_norm = norm_grads.at[0], g_attention_norm = norm_grads.at[1];
+
+  // Feed-forward, in reverse.
+  {
+    const ScopedPhase phase(SpanCategory::backward, "feed_forward.backward", layer_);
+    Tensor dout_full = plan_.gather_rows(dout, "block.dout");  // (M, D)
+    Tensor ds = new_activation({M, F}, dt, "block.ds");
+    linear_backward_input(dout_full, p.w2, ds);
+    weight_grad(dout_full, s.s, gp.w2);
+    dout_full = Tensor();
+    s.s = Tensor();
+    // dg and du overwrite g and u: they are not needed after this.
+    swiglu_backward(ds, s.g, s.u, s.g, s.u);
+    ds = Tensor();
+    Tensor dh2 = plan_.column_input_grad({{s.g, p.w1}, {s.u, p.w3}}, dt, "block.dh2");  // (M_l, D)
+    weight_grad(s.g, s.h2, gp.w1);
+    weight_grad(s.u, s.h2, gp.w3);
+    s.g = s.u = s.h2 = Tensor();
+    rmsnorm_backward(dh2, s.x2, p.ffn_norm, s.rstd2, eps_, dout, g_ffn_norm, /*accumulate_dx=*/true);
+    s.x2 = s.rstd2 = Tensor();
+  }
+  // Attention, in reverse.
+  {
+    const ScopedPhase phase(SpanCategory::backward, "attention.backward", layer_);
+    Tensor dout_full = plan_.gather_rows(dout, "block.dout");  // (M, D)
+    Tensor dO = new_activation({B, T, Hq, hd}, dt, "block.do");
+    Tensor dO2 = dO.view({M, Hq * hd});
+    linear_backward_input(dout_full, p.wo, dO2);
+    weight_grad(dout_full, s.o.view({M, Hq * hd}), gp.wo);
+    dout_full = Tensor();
+    Tensor dq = new_activation({B, T, Hq, hd}, dt, "block.dq");
+    Tensor dk = new_activation({B, T, Hkv, hd}, dt, "block.dk");
+    Tensor dv = new_activation({B, T, Hkv, hd}, dt, "block.dv");
+    attention_backward(dO, s.q, s.k, s.v, s.o, s.lse, dq, dk, dv);
+    dO = dO2 = Tensor();
+    s.q = s.k = s.v = s.o = s.lse = Tensor();
+    rope_backward(dq, rope_, 0, dq);
+    rope_backward(dk, rope_, 0, dk);
+    const Tensor dq2 = dq.view({M, Hq * hd}), dk2 = dk.view({M, Hkv * hd}), dv2 = dv.view({M, Hkv * hd});
+    Tensor dh1 = plan_.column_input_grad({{dq2, p.wq}, {dk2, p.wk}, {dv2, p.wv}}, dt, "block.dh1");  // (M_l, D)
+    weight_grad(dq2, s.h1, gp.wq);
+    weight_grad(dk2, s.h1, gp.wk);
+    weight_grad(dv2, s.h1, gp.wv);
+    s.h1 = Tensor();
+    rmsnorm_backward(dh1, s.x, p.attention_norm, s.rstd1, eps_, dout, g_attention_norm, /*accumulate_dx=*/true);
+  }
+  plan_.finish_norm_grads(norm_grads, {gp.ffn_norm, gp.attention_norm});
+  s = BlockSaved{};
+  return dout;
+}
+
+}  // namespace anvil

@@ -1,0 +1,92 @@
+// One Llama transformer block, forward and backward side by side:
+//   attention     h1 = norm(x); q, k, v = h1·W{q,k,v}ᵀ; RoPE; o = attention(q, k, v);
+//                 x2 = x + o·Woᵀ
+//   feed-forward  h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
+// The block owns no activations: its forward fills a BlockSaved record that the
+// caller (a schedule) keeps until the block's backward consumes it. The
+// backward runs whole, or as two passes — input gradient, then weight
+// gradient — for zero-bubble pipeline schedules; both give the same numbers.
+#pragma once
+#include <vector>
+
+#include "anvil/core/tensor.h"
+#include "anvil/model/activation_checkpoint.h"
+#include "anvil/model/args.h"
+#include "anvil/model/parallel_plan.h"
+#include "anvil/model/params.h"
+#include "anvil/ops/rope.h"
+
+namespace anvil {
+
+// One block's parameters (views into the ParamStore), in compute dtype or as
+// the f32 gradients.
+struct BlockParams {
+  Tensor attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+};
+
+// What one block keeps between its forward and its backward; fields the
+// policy does not keep are left undefined (and their memory freed).
+struct BlockSaved {
+  int64_t B = 0, T = 0;  // the micro-batch: B sequences of T tokens, M = B·T rows
+  Tensor x;           // (M, D)   block input (always kept)
+  Tensor h1, rstd1;   // (M, D), (M)   attention RMSNorm output and 1/rms
+  Tensor q, k, v;     // (B, T, H, hd) after RoPE (q, k)
+  Tensor o, lse;      // (B, T, Hq, hd), (B, Hq, T)   attention output, log-sum-exp
+  Tensor x2;          // (M, D)   residual stream after attention
+  Tensor h2, rstd2;   // (M, D), (M)   feed-forward RMSNorm output and 1/rms
+  Tensor g, u, s;     // (M, F)   gate, up, silu(g)·u
+};
+
+// The weight-gradient products an input-gradient pass leaves for the
+// weight-gradient pass, holding the tensors they read.
+struct WeightGradWork {
+  struct Product {
+    Tensor dy, x, grad;  // grad (N, K) += dyᵀ (N, M) · x (M, K)
+  };
+  std::vector<Product> products;
+};
+
+class TransformerBlock {
+ public:
+  // params: the model's store; first_param: the index of the block's first
+  // parameter (input_layernorm), the rest following in llama_param_specs'
+  // order. layer: its number in the whole model. The heads and feed-forward
+  // width it runs are its parameters' (a tensor-parallel rank holds a share).
+  TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args, const RopeTable& rope,
+                   const ParallelPlan& plan);
+  int layer() const { return layer_; }
+
+  // x (residual_rows(M), D) → the block output, same shape. saved gets x and
+  // what `policy` keeps for this layer; the rest is freed before returning.
+  Tensor forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy, BlockSaved& saved) const;
+  // Evaluation: keeps nothing.
+  Tensor forward(const Tensor& x, int64_t B, int64_t T) const;
+
+  // dout: the gradient of the block output; returns the gradient of its input
+  // (in dout's buffer) and accumulates the parameter gradients. saved is
+  // consumed (left empty).
+  Tensor backward(BlockSaved& saved, Tensor dout);
+  // The same as two passes: the input gradient now, and the weight-gradient
+  // products left in `work` for backward_weight.
+  Tensor backward_input(BlockSaved& saved, Tensor dout, WeightGradWork& work);
+  void backward_weight(WeightGradWork& work);
+
+ private:
+  BlockParams compute_params() const;
+  BlockParams grad_params() const;
+  // Runs the block on saved.x, filling every other field; returns its output.
+  Tensor run_forward(BlockSaved& s, bool recomputing) const;
+  void drop_unkept(BlockSaved& s, const AcPolicy& policy) const;
+  void recompute(BlockSaved& s) const;  // brings back what drop_unkept removed
+  // work null: weight gradients at once (the fused backward).
+  Tensor run_backward(BlockSaved& s, Tensor dout, WeightGradWork* work);
+
+  ParamStore& params_;
+  int first_param_, layer_;
+  int64_t dim_, head_dim_, heads_, kv_heads_, ffn_;
+  float eps_;
+  const RopeTable& rope_;
+  const ParallelPlan& plan_;
+};
+
+}  // namespace anvil
