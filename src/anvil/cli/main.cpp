@@ -49,8 +49,8 @@ bool wants_help(const std::vector<std::string>& args) {
 int estimate(const anvil::JobConfig& cfg) {
   using namespace anvil;
   const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
-  const DType dt = cfg.training.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
-  const AcPolicy ac = parse_ac_policy(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+  const DType dt = compute_dtype(cfg);
+  const AcPolicy ac = activation_checkpoint_policy(cfg);
   // As one process runs it: a step holds all its micro-batches' tokens at once.
   const int64_t micro_batches = gradient_accumulation_steps(cfg.training.local_batch_size,
                                                             cfg.training.global_batch_size, MeshLayout(1, 1, 1, 1));

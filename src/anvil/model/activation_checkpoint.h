@@ -10,7 +10,6 @@
 // pipeline stage keeps what the same layers keep in a single process.
 #pragma once
 #include <cstdint>
-#include <string>
 
 namespace anvil {
 
@@ -23,8 +22,6 @@ struct AcPolicy {
     return mode == AcMode::full || (mode == AcMode::selective_layer && layer % every == 0);
   }
 };
-// From the config strings: mode none|selective|full, option "op" or an integer k.
-AcPolicy parse_ac_policy(const std::string& mode, const std::string& selective_option);
 const char* ac_mode_name(AcMode m);
 
 }  // namespace anvil

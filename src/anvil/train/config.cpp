@@ -428,4 +428,28 @@ std::string config_markdown() {
   return out.str();
 }
 
+DType compute_dtype(const JobConfig& config) {
+  return config.training.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
+}
+
+AcPolicy activation_checkpoint_policy(const JobConfig& config) {
+  const std::string& mode = config.activation_checkpoint.mode;
+  const std::string& option = config.activation_checkpoint.selective_ac_option;
+  if (mode == "none") return {AcMode::none, 1};
+  if (mode == "full") return {AcMode::full, 1};
+  ANVIL_CHECK(mode == "selective", "activation_checkpoint.mode = \"", mode, "\" is not one of: none, selective, full");
+  if (option == "op") return {AcMode::selective_op, 1};
+  int k = 0;
+  try {
+    size_t used = 0;
+    k = std::stoi(option, &used);
+    if (used != option.size()) k = 0;
+  } catch (const std::exception&) {
+    k = 0;
+  }
+  ANVIL_CHECK(k >= 1, "activation_checkpoint.selective_ac_option = \"", option,
+              "\" must be \"op\" or a positive integer k (checkpoint every k-th block)");
+  return {AcMode::selective_layer, k};
+}
+
 }  // namespace anvil

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "anvil/core/dtype.h"
+#include "anvil/model/activation_checkpoint.h"
+
 #pragma once
 
 namespace anvil {
@@ -106,6 +109,13 @@ JobConfig parse_config_text(const std::string& toml_text, const std::string& sou
 // Every key and its value, as TOML that parse_config_text reads back; saved
 // with each checkpoint.
 std::string config_to_toml(const JobConfig& config);
+
+// What the model runs with, from the configuration: the compute dtype
+// (training.mixed_precision_param) and the activation-checkpointing policy
+// ([activation_checkpoint] mode and selective_ac_option: "op" or a positive
+// integer k). Throws anvil::Error naming the key for a value it cannot use.
+DType compute_dtype(const JobConfig& config);
+AcPolicy activation_checkpoint_policy(const JobConfig& config);
 
 // `anvil train --help`: every key, its type, default and meaning.
 std::string config_help();

@@ -206,8 +206,8 @@ TrainResult train(const JobConfig& cfg) {
   const Parallel par = setup_parallel(cfg, args);
   // Rank 0 speaks for the job; the others' errors still reach stderr.
   if (!par.rank0()) (void)std::freopen("/dev/null", "w", stdout);
-  const DType dt = tc.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
-  const AcPolicy ac = parse_ac_policy(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+  const DType dt = compute_dtype(cfg);
+  const AcPolicy ac = activation_checkpoint_policy(cfg);
   const std::unique_ptr<Tokenizer> tokenizer = load_job_tokenizer(cfg, args);
   // Refuses, before allocating anything, a run that cannot fit.
   const MfuBasis mfu = check_fit_and_print_banner(cfg, args, par, dt, ac);
