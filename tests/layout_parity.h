@@ -53,9 +53,13 @@ struct Layout {
   int tp;            // tensor-parallel degree: tensor_parallel_test runs the cases of tp > 1
   std::string flags;  // [parallelism] flags
   std::vector<Variant> parity;  // the cases compared with the single process
+  int pp = 1;        // pipeline stages: pipeline_test runs the cases of pp > 1
+  int local = 2;     // sequences per rank per micro-batch (a pipeline cuts them into micro-batches of 1)
 };
 
 inline const std::vector<std::string> kEveryAc = {"none", "full", "op"};
+inline const std::string kPipeline =
+    "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.pipeline_parallel_degree ";
 
 inline const std::vector<Layout>& layouts() {
   static const std::vector<Layout> table = {
@@ -83,6 +87,16 @@ inline const std::vector<Layout>& layouts() {
        "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
        "--parallelism.data_parallel_replicate_degree 2",
        {{"", {"none"}}}},
+      // Pipelines: each rank's 2 (or 4) sequences run as micro-batches of 1.
+      {"pp2_1f1b", 2, 1, 1, kPipeline + "2 --parallelism.pipeline_parallel_schedule 1F1B",
+       {{"", kEveryAc}, {"accumulation 2", {"none"}, 2}}, 2},
+      {"pp2_gpipe", 2, 1, 1, kPipeline + "2 --parallelism.pipeline_parallel_schedule GPipe", {{"", {"none", "full"}}}, 2},
+      {"pp4_1f1b", 4, 1, 1, kPipeline + "4 --parallelism.pipeline_parallel_schedule 1F1B", {{"", {"none"}}}, 4, 4},
+      {"pp2_fsdp2", 4, 2, 1, kPipeline + "2 --parallelism.data_parallel_shard_degree 2", {{"", {"none"}}}, 2},
+      {"pp2_ddp2", 4, 2, 1,
+       kPipeline + "2 --parallelism.data_parallel_shard_degree 1 --parallelism.data_parallel_replicate_degree 2",
+       {{"", {"none"}}, {"accumulation 2", {"none"}, 2}}, 2},
+      {"pp2_tp2", 4, 1, 2, kPipeline + "2 --parallelism.tensor_parallel_degree 2", {{"", {"none"}}}, 2},
   };
   return table;
 }
@@ -223,7 +237,7 @@ inline void expect_matches_single_process(const ParityCase& c) {
   const Variant& v = *c.variant;
   SCOPED_TRACE(c.name() + ", activation checkpointing " + c.ac);
   TrainRuns& r = runs();
-  const int local = 2;
+  const int local = layout.local;
   const std::string common =
       "--training.mixed_precision_param float32 " + ac_flags(c.ac) + (v.model.empty() ? "" : " " + v.model);
   const int global = local * layout.dp * v.accumulation;

@@ -54,8 +54,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 double step(ParallelizedModel& layout, const MicroBatches& mb, int64_t step_number) {
   layout.begin_step();
   const int64_t tokens = mb.size() * mb.tokens[0].numel();
-  const ScheduleResult r = run_single_stage(layout.model(), mb, 1.0f / static_cast<float>(tokens), AcPolicy{},
-                                            {[&](int64_t i, int64_t n) { layout.before_micro_batch(i, n); }, {}});
+  const ScheduleResult r = layout.run_step(mb, 1.0f / static_cast<float>(tokens), AcPolicy{}, {});
   layout.finish_backward();
   const double norm = layout.grad_norm();
   AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};

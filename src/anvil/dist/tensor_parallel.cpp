@@ -1,6 +1,7 @@
 #include "anvil/dist/tensor_parallel.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "anvil/core/error.h"
@@ -319,10 +320,12 @@ void assemble_global(const ParamSpec& spec, int tp, const Tensor& stacked, const
 
 void global_flat_to_local(const std::vector<ParamSpec>& global_specs, const Tensor& global_flat,
                           const std::vector<ParamSpec>& local_specs, const Tensor& local_flat) {
-  ANVIL_ASSERT(global_specs.size() == local_specs.size());
-  for (size_t i = 0; i < local_specs.size(); ++i) {
-    const ParamSpec& g = global_specs[i];
-    const ParamSpec& l = local_specs[i];
+  std::map<std::string, const ParamSpec*> by_name;
+  for (const ParamSpec& g : global_specs) by_name[g.name] = &g;
+  for (const ParamSpec& l : local_specs) {
+    const auto it = by_name.find(l.name);
+    ANVIL_ASSERT(it != by_name.end(), l.name, " is not in the global layout");
+    const ParamSpec& g = *it->second;
     ANVIL_ASSERT(g.name == l.name && g.shape == l.global_shape(), g.name, " vs ", l.name);
     copy_global_to_local(l, global_flat.slice(g.offset, g.numel()).view(g.shape),
                          local_flat.slice(l.offset, l.numel()).view(l.shape));

@@ -97,9 +97,9 @@ void copy_global_to_local(const ParamSpec& spec, const Tensor& global, const Ten
 // parameter (the ranks' slices differ only in where they begin).
 void assemble_global(const ParamSpec& spec, int tp, const Tensor& stacked, const Tensor& global);
 
-// The flat buffers of a whole model (laid out as ParamStore lays out `specs`)
-// converted between a rank's local layout and the global one, parameter by
-// parameter. global_specs and local_specs list the same names in the same order.
+// A rank's local flat buffer (laid out as ParamStore lays out local_specs)
+// filled from a global one, parameter by parameter, by name: local_specs may
+// be any subset of global_specs (a pipeline stage's), sliced or whole.
 void global_flat_to_local(const std::vector<ParamSpec>& global_specs, const Tensor& global_flat,
                           const std::vector<ParamSpec>& local_specs, const Tensor& local_flat);
 

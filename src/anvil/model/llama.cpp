@@ -41,10 +41,7 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
   return specs;
 }
 
-namespace {
-
-// The parameters of modules [first, end), their groups renumbered from 0.
-std::vector<ParamSpec> stage_param_specs(const ModelArgs& args, int first, int end) {
+std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, int first, int end) {
   const int n = llama_num_modules(args);
   ANVIL_CHECK(0 <= first && first < end && end <= n, "a stage of ", args.name, "/", args.flavor,
               " holds modules [", first, ", ", end, ") of its ", n, " (embedding, ", args.n_layers,
@@ -60,14 +57,12 @@ std::vector<ParamSpec> stage_param_specs(const ModelArgs& args, int first, int e
   return specs;
 }
 
-}  // namespace
-
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, const LlamaOptions& options)
     : args_(args),
       first_module_(options.first_module),
       end_module_(options.end_module < 0 ? llama_num_modules(args) : options.end_module),
       plan_(options.plan ? options.plan : &single_process_),
-      params_(plan_->shard_params(stage_param_specs(args, first_module_, end_module_)), compute_dtype,
+      params_(plan_->shard_params(llama_param_specs(args, first_module_, end_module_)), compute_dtype,
               options.allocate_params) {
   args_.validate();
   rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, args.rope_scaling);
@@ -136,6 +131,16 @@ CrossEntropyResult Llama::backward_from_loss(StageSaved& saved, const Tensor& ta
   Tensor dx = backward_blocks(saved, std::move(dh));
   if (d_input) *d_input = dx;
   return loss;
+}
+
+CrossEntropyResult Llama::loss(StageSaved& saved, const Tensor& targets) {
+  ANVIL_ASSERT(head_ && saved.output.defined(), "the loss is the last stage's, after its forward");
+  const int g = group_of_module(end_module_ - 1);
+  hooks_->before_forward(g);
+  const CrossEntropyResult r = head_->forward(saved.output, targets.view({targets.numel()}));
+  hooks_->after_forward(g);
+  saved = StageSaved{};
+  return r;
 }
 
 Tensor Llama::backward(StageSaved& saved, Tensor d_output) {

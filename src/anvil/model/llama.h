@@ -80,6 +80,9 @@ class Llama {
   bool has_head() const { return head_ != nullptr; }
   // The hooks' group number of module `module` of the whole model (which this stage holds).
   int group_of_module(int module) const { return module - first_module_; }
+  // Rows of the residual stream (a stage's input and output) this rank holds
+  // of a micro-batch's M token rows.
+  int64_t residual_rows(int64_t M) const { return plan_->residual_rows(M); }
 
   // ---- One stage, one micro-batch ----
   // input: tokens (B, T) i32 on the first stage, else the previous stage's
@@ -95,6 +98,10 @@ class Llama {
   // d_input, if given, gets the gradient of the stage's input.
   CrossEntropyResult backward_from_loss(StageSaved& saved, const Tensor& targets, float grad_scale,
                                         Tensor* d_input = nullptr);
+
+  // Evaluation on the last stage: the loss of the output its forward kept,
+  // without gradients; saved is released.
+  CrossEntropyResult loss(StageSaved& saved, const Tensor& targets);
 
   // ---- The whole model ----
   // One micro-batch: forward, loss and backward. The trainer passes grad_scale
@@ -127,5 +134,9 @@ class Llama {
 // initialisation scales, and group = module index (0 the embedding, 1 + l
 // block l, n_layers + 1 the final norm and output head).
 std::vector<ParamSpec> llama_param_specs(const ModelArgs& args);
+// The parameters of a stage, modules [first, end), their groups renumbered
+// from 0. Throws anvil::Error for an empty or out-of-range slice, or a slice
+// that splits tied embeddings from the head.
+std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, int first, int end);
 
 }  // namespace anvil

@@ -129,7 +129,7 @@ std::vector<Key> key_table(JobConfig& c) {
       {"parallelism", "pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree, "pipeline stages", {}, 1,
        kInf},
       {"parallelism", "pipeline_parallel_schedule", &c.parallelism.pipeline_parallel_schedule, "pipeline schedule",
-       {"GPipe", "1F1B", "Interleaved1F1B"}},
+       {"GPipe", "1F1B"}},
       {"parallelism", "pipeline_parallel_microbatch_size", &c.parallelism.pipeline_parallel_microbatch_size,
        "sequences per pipeline micro-batch", {}, 1, kInf},
       {"parallelism", "fsdp_reshard_after_forward", &c.parallelism.fsdp_reshard_after_forward,

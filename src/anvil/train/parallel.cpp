@@ -5,6 +5,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/dist/config_check.h"
+#include "anvil/dist/pipeline.h"
 
 namespace anvil {
 
@@ -52,8 +53,18 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   const int world_size = mpi ? world.size() : 1;
   if (mpi && world_size > 1) check_same_config(world, config_to_toml(cfg));
   const MeshLayout layout = MeshLayout::resolve(degrees, world_size);
-  ANVIL_CHECK(layout.pp() == 1, "parallelism.pipeline_parallel_degree ", layout.pp(),
-              ": pipeline parallelism is not implemented yet; set it to 1");
+  if (layout.pp() > 1) {
+    const int64_t mb = p.pipeline_parallel_microbatch_size, local = cfg.training.local_batch_size;
+    ANVIL_CHECK(local % mb == 0, "parallelism.pipeline_parallel_microbatch_size ", mb,
+                " must divide training.local_batch_size ", local, ": each local batch runs through the pipeline as ",
+                "local_batch_size / pipeline_parallel_microbatch_size micro-batches");
+    par.pp_micro_batches = local / mb;
+    ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
+                " ties its embedding and output weights, which pipeline stages cannot split; pick an untied flavour");
+    pipeline_stage_modules(args, layout.pp(), 0);  // enough modules for the stages
+    // The schedule is checked here, on every rank with the same message, before any work.
+    make_pipeline_program(p.pipeline_parallel_schedule, layout.pp(), static_cast<int>(par.pp_micro_batches));
+  }
   if (layout.tp() > 1) {
     check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
     ANVIL_CHECK(args.ffn_hidden_dim() % layout.tp() == 0, "parallelism.tensor_parallel_degree ", layout.tp(),
@@ -79,6 +90,8 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   par.dp_size = layout.dp();
   par.tp_rank = layout.group_rank(par.rank, MeshGroup::tp);
   par.tp_size = layout.tp();
+  par.pp_rank = layout.group_rank(par.rank, MeshGroup::pp);
+  par.pp_size = layout.pp();
   if (layout.dp_shard() > 1) {
     par.mode = DataParallelMode::fsdp;
     par.description = layout.dp_replicate() > 1
@@ -93,6 +106,12 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
                                           " sequence parallel, loss ",
                                           p.disable_loss_parallel ? "on gathered weights" : "parallel");
     par.description = par.mode == DataParallelMode::single ? tp : par.description + " x " + tp;
+  }
+  if (layout.pp() > 1) {
+    const std::string pp = detail::concat("PP ", layout.pp(), " stages, ", p.pipeline_parallel_schedule, ", ",
+                                          par.pp_micro_batches, " micro-batches of ",
+                                          p.pipeline_parallel_microbatch_size);
+    par.description = par.description == "single process" ? pp : par.description + " x " + pp;
   }
   par.description += " (" + layout.str() + ")";
   return par;

@@ -11,6 +11,7 @@
 #include "anvil/dist/comm_volume.h"
 #include "anvil/dist/ddp.h"
 #include "anvil/dist/fsdp.h"
+#include "anvil/dist/pipeline.h"
 #include "anvil/dist/tensor_parallel.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
@@ -22,9 +23,10 @@ namespace {
 // The model's constructor and the tensor-parallel API are named only in this
 // block, so a change to either is made here and nowhere else in the trainer.
 
-// The model as this rank holds it: this tp rank's slices, communicating over
-// the tp group, when tensor_parallel_degree > 1. allocate_params = false: the
-// model keeps no weights of its own (FSDP lends each group's while it runs).
+// The model as this rank holds it: its pipeline stage's modules (all of them
+// without pipeline parallelism), this tp rank's slices communicating over the
+// tp group when tensor_parallel_degree > 1. allocate_params = false: the model
+// keeps no weights of its own (FSDP lends each group's while it runs).
 void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType compute_dtype,
                  bool allocate_params, std::unique_ptr<TensorParallelPlan>& tp, std::unique_ptr<Llama>& model) {
   if (par.tp_size > 1)
@@ -32,20 +34,27 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& pa
         par.mesh->tp(), args,
         TensorParallelOptions{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
                               .loss_parallel = !cfg.parallelism.disable_loss_parallel});
-  model = std::make_unique<Llama>(args, compute_dtype, cfg.training.seq_len,
-                                  LlamaOptions{.plan = tp.get(), .allocate_params = allocate_params});
+  const auto [first, end] = pipeline_stage_modules(args, par.pp_size, par.pp_rank);
+  model = std::make_unique<Llama>(
+      args, compute_dtype, cfg.training.seq_len,
+      LlamaOptions{.first_module = first, .end_module = end, .plan = tp.get(), .allocate_params = allocate_params});
 }
 
+// The global parameters of this rank's stage (the whole model's without pipeline parallelism).
+std::vector<ParamSpec> stage_global_specs(const ModelArgs& args, const Parallel& par) {
+  const auto [first, end] = pipeline_stage_modules(args, par.pp_size, par.pp_rank);
+  return llama_param_specs(args, first, end);
+}
 
-// The global model's parameter list, as checkpoints store it.
+// The whole model's parameter list, as checkpoints store it.
 std::vector<ParamSpec> global_param_specs(const ModelArgs& args) { return llama_param_specs(args); }
 
-// This rank's slices of a global flat buffer.
+// This rank's part (its stage's parameters, its tp slices) of a whole-model flat buffer.
 void global_to_local(const ParamStore& global, const Tensor& global_flat, const ParamStore& local, Tensor& local_flat) {
   global_flat_to_local(global.specs(), global_flat, local.specs(), local_flat);
 }
 
-// The global flat buffer assembled from every tp rank's `local` (collective over tp).
+// The stage's global flat buffer assembled from every tp rank's `local` (collective over tp).
 Tensor local_to_global(const Parallel& par, const ParamStore& local_layout, const Tensor& local,
                        const ParamStore& global_layout) {
   return gather_tp_global(par.mesh->tp(), local_layout.specs(), local, global_layout.specs(), global_layout.numel());
@@ -94,7 +103,12 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
                             compute_dtype == DType::bf16 ? 2 : 4, reshard, par.accum_steps);
   else if (ddp_)
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
-  global_layout_ = std::make_unique<ParamStore>(global_param_specs(args), DType::f32, /*allocate=*/false);
+  global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
+  if (par.pp_size > 1) {
+    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp());
+    program_ = make_pipeline_program(cfg.parallelism.pipeline_parallel_schedule, par.pp_size,
+                                     static_cast<int>(par.pp_micro_batches))[static_cast<size_t>(par.pp_rank)];
+  }
   // The global model's initialisation, of which each rank keeps its part.
   if (fsdp_) {
     ParamStore full = full_staging();
@@ -121,7 +135,7 @@ void ParallelizedModel::print_comm_closed_form() const {
 ParamStore ParallelizedModel::full_staging() const { return ParamStore(model_->params().specs(), DType::f32); }
 
 void ParallelizedModel::load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read) {
-  if (!tp_) return read(target);
+  if (!tp_ && !pipeline_) return read(target);
   ParamStore global(global_param_specs(args_), DType::f32);
   read(global);
   global_to_local(global, global.master_flat(), target, target.master_flat());
@@ -143,7 +157,7 @@ nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpoint
   // Loads the global tensors into `target` and moments m, v of its layout:
   // under TP through a global staging copy, of which this rank keeps its slices.
   auto load_state = [&](ParamStore& target, Tensor& m, Tensor& v) {
-    if (!tp_) return checkpointer.load(step, target, m, v);
+    if (!tp_ && !pipeline_) return checkpointer.load(step, target, m, v);
     ParamStore global(global_param_specs(args_), DType::f32);
     Tensor gm = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
     Tensor gv = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
@@ -187,7 +201,81 @@ void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step
     if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
     specs = &global_layout_->specs();
   }
+  std::unique_ptr<ParamStore> whole;
+  if (pipeline_) {  // then the stages' tensors into the whole model's, on pp rank 0
+    auto gather = [&](const Tensor& stage) { return gather_pipeline_stages(par_.mesh->pp(), args_, stage); };
+    global_w = gather(*w), w = &global_w;
+    if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
+    whole = std::make_unique<ParamStore>(global_param_specs(args_), DType::f32, /*allocate=*/false);
+    specs = &whole->specs();
+  }
   if (par_.rank0()) checkpointer.save(step, *specs, *w, m, v, meta(), model_dtype);
+}
+
+ScheduleResult ParallelizedModel::run_step(const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
+                                           const ScheduleHooks& hooks) {
+  if (!pipeline_) {
+    const ScheduleHooks with_sync{[&](int64_t i, int64_t n) { before_micro_batch(i, n); }, hooks.stop_requested};
+    return run_single_stage(*model_, batches, grad_scale, policy, with_sync);
+  }
+  // Each micro-batch of local_batch_size sequences runs through the pipeline
+  // as pp_micro_batches smaller ones (views of its rows).
+  ScheduleResult result;
+  const int64_t n = batches.size(), m = par_.pp_micro_batches;
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& tokens = batches.tokens[static_cast<size_t>(i)];
+    const Tensor& targets = batches.targets[static_cast<size_t>(i)];
+    const int64_t rows = tokens.size(0) / m;
+    std::vector<Tensor> mb_tokens, mb_targets;
+    for (int64_t j = 0; j < m; ++j) {
+      mb_tokens.push_back(tokens.slice(j * rows, rows));
+      mb_targets.push_back(targets.slice(j * rows, rows));
+    }
+    // DDP reduces once per step: during the last pipeline micro-batch's
+    // backward of the step's last micro-batch (every stage runs its backwards
+    // in micro-batch order).
+    const auto sync = [&](int j) {
+      if (ddp_) ddp_->set_sync(i == n - 1 && j == m - 1);
+    };
+    const PipelineResult r = pipeline_->run(program_, mb_tokens, mb_targets, grad_scale, policy, sync);
+    result.loss_sum += r.loss_sum;
+    result.loss_tokens += r.loss_tokens;
+    if (hooks.stop_requested && hooks.stop_requested()) {
+      result.stopped_after = i + 1;
+      break;
+    }
+  }
+  // Every rank reports the true loss: the last stage's, summed over the pp group.
+  Tensor t = Tensor::empty({2}, DType::f32, MemCategory::communication, "pp.loss");
+  t.data<float>()[0] = static_cast<float>(result.loss_sum);
+  t.data<float>()[1] = static_cast<float>(result.loss_tokens);
+  par_.mesh->pp().all_reduce(t);
+  result.loss_sum = t.data<float>()[0];
+  result.loss_tokens = static_cast<int64_t>(t.data<float>()[1]);
+  return result;
+}
+
+CrossEntropyResult ParallelizedModel::evaluate(const Tensor& tokens, const Tensor& targets) {
+  if (!pipeline_) return evaluate_single_stage(*model_, tokens, targets);
+  // One pipeline micro-batch, forward only; the last stage's loss summed over the pp group.
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  StageSaved saved;
+  Communicator& pp = par_.mesh->pp();
+  Tensor input = tokens;
+  if (!pipeline_->first()) {
+    input = Tensor::empty({model_->residual_rows(B * T), args_.dim}, compute_dtype_, MemCategory::activations,
+                          "pipeline.recv_activation");
+    pp.recv(input, par_.pp_rank - 1, /*tag=*/0);
+  }
+  const Tensor out = model_->forward(input, B, T, AcPolicy{AcMode::full, 1}, saved);
+  CrossEntropyResult r{};
+  if (pipeline_->last()) r = model_->loss(saved, targets);
+  else pp.send(out, par_.pp_rank + 1, /*tag=*/0);
+  Tensor t = Tensor::empty({2}, DType::f32, MemCategory::communication, "pp.loss");
+  t.data<float>()[0] = static_cast<float>(r.loss_sum);
+  t.data<float>()[1] = static_cast<float>(r.num_tokens);
+  pp.all_reduce(t);
+  return {t.data<float>()[0], static_cast<int64_t>(t.data<float>()[1])};
 }
 
 void ParallelizedModel::begin_step() {
@@ -217,11 +305,12 @@ double ParallelizedModel::grad_norm() {
   // Under TP each global element is counted on one tp rank only (replicated norms on tp rank 0).
   double sum_sq = tp_ ? grad_sum_of_squares(tp_grads_counted_once(par_, model_->params(), grad, fsdp_.get()))
                       : grad_sum_of_squares(all);
-  if (fsdp_ || tp_) {  // each shard holds part of the gradient; replicas hold the same parts
+  if (fsdp_ || tp_ || pipeline_) {  // each shard and stage holds part of the gradient; replicas hold the same parts
     Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
     t.data<float>()[0] = static_cast<float>(sum_sq);
     if (fsdp_) par_.mesh->dp_shard().all_reduce(t);
     if (tp_) par_.mesh->tp().all_reduce(t);
+    if (pipeline_) par_.mesh->pp().all_reduce(t);
     sum_sq = t.data<float>()[0];
   }
   return grad_norm_from_sum_of_squares(sum_sq);

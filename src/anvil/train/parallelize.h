@@ -18,6 +18,8 @@
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
 #include "anvil/train/parallel.h"
+#include "anvil/train/schedule.h"
+#include "anvil/dist/pipeline_schedule.h"
 
 namespace anvil {
 
@@ -25,6 +27,7 @@ class Llama;
 class FsdpParams;
 class DdpGradSync;
 class TensorParallelPlan;
+class PipelineStage;
 
 // This rank's communication since the last take.
 struct StepComm {
@@ -62,10 +65,16 @@ class ParallelizedModel {
   void save_checkpoint(Checkpointer& checkpointer, int64_t step, bool model_only, DType model_dtype,
                        const std::function<CheckpointMeta()>& meta);
 
-  // The step, in order: begin_step, before_micro_batch for each micro-batch of
-  // the schedule, finish_backward, grad_norm, optimizer_step, release_grads.
+  // The step, in order: begin_step, run_step, finish_backward, grad_norm,
+  // optimizer_step, release_grads.
   void begin_step();  // drops gradients a skipped or interrupted step left
-  void before_micro_batch(int64_t i, int64_t n);
+  // The step's micro-batches through this rank's schedule: the single-stage
+  // one, or the pipeline's (each micro-batch cut into pp_micro_batches). The
+  // loss returned is the whole model's on every rank.
+  ScheduleResult run_step(const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
+                          const ScheduleHooks& hooks);
+  // The loss of one micro-batch, forward only, on every rank.
+  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
   void finish_backward();  // waits for the gradient reductions in flight
   // The global gradient norm (every element of the global gradient counted once).
   double grad_norm();
@@ -85,6 +94,7 @@ class ParallelizedModel {
   // the model's own store — with the global tensors `read` produces, sliced to
   // this tp rank's part.
   void load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read);
+  void before_micro_batch(int64_t i, int64_t n);
   // A whole-model fp32 store of this tp rank's slices, for staging a load.
   ParamStore full_staging() const;
 
@@ -96,6 +106,8 @@ class ParallelizedModel {
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;
+  std::unique_ptr<PipelineStage> pipeline_;  // null without pipeline parallelism
+  std::vector<PipeAction> program_;          // this rank's actions per pipeline pass
   double comm_closed_form_ = 0;
   // Checkpoints hold global tensors; under tensor parallelism they are
   // gathered from, and sliced to, the tp ranks' slices (the specs carry the

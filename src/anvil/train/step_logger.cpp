@@ -62,8 +62,9 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   log.loss = loss;
   log.grad_norm = grad_norm;
   log.lr = lr;
-  // Per rank, as torchtitan: a tp group's ranks share their tokens' work.
-  log.tokens_per_s = static_cast<double>(interval_tokens_) / secs / par_.tp_size;
+  // Per rank, as torchtitan: the ranks of a tp group, and the stages of a
+  // pipeline, share their tokens' work.
+  log.tokens_per_s = static_cast<double>(interval_tokens_) / secs / (par_.tp_size * par_.pp_size);
   log.tflops = flops_per_token_ * log.tokens_per_s / 1e12;
   log.mfu_pct = 100.0 * flops_per_token_ * log.tokens_per_s / peak_.flops_per_s;
   // Never printed silently: above 100% either the peak is wrong for this

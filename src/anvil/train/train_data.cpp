@@ -106,13 +106,13 @@ int64_t TrainData::next_step() {
   return tokens;
 }
 
-std::pair<double, int64_t> TrainData::validation_loss(Llama& model, const Parallel& par) {
+std::pair<double, int64_t> TrainData::validation_loss(ParallelizedModel& layout, const Parallel& par) {
   double sum = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < cfg_.validation.steps; ++i) {
     ANVIL_CHECK(val_loader_->next_batch(batches_.tokens[0], batches_.targets[0]),
                 "the validation set ran out of tokens");
-    const CrossEntropyResult r = evaluate_single_stage(model, batches_.tokens[0], batches_.targets[0]);
+    const CrossEntropyResult r = layout.evaluate(batches_.tokens[0], batches_.targets[0]);
     sum += r.loss_sum, tokens += r.num_tokens;
   }
   sum_loss_over_dp(par, sum, tokens);

@@ -14,6 +14,8 @@
 
 namespace anvil {
 
+class ParallelizedModel;
+
 // The job's tokenizer, checked against the model (and training.seq_len against its max_seq_len).
 std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelArgs& args);
 
@@ -33,7 +35,7 @@ class TrainData {
   int64_t next_step();
   // The loss of the validation set's validation.steps batches, summed over
   // the data-parallel ranks: (loss sum, tokens). The same held-out batches every time.
-  std::pair<double, int64_t> validation_loss(Llama& model, const Parallel& par);
+  std::pair<double, int64_t> validation_loss(ParallelizedModel& layout, const Parallel& par);
 
  private:
   const JobConfig& cfg_;

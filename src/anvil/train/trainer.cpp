@@ -157,7 +157,7 @@ void record_step(TrainResult& result, int64_t step, double loss) {
 void validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, ParallelizedModel& layout,
                      const Parallel& par, StepLogger& logger) {
   if (!cfg.validation.enable || step % cfg.validation.freq != 0) return;
-  const auto [sum, tokens] = data.validation_loss(layout.model(), par);
+  const auto [sum, tokens] = data.validation_loss(layout, par);
   logger.log_validation(step, sum / static_cast<double>(tokens), tokens);
 }
 
@@ -237,8 +237,7 @@ TrainResult train(const JobConfig& cfg) {
                           config_to_toml(cfg), model_description(args)};
   };
   const int64_t fault_step = fault_kill_step(par.rank);
-  const ScheduleHooks hooks{[&](int64_t i, int64_t n) { layout.before_micro_batch(i, n); },
-                            [&] { return stop.requested(par); }};
+  const ScheduleHooks hooks{{}, [&] { return stop.requested(par); }};
   TrainResult result;
   logger.start();
   int64_t step = first_step;
@@ -254,7 +253,7 @@ TrainResult train(const JobConfig& cfg) {
       // Every data-parallel rank sees as many tokens; the gradients are summed
       // over the ranks, so each scales by the whole step's count.
       const float grad_scale = 1.0f / static_cast<float>(step_tokens * par.dp_size);
-      ScheduleResult run = run_single_stage(layout.model(), data.batches(), grad_scale, ac, hooks);
+      ScheduleResult run = layout.run_step(data.batches(), grad_scale, ac, hooks);
       if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
       layout.finish_backward();
       logger.add_comm(layout.take_comm_stats());
