@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -111,6 +114,51 @@ TEST(PipelineStages, TheEmbeddingAndTheHeadCountAsABlockEach) {
   EXPECT_EQ(pipeline_stage_modules(args, 3, 2), std::make_pair(6, 8));
   const std::string e = error_of([&] { pipeline_stage_modules(args, 9, 0); });
   EXPECT_NE(e.find("has 8 modules"), std::string::npos) << e;
+}
+
+namespace {
+
+// Each rank's activation peak (MiB) in step 2 of a PP 2 run whose local batch
+// of `micro_batches` sequences runs as micro-batches of one.
+std::vector<double> activation_peaks(const std::string& schedule, int micro_batches) {
+  auto& r = anvil::testing::runs();
+  const std::string dump = "memory_" + schedule + "_" + std::to_string(micro_batches);
+  const anvil::testing::CommandOutput out =
+      r.mpi(2, dump,
+            anvil::testing::batch_flags(micro_batches, micro_batches) + " " + anvil::testing::kPipeline +
+                "2 --parallelism.pipeline_parallel_schedule " + schedule +
+                " --training.steps 2 --checkpoint.enable false");
+  EXPECT_EQ(out.exit_code, 0) << out.text;
+  std::ifstream in(r.dir() / dump / "metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  return nlohmann::json::parse(last).at("activation_peak_mib_by_rank").get<std::vector<double>>();
+}
+
+}  // namespace
+
+// Seed 000: torchtitan's last stage kept every micro-batch's output until the
+// step ended, so its memory grew with the micro-batch count. Here a
+// micro-batch's state lives from its forward to its backward only: under 1F1B
+// each rank holds at most P − r micro-batches whatever m, so its activation
+// peak is the same for 16 micro-batches as for 2 (1% allowed, measured equal);
+// under GPipe every micro-batch is in flight at once, so the peak grows by one
+// micro-batch's saved state per micro-batch: from 2 to 16 exactly 7 times what
+// it grows from 2 to 4.
+TEST(PipelineMemory, OneFOneBDoesNotGrowWithMicroBatchesAndGPipeGrowsByOneEach) {
+  const std::vector<double> f2 = activation_peaks("1F1B", 2), f16 = activation_peaks("1F1B", 16);
+  const std::vector<double> g2 = activation_peaks("GPipe", 2), g4 = activation_peaks("GPipe", 4),
+                            g16 = activation_peaks("GPipe", 16);
+  ASSERT_EQ(f2.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_LE(f16[r], 1.01 * f2[r]) << "1F1B rank " << r << ": " << f2[r] << " MiB for 2, " << f16[r] << " for 16";
+    const double per_micro_batch = (g4[r] - g2[r]) / 2;
+    EXPECT_GT(per_micro_batch, 0.0) << "GPipe rank " << r;
+    EXPECT_NEAR(g16[r] - g2[r], 14 * per_micro_batch, 0.01 * 14 * per_micro_batch) << "GPipe rank " << r;
+    std::printf("rank %zu: 1F1B %.2f MiB (m 2) %.2f MiB (m 16); GPipe %.2f, %.2f, %.2f MiB (m 2, 4, 16), %.3f MiB "
+                "per micro-batch\n",
+                r, f2[r], f16[r], g2[r], g4[r], g16[r], per_micro_batch);
+  }
 }
 
 using anvil::testing::LayoutParity;

@@ -97,6 +97,9 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     const std::vector<double> mib = par_.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
     log.tokens_per_s_by_rank = par_.gather_world(log.tokens_per_s);
     for (double m : mib) log.peak_mib_by_rank.push_back(m);
+    // Activations apart: what a pipeline schedule keeps in flight shows there.
+    log.activation_peak_mib_by_rank = par_.gather_world(
+        static_cast<double>(log.memory.peak[static_cast<int>(MemCategory::activations)]) / (1 << 20));
     log.max_memory_over_ranks = log.memory.peak_total;
     for (double m : mib)
       log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
