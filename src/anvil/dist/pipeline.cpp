@@ -46,8 +46,8 @@ Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const Ten
   return out;
 }
 
-PipelineStage::PipelineStage(Llama& model, Communicator& pp)
-    : model_(model), pp_(pp), stage_(pp.rank()), stages_(pp.size()) {
+PipelineStage::PipelineStage(Llama& model, Communicator& pp, bool keep_outputs)
+    : model_(model), pp_(pp), stage_(pp.rank()), stages_(pp.size()), keep_outputs_(keep_outputs) {
   ANVIL_ASSERT(model.has_embedding() == first() && model.has_head() == last(),
                "pp rank ", stage_, " must hold stage ", stage_, " of ", stages_);
 }
@@ -85,6 +85,7 @@ PipelineResult PipelineStage::run(const std::vector<PipeAction>& actions, const 
                                   const std::function<void(int)>& before_backward) {
   PipelineResult result;
   std::map<int, StageSaved> in_flight;  // micro-batch → its saved state, from its forward to its backward
+  std::vector<Tensor> kept_outputs;     // the keep-outputs diagnostic's, freed at the step's end
   for (const PipeAction& a : actions) {
     ANVIL_ASSERT(a.stage == stage_, action_name(a), " on stage ", stage_);
     const size_t i = static_cast<size_t>(a.micro_batch);
@@ -93,6 +94,7 @@ PipelineResult PipelineStage::run(const std::vector<PipeAction>& actions, const 
       const Tensor input = first() ? tokens[i] : receive(stage_ - 1, 2 * a.micro_batch, B, T, "pipeline.recv_activation");
       Tensor out = model_.forward(input, B, T, policy, in_flight[a.micro_batch]);
       if (!last()) send(out, stage_ + 1, 2 * a.micro_batch);
+      if (last() && keep_outputs_) kept_outputs.push_back(model_.logits(in_flight[a.micro_batch]));
       continue;
     }
     auto saved = in_flight.find(a.micro_batch);

@@ -46,7 +46,10 @@ class PipelineStage {
  public:
   // model: this rank's stage (not owned); pp: the pipeline group, pp rank s
   // holding stage s.
-  PipelineStage(Llama& model, Communicator& pp);
+  // keep_outputs: the last stage keeps every micro-batch's logits until the
+  // step ends — torchtitan's behaviour before PyTorch #159251 (seed 000), a
+  // diagnostic that shows what the fix saves.
+  PipelineStage(Llama& model, Communicator& pp, bool keep_outputs = false);
   int stage() const { return stage_; }
   int num_stages() const { return stages_; }
   bool first() const { return stage_ == 0; }
@@ -73,6 +76,7 @@ class PipelineStage {
     Tensor buffer;  // kept alive until the send completes
   };
   std::vector<Send> sends_;
+  bool keep_outputs_;
 };
 
 }  // namespace anvil

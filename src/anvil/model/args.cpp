@@ -84,6 +84,12 @@ std::vector<ModelArgs> all_flavors() {
     a.rope_theta = 500000;
     a.max_seq_len = 2048;
     out.push_back(a);
+    // The debug model's blocks under Llama 3's 128,256-token vocabulary: the
+    // shape where a micro-batch's logits outweigh everything else a pipeline
+    // stage holds (seed 000's benchmark, bench/pipeline_seed000.sh).
+    a.flavor = "debugmodel_128k";
+    a.n_layers = 4, a.vocab_size = 128256;
+    out.push_back(a);
   }
   {
     // CPU-sized flavours. 25M uses grouped-query attention (8 query heads over 4 KV heads).

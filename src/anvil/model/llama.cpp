@@ -143,6 +143,15 @@ CrossEntropyResult Llama::loss(StageSaved& saved, const Tensor& targets) {
   return r;
 }
 
+Tensor Llama::logits(const StageSaved& saved) {
+  ANVIL_ASSERT(head_ && saved.output.defined(), "logits are the last stage's, after its forward");
+  const int g = group_of_module(end_module_ - 1);
+  hooks_->before_forward(g);
+  Tensor out = head_->logits(saved.output);
+  hooks_->after_forward(g);
+  return out;
+}
+
 Tensor Llama::backward(StageSaved& saved, Tensor d_output) {
   ANVIL_ASSERT(!head_, "the last stage's backward starts from its loss (backward_from_loss)");
   params_.ensure_grads();

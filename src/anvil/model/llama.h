@@ -102,6 +102,9 @@ class Llama {
   // Evaluation on the last stage: the loss of the output its forward kept,
   // without gradients; saved is released.
   CrossEntropyResult loss(StageSaved& saved, const Tensor& targets);
+  // The last stage's logits of the output its forward kept (training never
+  // forms them): the pipeline's keep-outputs diagnostic.
+  Tensor logits(const StageSaved& saved);
 
   // ---- The whole model ----
   // One micro-batch: forward, loss and backward. The trainer passes grad_scale

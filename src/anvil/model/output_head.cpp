@@ -1,5 +1,6 @@
 #include "anvil/model/output_head.h"
 
+#include "anvil/ops/matmul.h"
 #include "anvil/ops/rmsnorm.h"
 
 namespace anvil {
@@ -23,6 +24,17 @@ CrossEntropyResult OutputHead::forward_backward(const Tensor& h, const Tensor& t
   rmsnorm_backward(dhn, h, norm_w, rstd, eps_, dh, g_norm);
   plan_.finish_norm_grads(norm_grad, {params_.grad(norm_)});
   return loss;
+}
+
+Tensor OutputHead::logits(const Tensor& h) const {
+  const DType dt = params_.compute_dtype();
+  Tensor hn = new_activation(h.shape(), dt, "final_norm.out");
+  rmsnorm_forward(h, params_.compute(norm_), eps_, hn);
+  hn = plan_.gather_rows(hn, "final_norm.out");
+  const Tensor w = params_.compute(output_);
+  Tensor out = new_activation({hn.size(0), w.size(0)}, dt, "head.logits");
+  linear_forward(hn, w, out);
+  return out;
 }
 
 CrossEntropyResult OutputHead::forward(const Tensor& h, const Tensor& targets) const {

@@ -25,6 +25,9 @@ class OutputHead {
   CrossEntropyResult forward_backward(const Tensor& h, const Tensor& targets, float grad_scale, Tensor& dh);
   // Evaluation: the loss only.
   CrossEntropyResult forward(const Tensor& h, const Tensor& targets) const;
+  // The logits (M, this rank's vocabulary rows) in the compute dtype, which
+  // training never forms; for the pipeline's keep-outputs diagnostic.
+  Tensor logits(const Tensor& h) const;
 
  private:
   ParamStore& params_;

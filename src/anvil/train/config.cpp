@@ -132,6 +132,9 @@ std::vector<Key> key_table(JobConfig& c) {
        {"GPipe", "1F1B"}},
       {"parallelism", "pipeline_parallel_microbatch_size", &c.parallelism.pipeline_parallel_microbatch_size,
        "sequences per pipeline micro-batch", {}, 1, kInf},
+      {"parallelism", "pipeline_parallel_keep_outputs", &c.parallelism.pipeline_parallel_keep_outputs,
+       "diagnostic: the last stage keeps every micro-batch's logits until the step ends, as torchtitan did before "
+       "PyTorch #159251 (seed 000), so its memory grows with the micro-batch count; off in any real run"},
       {"parallelism", "fsdp_reshard_after_forward", &c.parallelism.fsdp_reshard_after_forward,
        "FSDP: free a group's gathered weights after its forward (always), keep them until the backward "
        "(never: faster, more memory), or all but the last block's (default)",

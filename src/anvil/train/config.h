@@ -85,6 +85,7 @@ struct JobConfig {
     int64_t pipeline_parallel_degree = 1;
     std::string pipeline_parallel_schedule = "1F1B";
     int64_t pipeline_parallel_microbatch_size = 1;
+    bool pipeline_parallel_keep_outputs = false;
     std::string fsdp_reshard_after_forward = "default";
     bool disable_loss_parallel = false;
     bool enable_sequence_parallel = true;

@@ -66,6 +66,7 @@ void MetricsLog::log(const StepLog& s) {
     j["tokens_per_s_by_rank"] = s.tokens_per_s_by_rank;
     j["peak_mib_by_rank"] = s.peak_mib_by_rank;
     j["activation_peak_mib_by_rank"] = s.activation_peak_mib_by_rank;
+    j["peak_rss_mib_by_rank"] = s.peak_rss_mib_by_rank;
     j["comm_bytes_per_step"] = s.comm_bytes_per_step;
     j["comm_bytes_closed_form"] = s.comm_bytes_closed_form;
     j["tp_comm_bytes_per_step"] = s.tp_comm_bytes_per_step;

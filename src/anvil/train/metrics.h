@@ -28,6 +28,7 @@ struct StepLog {
   size_t max_memory_over_ranks = 0;  // the highest peak_total of any rank
   std::vector<double> tokens_per_s_by_rank, peak_mib_by_rank;  // distributed runs, by world rank
   std::vector<double> activation_peak_mib_by_rank;              // the activations category's peak, likewise
+  std::vector<double> peak_rss_mib_by_rank;                     // each process's peak resident set so far
   // Data-parallel communication per step on this rank (distributed runs).
   double comm_bytes_per_step = 0, comm_in_flight_s = 0, comm_blocked_s = 0, comm_hidden_pct = 0;
   double comm_bytes_closed_form = 0;

@@ -105,7 +105,7 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
   if (par.pp_size > 1) {
-    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp());
+    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp(), cfg.parallelism.pipeline_parallel_keep_outputs);
     program_ = make_pipeline_program(cfg.parallelism.pipeline_parallel_schedule, par.pp_size,
                                      static_cast<int>(par.pp_micro_batches))[static_cast<size_t>(par.pp_rank)];
   }

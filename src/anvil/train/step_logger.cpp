@@ -100,6 +100,9 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     // Activations apart: what a pipeline schedule keeps in flight shows there.
     log.activation_peak_mib_by_rank = par_.gather_world(
         static_cast<double>(log.memory.peak[static_cast<int>(MemCategory::activations)]) / (1 << 20));
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    log.peak_rss_mib_by_rank = par_.gather_world(static_cast<double>(usage.ru_maxrss) / 1024);  // ru_maxrss: KiB
     log.max_memory_over_ranks = log.memory.peak_total;
     for (double m : mib)
       log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
