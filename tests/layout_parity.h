@@ -89,7 +89,11 @@ inline const std::vector<Layout>& layouts() {
        {{"", {"none"}}}},
       // Pipelines: each rank's 2 (or 4) sequences run as micro-batches of 1.
       {"pp2_1f1b", 2, 1, 1, kPipeline + "2 --parallelism.pipeline_parallel_schedule 1F1B",
-       {{"", kEveryAc}, {"accumulation 2", {"none"}, 2}}, 2},
+       {{"", kEveryAc},
+        {"accumulation 2", {"none"}, 2},
+        // Stage 0: the embedding and 4 blocks; stage 1: 2 blocks and the head.
+        {"head counted as 3 blocks", {"none"}, 1, "--parallelism.pipeline_parallel_last_stage_less_layers 3"}},
+       2},
       {"pp2_gpipe", 2, 1, 1, kPipeline + "2 --parallelism.pipeline_parallel_schedule GPipe", {{"", {"none", "full"}}}, 2},
       {"pp4_1f1b", 4, 1, 1, kPipeline + "4 --parallelism.pipeline_parallel_schedule 1F1B", {{"", {"none"}}}, 4, 4},
       {"pp2_fsdp2", 4, 2, 1, kPipeline + "2 --parallelism.data_parallel_shard_degree 2", {{"", {"none"}}}, 2},

@@ -105,15 +105,28 @@ TEST(PipelineSchedule, ABadProgramIsRefusedNamingTheAction) {
   EXPECT_NE(e.find("rank 0 runs 1F0, but stage 1 is on rank 1"), std::string::npos) << e;
 }
 
-TEST(PipelineStages, TheEmbeddingAndTheHeadCountAsABlockEach) {
-  const ModelArgs args = model_flavor("llama3", "debugmodel");  // 6 blocks: 8 modules
-  EXPECT_EQ(pipeline_stage_modules(args, 2, 0), std::make_pair(0, 4));  // embedding + 3 blocks
-  EXPECT_EQ(pipeline_stage_modules(args, 2, 1), std::make_pair(4, 8));  // 3 blocks + head
-  EXPECT_EQ(pipeline_stage_modules(args, 3, 0), std::make_pair(0, 3));
-  EXPECT_EQ(pipeline_stage_modules(args, 3, 1), std::make_pair(3, 6));
-  EXPECT_EQ(pipeline_stage_modules(args, 3, 2), std::make_pair(6, 8));
-  const std::string e = error_of([&] { pipeline_stage_modules(args, 9, 0); });
-  EXPECT_NE(e.find("has 8 modules"), std::string::npos) << e;
+// Modules: 0 the embedding, 1..6 the blocks, 7 the head.
+TEST(PipelineStages, TheEmbeddingAndTheHeadCountAsABlockEachByDefault) {
+  const ModelArgs args = model_flavor("llama3", "debugmodel");  // 6 blocks
+  EXPECT_EQ(pipeline_stage_modules(args, {2}, 0), std::make_pair(0, 4));  // embedding + 3 blocks
+  EXPECT_EQ(pipeline_stage_modules(args, {2}, 1), std::make_pair(4, 8));  // 3 blocks + head
+  EXPECT_EQ(pipeline_stage_modules(args, {3}, 0), std::make_pair(0, 3));
+  EXPECT_EQ(pipeline_stage_modules(args, {3}, 1), std::make_pair(3, 6));
+  EXPECT_EQ(pipeline_stage_modules(args, {3}, 2), std::make_pair(6, 8));
+  const std::string e = error_of([&] { pipeline_stage_modules(args, {9}, 0); });
+  EXPECT_NE(e.find("use at most 8 stages"), std::string::npos) << e;
+}
+
+TEST(PipelineStages, TheFirstAndLastStageCountsMoveBlocks) {
+  const ModelArgs args = model_flavor("llama3", "debugmodel");
+  // The embedding weighs nothing, the head three blocks (a large vocabulary): 9 units, 3 per stage.
+  EXPECT_EQ(pipeline_stage_modules(args, {3, 0, 3}, 0), std::make_pair(0, 4));  // embedding + 3 blocks
+  EXPECT_EQ(pipeline_stage_modules(args, {3, 0, 3}, 1), std::make_pair(4, 7));  // 3 blocks
+  EXPECT_EQ(pipeline_stage_modules(args, {3, 0, 3}, 2), std::make_pair(7, 8));  // the head alone
+  EXPECT_EQ(describe_pipeline_stages(args, {3, 0, 3}), "stage 0: embedding, blocks 0-2; stage 1: blocks 3-5; stage 2: head");
+  EXPECT_EQ(describe_pipeline_stages(args, {2, 1, 3}), "stage 0: embedding, blocks 0-3; stage 1: blocks 4-5, head");
+  const std::string e = error_of([&] { pipeline_stage_modules(args, {4, 1, 3}, 3); });
+  EXPECT_NE(e.find("cannot hold the embedding counted as 1"), std::string::npos) << e;
 }
 
 namespace {

@@ -23,19 +23,29 @@
 
 namespace anvil {
 
-// How the module list is cut into `stages` contiguous stages: stage s holds
-// modules [first, end). The embedding and the head each count as one block's
-// worth, as torchtitan's default (first and last stage one block fewer), and
-// the rest spreads as evenly as it goes, the earlier stages taking the
-// remainder. Throws anvil::Error when there are fewer modules than stages.
-std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, int stages, int stage);
+// How the module list is cut into contiguous stages (torchtitan's rule): the
+// embedding counts as `first_stage_less_layers` blocks and the head as
+// `last_stage_less_layers` (1 each by default: the first and last stage hold
+// one block fewer), and the n_layers + those units spread as evenly as they
+// go, the earlier stages taking the remainder.
+struct PipelineSplit {
+  int stages = 1;
+  int first_stage_less_layers = 1, last_stage_less_layers = 1;
+};
+// Stage `stage` holds modules [first, end) of the module list. Throws
+// anvil::Error, naming the keys, when the stages cannot all hold a block's
+// worth or the first or last stage cannot hold what it is told to count.
+std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const PipelineSplit& split, int stage);
+// "stage 0: embedding, blocks 0-3; stage 1: blocks 4-5, head", for the banner.
+std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split);
 
 // The whole model's flat fp32 buffer of a per-parameter state (master weights
 // or an AdamW moment), laid out as a ParamStore of llama_param_specs(args), on
 // pp rank 0, from every stage's buffer laid out as its stage's global
 // parameters (llama_param_specs(args, first, end)). Collective over pp; the
 // other ranks get an undefined tensor.
-Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const Tensor& stage_flat);
+Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const PipelineSplit& split,
+                              const Tensor& stage_flat);
 
 struct PipelineResult {
   double loss_sum = 0;     // over this step's micro-batches; the last stage's, 0 on the others

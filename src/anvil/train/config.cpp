@@ -132,6 +132,15 @@ std::vector<Key> key_table(JobConfig& c) {
        {"GPipe", "1F1B"}},
       {"parallelism", "pipeline_parallel_microbatch_size", &c.parallelism.pipeline_parallel_microbatch_size,
        "sequences per pipeline micro-batch", {}, 1, kInf},
+      {"parallelism", "pipeline_parallel_layers_per_stage", &c.parallelism.pipeline_parallel_layers_per_stage,
+       "blocks per pipeline stage, the embedding and the head counted as the next two keys say; its stage count "
+       "must equal pipeline_parallel_degree (-1: split n_layers evenly over the degree)", {}, -1, kInf},
+      {"parallelism", "pipeline_parallel_first_stage_less_layers",
+       &c.parallelism.pipeline_parallel_first_stage_less_layers,
+       "blocks' worth the embedding counts for: the first stage holds this many blocks fewer", {}, 0, kInf},
+      {"parallelism", "pipeline_parallel_last_stage_less_layers", &c.parallelism.pipeline_parallel_last_stage_less_layers,
+       "blocks' worth the final norm and output head count for: the last stage holds this many blocks fewer", {}, 0,
+       kInf},
       {"parallelism", "pipeline_parallel_keep_outputs", &c.parallelism.pipeline_parallel_keep_outputs,
        "diagnostic: the last stage keeps every micro-batch's logits until the step ends, as torchtitan did before "
        "PyTorch #159251 (seed 000), so its memory grows with the micro-batch count; off in any real run"},

@@ -86,6 +86,9 @@ struct JobConfig {
     std::string pipeline_parallel_schedule = "1F1B";
     int64_t pipeline_parallel_microbatch_size = 1;
     bool pipeline_parallel_keep_outputs = false;
+    int64_t pipeline_parallel_layers_per_stage = -1;
+    int64_t pipeline_parallel_first_stage_less_layers = 1;
+    int64_t pipeline_parallel_last_stage_less_layers = 1;
     std::string fsdp_reshard_after_forward = "default";
     bool disable_loss_parallel = false;
     bool enable_sequence_parallel = true;

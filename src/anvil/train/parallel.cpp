@@ -61,7 +61,20 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
     par.pp_micro_batches = local / mb;
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
                 " ties its embedding and output weights, which pipeline stages cannot split; pick an untied flavour");
-    pipeline_stage_modules(args, layout.pp(), 0);  // enough modules for the stages
+    par.pp_split = {layout.pp(), static_cast<int>(p.pipeline_parallel_first_stage_less_layers),
+                    static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
+    if (p.pipeline_parallel_layers_per_stage > 0) {
+      const int64_t units = args.n_layers + p.pipeline_parallel_first_stage_less_layers +
+                            p.pipeline_parallel_last_stage_less_layers;
+      ANVIL_CHECK(units % p.pipeline_parallel_layers_per_stage == 0 &&
+                      units / p.pipeline_parallel_layers_per_stage == layout.pp(),
+                  "parallelism.pipeline_parallel_layers_per_stage ", p.pipeline_parallel_layers_per_stage, ": ",
+                  args.name, "/", args.flavor, "'s ", args.n_layers, " blocks plus the embedding and head counted as ",
+                  p.pipeline_parallel_first_stage_less_layers, " and ", p.pipeline_parallel_last_stage_less_layers,
+                  " make ", units, " units, which must be pipeline_parallel_degree ", layout.pp(),
+                  " stages of exactly that many (one stage per rank)");
+    }
+    for (int s = 0; s < layout.pp(); ++s) pipeline_stage_modules(args, par.pp_split, s);  // every stage is valid
     // The schedule is checked here, on every rank with the same message, before any work.
     make_pipeline_program(p.pipeline_parallel_schedule, layout.pp(), static_cast<int>(par.pp_micro_batches));
   }
@@ -108,9 +121,9 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
     par.description = par.mode == DataParallelMode::single ? tp : par.description + " x " + tp;
   }
   if (layout.pp() > 1) {
-    const std::string pp = detail::concat("PP ", layout.pp(), " stages, ", p.pipeline_parallel_schedule, ", ",
-                                          par.pp_micro_batches, " micro-batches of ",
-                                          p.pipeline_parallel_microbatch_size);
+    const std::string pp = detail::concat("PP ", layout.pp(), " stages (", describe_pipeline_stages(args, par.pp_split),
+                                          "), ", p.pipeline_parallel_schedule, ", ", par.pp_micro_batches,
+                                          " micro-batches of ", p.pipeline_parallel_microbatch_size);
     par.description = par.description == "single process" ? pp : par.description + " x " + pp;
   }
   par.description += " (" + layout.str() + ")";

@@ -15,6 +15,7 @@
 
 #include "anvil/dist/comm.h"
 #include "anvil/dist/mesh.h"
+#include "anvil/dist/pipeline.h"
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
 
@@ -36,6 +37,7 @@ struct Parallel {
   // runs through the pipeline as this many micro-batches of
   // pipeline_parallel_microbatch_size sequences.
   int64_t pp_micro_batches = 1;
+  PipelineSplit pp_split;  // how the module list is cut into the pp stages
   // Micro-batches per optimizer step: training.global_batch_size over
   // local_batch_size × the data-parallel degree, resolved and checked once here.
   int64_t accum_steps = 1;

@@ -34,7 +34,7 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& pa
         par.mesh->tp(), args,
         TensorParallelOptions{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
                               .loss_parallel = !cfg.parallelism.disable_loss_parallel});
-  const auto [first, end] = pipeline_stage_modules(args, par.pp_size, par.pp_rank);
+  const auto [first, end] = pipeline_stage_modules(args, par.pp_split, par.pp_rank);
   model = std::make_unique<Llama>(
       args, compute_dtype, cfg.training.seq_len,
       LlamaOptions{.first_module = first, .end_module = end, .plan = tp.get(), .allocate_params = allocate_params});
@@ -42,7 +42,7 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& pa
 
 // The global parameters of this rank's stage (the whole model's without pipeline parallelism).
 std::vector<ParamSpec> stage_global_specs(const ModelArgs& args, const Parallel& par) {
-  const auto [first, end] = pipeline_stage_modules(args, par.pp_size, par.pp_rank);
+  const auto [first, end] = pipeline_stage_modules(args, par.pp_split, par.pp_rank);
   return llama_param_specs(args, first, end);
 }
 
@@ -203,7 +203,7 @@ void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step
   }
   std::unique_ptr<ParamStore> whole;
   if (pipeline_) {  // then the stages' tensors into the whole model's, on pp rank 0
-    auto gather = [&](const Tensor& stage) { return gather_pipeline_stages(par_.mesh->pp(), args_, stage); };
+    auto gather = [&](const Tensor& stage) { return gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, stage); };
     global_w = gather(*w), w = &global_w;
     if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
     whole = std::make_unique<ParamStore>(global_param_specs(args_), DType::f32, /*allocate=*/false);
