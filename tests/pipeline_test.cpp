@@ -145,7 +145,13 @@ std::vector<double> activation_peaks(const std::string& schedule, int micro_batc
   std::ifstream in(r.dir() / dump / "metrics.jsonl");
   std::string line, last;
   while (std::getline(in, line)) last = line;
-  return nlohmann::json::parse(last).at("activation_peak_mib_by_rank").get<std::vector<double>>();
+  const nlohmann::json step = nlohmann::json::parse(last);
+  // What crossed the pp group on rank 0 in the step: each micro-batch's boundary
+  // activation sent (32 tokens x dim 256 x 4 bytes) and its gradient received,
+  // then the loss sum and token count (8 bytes) and the squared gradient norm (4).
+  EXPECT_EQ(step.at("pp_comm_bytes_per_step").get<double>(), 2.0 * micro_batches * 32 * 256 * 4 + 12)
+      << schedule << ", " << micro_batches << " micro-batches";
+  return step.at("activation_peak_mib_by_rank").get<std::vector<double>>();
 }
 
 }  // namespace

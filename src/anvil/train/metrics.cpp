@@ -70,6 +70,7 @@ void MetricsLog::log(const StepLog& s) {
     j["comm_bytes_per_step"] = s.comm_bytes_per_step;
     j["comm_bytes_closed_form"] = s.comm_bytes_closed_form;
     j["tp_comm_bytes_per_step"] = s.tp_comm_bytes_per_step;
+    j["pp_comm_bytes_per_step"] = s.pp_comm_bytes_per_step;
     j["comm_in_flight_s_per_step"] = s.comm_in_flight_s;
     j["comm_blocked_s_per_step"] = s.comm_blocked_s;
     j["comm_hidden_pct"] = s.comm_hidden_pct;

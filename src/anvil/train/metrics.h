@@ -33,6 +33,7 @@ struct StepLog {
   double comm_bytes_per_step = 0, comm_in_flight_s = 0, comm_blocked_s = 0, comm_hidden_pct = 0;
   double comm_bytes_closed_form = 0;
   double tp_comm_bytes_per_step = 0;  // tensor-parallel collectives (activations), measured
+  double pp_comm_bytes_per_step = 0;  // pipeline sends and receives, measured
   // Live bytes per category right after the optimizer step, gradients still held.
   std::array<size_t, kNumMemCategories> live_after_optimizer{};
 };

@@ -336,6 +336,10 @@ StepComm ParallelizedModel::take_comm_stats() {
     out.tp_bytes = par_.mesh->tp().counters().total_bytes();
     par_.mesh->tp().reset_counters();
   }
+  if (pipeline_) {
+    out.pp_bytes = par_.mesh->pp().counters().total_bytes();
+    par_.mesh->pp().reset_counters();
+  }
   return out;
 }
 

@@ -33,6 +33,7 @@ class PipelineStage;
 struct StepComm {
   CommStats data_parallel;  // FSDP's or DDP's collectives (gradients, weights)
   uint64_t tp_bytes = 0;    // tensor-parallel collectives (activations), counted by the tp communicator
+  uint64_t pp_bytes = 0;    // over the pp group: boundary tensors and their gradients, loss and norm sums
 };
 
 // A loss sum and its token count summed over the data-parallel ranks (as f32,

@@ -47,6 +47,7 @@ void StepLogger::add_comm(const StepComm& c) {
   interval_comm_.collectives += c.data_parallel.collectives;
   ++interval_steps_;
   interval_tp_bytes_ += c.tp_bytes;
+  interval_pp_bytes_ += c.pp_bytes;
 }
 
 void StepLogger::step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens) {
@@ -89,10 +90,12 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     log.comm_hidden_pct = 100.0 * interval_comm_.hidden_share();
     log.comm_bytes_closed_form = comm_closed_form_;
     log.tp_comm_bytes_per_step = static_cast<double>(interval_tp_bytes_) / steps;
+    log.pp_comm_bytes_per_step = static_cast<double>(interval_pp_bytes_) / steps;
   }
   interval_comm_ = {};
   interval_steps_ = 0;
   interval_tp_bytes_ = 0;
+  interval_pp_bytes_ = 0;
   if (par_.distributed()) {  // every rank reports; rank 0 prints the fullest
     const std::vector<double> mib = par_.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
     log.tokens_per_s_by_rank = par_.gather_world(log.tokens_per_s);

@@ -64,6 +64,7 @@ class StepLogger {
   CommStats interval_comm_;  // this rank's data-parallel communication since the last log line
   int64_t interval_steps_ = 0;
   uint64_t interval_tp_bytes_ = 0;
+  uint64_t interval_pp_bytes_ = 0;
 };
 
 }  // namespace anvil
