@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -178,6 +179,57 @@ TEST(PipelineMemory, OneFOneBDoesNotGrowWithMicroBatchesAndGPipeGrowsByOneEach) 
                 "per micro-batch\n",
                 r, f2[r], f16[r], g2[r], g4[r], g16[r], per_micro_batch);
   }
+}
+
+namespace {
+
+// Resumes a copy of `saved`'s step-5 checkpoint under layout `target` (4
+// sequences per step over its data-parallel ranks) and holds steps 6-10 to
+// the uninterrupted run `whole`.
+void expect_resumes_as(const std::string& saved, const std::string& target, const std::string& whole,
+                       const std::string& batch) {
+  namespace fs = std::filesystem;
+  auto& r = anvil::testing::runs();
+  const anvil::testing::Layout& t = anvil::testing::layout(target);
+  SCOPED_TRACE(saved + " resumed as " + target);
+  const std::string dump = saved + "_as_" + t.name;
+  fs::remove_all(r.dir() / dump);
+  fs::create_directories(r.dir() / dump);
+  fs::copy(r.dir() / saved / "checkpoint", r.dir() / dump / "checkpoint", fs::copy_options::recursive);
+  const anvil::testing::CommandOutput out = r.run(t, dump, batch + "--training.local_batch_size " + std::to_string(4 / t.dp));
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("resumed from " + (r.dir() / dump / "checkpoint" / "step-5").string()), std::string::npos)
+      << out.text;
+  const auto want = r.losses(whole), got = r.losses(dump);
+  ASSERT_EQ(got.size(), 5u) << out.text;
+  double worst = 0;
+  for (const auto& [step, loss] : got) {
+    ASSERT_GE(step, 6);
+    worst = std::max(worst, std::abs(loss - want.at(step)) / std::abs(want.at(step)));
+  }
+  EXPECT_LE(worst, 1e-5);
+  std::printf("%s checkpoint resumed as %-9s: worst loss difference %.2e over steps 6-10\n", saved.c_str(),
+              t.name.c_str(), worst);
+}
+
+}  // namespace
+
+// Checkpoints hold the whole model's global tensors whatever the layout, so a
+// pipeline's resumes without one and the other way round.
+TEST(Pipeline, CheckpointsMoveBetweenPipelinesAndOtherLayouts) {
+  auto& r = anvil::testing::runs();
+  // A constant learning rate after warm-up, so stopping at step 5 changes nothing before it.
+  const std::string batch = "--training.global_batch_size 4 --lr_scheduler.decay_ratio 0 ";
+  const anvil::testing::CommandOutput whole = r.mpi(2, "pxl_whole", batch + "--training.local_batch_size 2");
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;  // FSDP 2, the default layout of 2 ranks
+  const std::string stop = "--checkpoint.interval 5 --training.steps 5";
+  const anvil::testing::CommandOutput from_pp =
+      r.run(anvil::testing::layout("pp2_1f1b"), "pxl_pp2", batch + "--training.local_batch_size 4 " + stop);
+  ASSERT_EQ(from_pp.exit_code, 0) << from_pp.text;
+  const anvil::testing::CommandOutput from_fsdp = r.mpi(2, "pxl_fsdp2", batch + "--training.local_batch_size 2 " + stop);
+  ASSERT_EQ(from_fsdp.exit_code, 0) << from_fsdp.text;
+  for (const char* target : {"single", "fsdp2"}) expect_resumes_as("pxl_pp2", target, "pxl_whole", batch);
+  for (const char* target : {"pp2_1f1b", "pp2_tp2"}) expect_resumes_as("pxl_fsdp2", target, "pxl_whole", batch);
 }
 
 using anvil::testing::LayoutParity;
