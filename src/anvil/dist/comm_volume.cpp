@@ -12,8 +12,9 @@ double ddp_bytes_per_step(const std::vector<ParamGroup>& groups, int n) {
 }
 
 double fsdp_bytes_per_step(const std::vector<ParamGroup>& groups, int n, int replicas, int compute_dtype_bytes,
-                           ReshardPolicy reshard, int64_t micro_batches) {
-  double per_micro_batch = 0, shard_elements = 0;
+                           ReshardPolicy reshard, int64_t micro_batches, bool gather_once) {
+  const double passes = static_cast<double>(micro_batches);
+  double bytes = 0, shard_elements = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     const int64_t per_rank = fsdp_shard_numel(groups[i].numel, n);
     const uint64_t full = static_cast<uint64_t>(n * per_rank);
@@ -21,11 +22,10 @@ double fsdp_bytes_per_step(const std::vector<ParamGroup>& groups, int n, int rep
     // The head's forward and backward are one fused pass: one gather, whatever the policy.
     const bool head = groups[i].module == ModuleKind::head;
     const bool kept = head || fsdp_keep_after_forward(groups, static_cast<int>(i), reshard);
-    const int gathers = kept ? 1 : 2;
-    per_micro_batch += gathers * static_cast<double>(comm_bytes(CommOp::all_gather, full * compute_dtype_bytes, n));
-    per_micro_batch += static_cast<double>(comm_bytes(CommOp::reduce_scatter, full * 4, n));
+    const double gathers = gather_once ? 1.0 : passes * (kept ? 1 : 2);
+    bytes += gathers * static_cast<double>(comm_bytes(CommOp::all_gather, full * compute_dtype_bytes, n));
+    bytes += passes * static_cast<double>(comm_bytes(CommOp::reduce_scatter, full * 4, n));
   }
-  double bytes = per_micro_batch * static_cast<double>(micro_batches);
   if (replicas > 1)
     bytes += static_cast<double>(comm_bytes(CommOp::all_reduce, static_cast<uint64_t>(4 * shard_elements), replicas));
   return bytes;

@@ -19,7 +19,11 @@ double ddp_bytes_per_step(const std::vector<ParamGroup>& groups, int n);
 // the last block under the default policy, or every group under "never"), and
 // its fp32 gradients reduce-scattered; HSDP adds an all-reduce of the fp32
 // gradient shard over r replicas once per step.
+// micro_batches: the forward-backward passes per step (accumulation steps, times
+// the pipeline's micro-batches under pipeline parallelism). gather_once: the
+// weights are held for the step (FsdpParams::hold_gathered_for_step), one
+// all-gather per group per step.
 double fsdp_bytes_per_step(const std::vector<ParamGroup>& groups, int n, int replicas, int compute_dtype_bytes,
-                           ReshardPolicy reshard, int64_t micro_batches);
+                           ReshardPolicy reshard, int64_t micro_batches, bool gather_once = false);
 
 }  // namespace anvil

@@ -148,7 +148,7 @@ void FsdpParams::before_forward(int group) {
 
 void FsdpParams::after_forward(int group) {
   model_.unbind_group(group);
-  if (!fsdp_keep_after_forward(model_.groups(), group, reshard_))
+  if (!hold_for_step_ && !fsdp_keep_after_forward(model_.groups(), group, reshard_))
     gathered_[static_cast<size_t>(group)] = Tensor();
 }
 
@@ -169,7 +169,7 @@ void FsdpParams::after_backward(int group) {
   p.group = group;
   p.full = std::move(full_grads_[g]);
   model_.unbind_group(group);
-  gathered_[g] = Tensor();
+  if (!hold_for_step_) gathered_[g] = Tensor();
   p.partial = Tensor::empty({shard_numel_[g]}, DType::f32, MemCategory::communication, "fsdp.grad_partial");
   p.id = tracker_.start("fsdp.reduce_scatter", layer_of(group), CommOp::reduce_scatter, p.full.nbytes(), n_);
   p.work = shard_.ireduce_scatter(p.full, p.partial);
@@ -200,6 +200,11 @@ void FsdpParams::complete(Pending& p) {
 }
 
 void FsdpParams::finish() {
+  if (hold_for_step_)  // the step is over: reshard every group
+    for (size_t g = 0; g < gathered_.size(); ++g) {
+      wait_gather(static_cast<int>(g));
+      gathered_[g] = Tensor();
+    }
   {
     const ScopedPhase phase(SpanCategory::communication, "fsdp.reduce_scatter.wait");
     for (Pending& p : reducing_) complete(p);

@@ -67,6 +67,12 @@ class FsdpParams : public ParamGroupHooks {
   void scatter_full(const Tensor& full, Tensor& shard_state);  // this rank's slices of a full buffer
   void sync_compute_copy();
 
+  // Keep every group's gathered weights from its first use in a step to
+  // finish() instead of resharding them: one all-gather per group per step
+  // rather than one or two per micro-batch, for the price of the stage's whole
+  // weights held through the step. torchtitan's choice under pipeline
+  // parallelism, whose micro-batches would otherwise gather every group again.
+  void hold_gathered_for_step(bool on) { hold_for_step_ = on; }
   void zero_grad();
   void release_grads() { grads_ = Tensor(); }
   void before_forward(int group) override;
@@ -95,6 +101,7 @@ class FsdpParams : public ParamGroupHooks {
   Communicator& shard_;
   Communicator* replicate_;
   ReshardPolicy reshard_;
+  bool hold_for_step_ = false;
   int n_;
   std::vector<int64_t> shard_numel_, shard_offset_;
   int64_t shard_total_ = 0;

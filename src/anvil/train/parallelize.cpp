@@ -92,6 +92,11 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
     fsdp_ = std::make_unique<FsdpParams>(ps, par.mesh->dp_shard(), hsdp ? &par.mesh->dp_replicate() : nullptr,
                                          reshard);
     model_->set_hooks(fsdp_.get());
+    // Under pipeline parallelism each micro-batch would gather every group
+    // again: by default the stage's gathered weights stay for the whole step
+    // (torchtitan's default under PP), and the console says so.
+    hold_gathered_ = par.pp_size > 1 && reshard == ReshardPolicy::default_policy;
+    fsdp_->hold_gathered_for_step(hold_gathered_);
   } else if (par.mode == DataParallelMode::ddp) {
     ddp_ = std::make_unique<DdpGradSync>(ps, par.mesh->dp());
     model_->set_hooks(ddp_.get());
@@ -100,7 +105,8 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   if (fsdp_)
     comm_closed_form_ =
         fsdp_bytes_per_step(ps.groups(), par.mesh->layout().dp_shard(), par.mesh->layout().dp_replicate(),
-                            compute_dtype == DType::bf16 ? 2 : 4, reshard, par.accum_steps);
+                            compute_dtype == DType::bf16 ? 2 : 4, reshard, par.accum_steps * par.pp_micro_batches,
+                            hold_gathered_);
   else if (ddp_)
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
@@ -126,6 +132,10 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
 ParallelizedModel::~ParallelizedModel() = default;
 
 void ParallelizedModel::print_comm_closed_form() const {
+  if (hold_gathered_)
+    std::printf("anvil: FSDP under pipeline parallelism keeps each stage's gathered weights for the whole step (one "
+                "all-gather per group per step, not two per micro-batch); parallelism.fsdp_reshard_after_forward = "
+                "\"always\" frees them after each use instead\n");
   if (par_.distributed())
     std::printf("anvil: data-parallel traffic per rank per step, closed form: %s\n",
                 human_bytes(static_cast<size_t>(comm_closed_form_)).c_str());

@@ -110,6 +110,7 @@ class ParallelizedModel {
   std::unique_ptr<PipelineStage> pipeline_;  // null without pipeline parallelism
   std::vector<PipeAction> program_;          // this rank's actions per pipeline pass
   double comm_closed_form_ = 0;
+  bool hold_gathered_ = false;  // FSDP keeps the gathered weights for the step (under PP)
   // Checkpoints hold global tensors; under tensor parallelism they are
   // gathered from, and sliced to, the tp ranks' slices (the specs carry the
   // offsets). Specs only: nothing is allocated.
