@@ -299,6 +299,28 @@ TEST(Pipeline, Bf16PipelinesStayWithinTheirToleranceOfTheSingleProcess) {
   }
 }
 
+// Every rank logs the true loss (torchtitan #547 logged -1 off the last
+// stage): rank 0 on the console, rank 1 in logs/rank-1.log, the same lines.
+TEST(Pipeline, EveryRankLogsTheTrueLoss) {
+  auto& r = anvil::testing::runs();
+  const std::string dump = "rank_logs";
+  std::filesystem::remove_all(r.dir() / dump);
+  const anvil::testing::CommandOutput out =
+      r.run(anvil::testing::layout("pp2_1f1b"), dump, anvil::testing::batch_flags(2, 2) + " --training.steps 3");
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  std::ifstream in(r.dir() / dump / "logs" / "rank-1.log");
+  ASSERT_TRUE(in.good()) << "no logs/rank-1.log";
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("step ", 0) != 0) continue;
+    ++lines;
+    // "step     2 | loss  8.1317 | ..." up to the loss: the same text on rank 0.
+    const std::string head = line.substr(0, line.find(" | grad_norm"));
+    EXPECT_NE(out.text.find(head), std::string::npos) << "rank 1 logged '" << head << "', rank 0 did not";
+  }
+  EXPECT_EQ(lines, 3);
+}
+
 using anvil::testing::LayoutParity;
 TEST_P(LayoutParity, MatchesSingleProcess) { anvil::testing::expect_matches_single_process(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Pipeline, LayoutParity,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "anvil/core/error.h"
@@ -54,6 +56,20 @@ std::string does_not_fit_message(const ModelArgs& args, const TrainShape& shape,
 }
 
 }  // namespace
+
+void route_rank_output(const JobConfig& cfg, const Parallel& par) {
+  if (par.rank0()) return;
+  const std::filesystem::path dir = std::filesystem::path(cfg.job.dump_folder) / "logs";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = (dir / ("rank-" + std::to_string(par.rank) + ".log")).string();
+  if (ec || std::freopen(path.c_str(), "a", stdout) == nullptr) {
+    std::fprintf(stderr, "anvil: rank %d: cannot write %s (%s); this rank's log is discarded\n", par.rank,
+                 path.c_str(), ec ? ec.message().c_str() : "cannot open it");
+    (void)std::freopen("/dev/null", "w", stdout);
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a line at a time, so a killed rank's log is complete
+}
 
 std::string with_commas(int64_t n) {
   const std::string digits = std::to_string(n);

@@ -13,6 +13,12 @@
 
 namespace anvil {
 
+// Rank 0 speaks for the job on the console; every other rank's stdout goes
+// to <dump_folder>/logs/rank-<r>.log (appended to, so a resumed run keeps the
+// history), where its own step lines show the same loss as rank 0's. Errors
+// still reach stderr on every rank.
+void route_rank_output(const JobConfig& cfg, const Parallel& par);
+
 // 1234567 → "1,234,567".
 std::string with_commas(int64_t n);
 

@@ -28,9 +28,8 @@ nlohmann::ordered_json by_category(const std::array<size_t, kNumMemCategories>& 
 }
 }  // namespace
 
-void MetricsLog::log(const StepLog& s) {
-  const auto& peak = s.memory.peak;
-  auto cat = [&](MemCategory c) { return peak[static_cast<int>(c)]; };
+void print_step_line(const StepLog& s) {
+  auto cat = [&](MemCategory c) { return s.memory.peak[static_cast<int>(c)]; };
   std::printf(
       "step %5lld | loss %7.4f | grad_norm %7.3f | lr %.2e | %8.0f tok/s | %6.3f TFLOP/s | MFU %5.2f%% | "
       "mem %s (param %s, grad %s, opt %s, act %s, ws %s) | data %4.1f%% | %6.1fs",
@@ -47,6 +46,10 @@ void MetricsLog::log(const StepLog& s) {
                 s.comm_hidden_pct);
   std::printf("\n");
   std::fflush(stdout);
+}
+
+void MetricsLog::log(const StepLog& s) {
+  const auto& peak = s.memory.peak;
   nlohmann::ordered_json j;
   j["step"] = s.step;
   j["loss"] = s.loss;

@@ -38,9 +38,13 @@ struct StepLog {
   std::array<size_t, kNumMemCategories> live_after_optimizer{};
 };
 
+// The console line of a logging step (every rank prints it: rank 0 to the
+// console, the others to their logs).
+void print_step_line(const StepLog& s);
+
 class MetricsLog {
  public:
-  // Appends to <dump_folder>/metrics.jsonl (the folder is created).
+  // Appends to <dump_folder>/metrics.jsonl (the folder is created), a JSON line per logging step.
   explicit MetricsLog(const std::string& dump_folder);
   void log(const StepLog& s);
   // A JSON line {"step", "validation_loss", "validation_tokens"}.

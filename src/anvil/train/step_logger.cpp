@@ -110,6 +110,7 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     for (double m : mib)
       log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
   }
+  print_step_line(log);
   if (metrics_) metrics_->log(log);
   if (tb_) {
     tb_->add_scalar("loss/train", log.loss, step);

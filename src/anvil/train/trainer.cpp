@@ -204,8 +204,8 @@ TrainResult train(const JobConfig& cfg) {
   args.validate();
   // The layout first: every rank checks it, with the same message.
   const Parallel par = setup_parallel(cfg, args);
-  // Rank 0 speaks for the job; the others' errors still reach stderr.
-  if (!par.rank0()) (void)std::freopen("/dev/null", "w", stdout);
+  // Rank 0 speaks for the job; the others write their own logs.
+  route_rank_output(cfg, par);
   const DType dt = compute_dtype(cfg);
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   const std::unique_ptr<Tokenizer> tokenizer = load_job_tokenizer(cfg, args);
