@@ -343,34 +343,13 @@ TEST(Distributed, ClosedFormTrafficHoldsForHsdpAndAccumulation) {
 // itself — what a layout bug (a wrong shard, a token counted twice) would
 // exceed at once, as the fp32 tests show by how far inside 1e-5 they stay.
 TEST(Distributed, Bf16LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
-  const std::string bf16 = "--training.mixed_precision_param bfloat16 ";
   // Each layout takes 4 sequences per step (16 with 4 accumulation steps), split
   // over its data-parallel ranks; the single process takes them at once.
   const struct {
     const char* layout;
     int accumulation;
   } cases[] = {{"ddp2", 1}, {"fsdp2", 1}, {"fsdp4", 1}, {"hsdp2x2", 1}, {"tp4", 1}, {"fsdp2_tp2", 1}, {"fsdp2", 4}};
-  for (const auto& c : cases) {
-    const anvil::testing::Layout& l = layout(c.layout);
-    const std::string name = "bf16_" + l.name + (c.accumulation > 1 ? "_accum" + std::to_string(c.accumulation) : "");
-    SCOPED_TRACE(name);
-    const int global = 4 * c.accumulation;
-    const std::string ref = runs().reference(bf16 + anvil::testing::batch_flags(4, global));
-    const auto want = runs().losses(ref);
-    ASSERT_EQ(want.size(), 10u);
-    const Output out = runs().run(l, name, bf16 + anvil::testing::batch_flags(4 / l.dp, global));
-    ASSERT_EQ(out.exit_code, 0) << out.text;
-    const auto got = runs().losses(name);
-    ASSERT_EQ(got.size(), 10u);
-    double worst = 0;
-    for (const auto& [step, loss] : want) {
-      const double rel = std::abs(got.at(step) - loss) / std::abs(loss);
-      worst = std::max(worst, rel);
-      EXPECT_LE(rel, 5e-4) << "step " << step;
-    }
-    std::printf("%-17s bf16: worst loss difference %.2e (bound 5e-4), final weights %.2e\n", name.c_str(), worst,
-                runs().checkpoint_difference(name, ref));
-  }
+  for (const auto& c : cases) anvil::testing::expect_bf16_within(layout(c.layout), c.accumulation, 5e-4);
 }
 
 // Tensor-parallel collectives appear in a profiled step's trace with their bytes.

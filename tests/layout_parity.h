@@ -274,6 +274,33 @@ inline void expect_matches_single_process(const ParityCase& c) {
               c.name().c_str(), c.ac.c_str(), worst, worst_norm, wdiff);
 }
 
+// bf16: `layout` against the single process on 4 sequences per step (times
+// `accumulation`), split over its data-parallel ranks, within `bound` relative
+// per step over 10 steps (each caller derives its bound).
+inline void expect_bf16_within(const Layout& layout, int accumulation, double bound) {
+  TrainRuns& r = runs();
+  const std::string bf16 = "--training.mixed_precision_param bfloat16 ";
+  const std::string name =
+      "bf16_" + layout.name + (accumulation > 1 ? "_accum" + std::to_string(accumulation) : "");
+  SCOPED_TRACE(name);
+  const int global = 4 * accumulation;
+  const std::string ref = r.reference(bf16 + batch_flags(4, global));
+  const auto want = r.losses(ref);
+  ASSERT_EQ(want.size(), 10u);
+  const CommandOutput out = r.run(layout, name, bf16 + batch_flags(4 / layout.dp, global));
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  const auto got = r.losses(name);
+  ASSERT_EQ(got.size(), 10u);
+  double worst = 0;
+  for (const auto& [step, loss] : want) {
+    const double rel = std::abs(got.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, bound) << "step " << step;
+  }
+  std::printf("%-17s bf16: worst loss difference %.2e (bound %.0e), final weights %.2e\n", name.c_str(), worst, bound,
+              r.checkpoint_difference(name, ref));
+}
+
 // Each test program instantiates this for its rows of the table:
 //   INSTANTIATE_TEST_SUITE_P(Tp, LayoutParity, ValuesIn(parity_cases(...)), parity_case_name);
 class LayoutParity : public ::testing::TestWithParam<ParityCase> {};
