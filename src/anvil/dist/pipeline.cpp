@@ -111,6 +111,16 @@ void PipelineStage::complete_sends(bool wait) {
   sends_ = std::move(still);  // completed sends release their buffers
 }
 
+CrossEntropyResult PipelineStage::evaluate(const Tensor& tokens, const Tensor& targets) {
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  StageSaved saved;  // full checkpointing: each block keeps its input only, until the stage is done
+  const Tensor input = first() ? tokens : receive(stage_ - 1, 0, B, T, "pipeline.recv_activation");
+  const Tensor out = model_.forward(input, B, T, AcPolicy{AcMode::full, 1}, saved);
+  if (last()) return model_.loss(saved, targets);
+  pp_.send(out, stage_ + 1, 0);
+  return {};
+}
+
 PipelineResult PipelineStage::run(const std::vector<PipeAction>& actions, const std::vector<Tensor>& tokens,
                                   const std::vector<Tensor>& targets, float grad_scale, const AcPolicy& policy,
                                   const std::function<void(int)>& before_backward) {

@@ -69,6 +69,10 @@ class PipelineStage {
   // i, (b, T) i32 (the first stage reads the tokens, the last the targets).
   // before_backward(i) runs before micro-batch i's backward (DDP's sync
   // switch). Parameter gradients accumulate into the model's.
+  // Evaluation: tokens, targets (b, T) through the stages as one micro-batch,
+  // forward only, nothing kept. The loss on the last stage, zero elsewhere.
+  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
+
   PipelineResult run(const std::vector<PipeAction>& actions, const std::vector<Tensor>& tokens,
                      const std::vector<Tensor>& targets, float grad_scale, const AcPolicy& policy,
                      const std::function<void(int)>& before_backward = {});

@@ -255,37 +255,25 @@ ScheduleResult ParallelizedModel::run_step(const MicroBatches& batches, float gr
       break;
     }
   }
-  // Every rank reports the true loss: the last stage's, summed over the pp group.
-  Tensor t = Tensor::empty({2}, DType::f32, MemCategory::communication, "pp.loss");
-  t.data<float>()[0] = static_cast<float>(result.loss_sum);
-  t.data<float>()[1] = static_cast<float>(result.loss_tokens);
-  par_.mesh->pp().all_reduce(t);
-  result.loss_sum = t.data<float>()[0];
-  result.loss_tokens = static_cast<int64_t>(t.data<float>()[1]);
+  sum_loss_over_pp(result.loss_sum, result.loss_tokens);  // every rank reports the true loss
   return result;
 }
 
 CrossEntropyResult ParallelizedModel::evaluate(const Tensor& tokens, const Tensor& targets) {
   if (!pipeline_) return evaluate_single_stage(*model_, tokens, targets);
-  // One pipeline micro-batch, forward only; the last stage's loss summed over the pp group.
-  const int64_t B = tokens.size(0), T = tokens.size(1);
-  StageSaved saved;
-  Communicator& pp = par_.mesh->pp();
-  Tensor input = tokens;
-  if (!pipeline_->first()) {
-    input = Tensor::empty({model_->residual_rows(B * T), args_.dim}, compute_dtype_, MemCategory::activations,
-                          "pipeline.recv_activation");
-    pp.recv(input, par_.pp_rank - 1, /*tag=*/0);
-  }
-  const Tensor out = model_->forward(input, B, T, AcPolicy{AcMode::full, 1}, saved);
-  CrossEntropyResult r{};
-  if (pipeline_->last()) r = model_->loss(saved, targets);
-  else pp.send(out, par_.pp_rank + 1, /*tag=*/0);
+  CrossEntropyResult r = pipeline_->evaluate(tokens, targets);
+  sum_loss_over_pp(r.loss_sum, r.num_tokens);
+  return r;
+}
+
+void ParallelizedModel::sum_loss_over_pp(double& loss_sum, int64_t& tokens) {
+  // Only the last stage has a loss; every rank reports the sum.
   Tensor t = Tensor::empty({2}, DType::f32, MemCategory::communication, "pp.loss");
-  t.data<float>()[0] = static_cast<float>(r.loss_sum);
-  t.data<float>()[1] = static_cast<float>(r.num_tokens);
-  pp.all_reduce(t);
-  return {t.data<float>()[0], static_cast<int64_t>(t.data<float>()[1])};
+  t.data<float>()[0] = static_cast<float>(loss_sum);
+  t.data<float>()[1] = static_cast<float>(tokens);
+  par_.mesh->pp().all_reduce(t);
+  loss_sum = t.data<float>()[0];
+  tokens = static_cast<int64_t>(t.data<float>()[1]);
 }
 
 void ParallelizedModel::begin_step() {

@@ -96,6 +96,8 @@ class ParallelizedModel {
   // this tp rank's part.
   void load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read);
   void before_micro_batch(int64_t i, int64_t n);
+  // The last stage's loss sum and token count, summed over the pp group (as f32, as over dp).
+  void sum_loss_over_pp(double& loss_sum, int64_t& tokens);
   // A whole-model fp32 store of this tp rank's slices, for staging a load.
   ParamStore full_staging() const;
 
