@@ -144,8 +144,8 @@ TEST(Llama, TwoStagesEqualTheWholeModel) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + ", AC " + ac_mode_name(policy.mode));
       Llama whole(args, dt, T);
       whole.params().init(9);
-      Llama first(args, dt, T, {.first_module = 0, .end_module = static_cast<int>(cut)});
-      Llama last(args, dt, T, {.first_module = static_cast<int>(cut)});
+      Llama first(args, dt, T, {.stages = {{0, static_cast<int>(cut)}}});
+      Llama last(args, dt, T, {.stages = {{static_cast<int>(cut), llama_num_modules(args)}}});
       first.params().init(9);
       last.params().init(9);
       EXPECT_TRUE(first.has_embedding() && !first.has_head() && !last.has_embedding() && last.has_head());
@@ -172,11 +172,64 @@ TEST(Llama, TwoStagesEqualTheWholeModel) {
   }
 }
 
+// Three stages on two ranks as a V-shaped pipeline places them — rank a holds
+// the first and the last, rank b the middle one — run with the backward split
+// into input-gradient passes and weight-gradient passes, the weight passes
+// late and out of order (micro-batch 1's input pass before micro-batch 0's
+// weight pass), are the whole model: the same loss and gradients, bit for bit.
+TEST(Llama, StagesSpreadOverRanksWithSplitBackwardsEqualTheWholeModel) {
+  const ModelArgs args = small_llama();
+  const int64_t B = 2, T = 16;
+  const int n = llama_num_modules(args), c1 = 2, c2 = n - 2;  // stages [0, c1), [c1, c2), [c2, n)
+  ASSERT_LT(c1, c2);
+  Tensor tokens, targets;
+  make_batch(B, T, args.vocab_size, tokens, targets);
+  const float scale = 1.0f / 29.0f;
+  using Part = Llama::BackwardPart;
+  for (const AcPolicy& policy : kPolicies) {
+    SCOPED_TRACE(std::string("AC ") + ac_mode_name(policy.mode));
+    Llama whole(args, DType::f32, T);
+    whole.params().init(9);
+    Llama a(args, DType::f32, T, {.stages = {{0, c1}, {c2, n}}});
+    Llama b(args, DType::f32, T, {.stages = {{c1, c2}}});
+    a.params().init(9);
+    b.params().init(9);
+    ASSERT_EQ(a.num_stages(), 2);
+    EXPECT_TRUE(a.has_embedding() && a.has_head() && !b.has_embedding() && !b.has_head());
+    EXPECT_EQ(a.group_of_module(c2), c1);  // a's groups: its modules in order
+    StageSaved a0[2], bm[2], a1[2];
+    double want = 0, got = 0;
+    for (int k = 0; k < 2; ++k) {
+      want += whole.forward_backward(tokens, targets, scale, policy).loss_sum;
+      const Tensor h1 = a.forward(0, tokens, B, T, policy, a0[k]);
+      const Tensor h2 = b.forward(0, h1, B, T, policy, bm[k]);
+      a.forward(1, h2, B, T, policy, a1[k]);
+      Tensor d2, d1;
+      got += a.backward_from_loss(1, a1[k], targets, scale, &d2, Part::input).loss_sum;
+      d1 = b.backward(0, bm[k], d2, Part::input);
+      EXPECT_FALSE(a.backward(0, a0[k], d1, Part::input).defined());
+      if (k == 1) {  // the weight passes of both micro-batches, late
+        for (int j : {0, 1}) {
+          b.backward_weight(0, bm[j]);
+          a.backward_weight(1, a1[j]);
+          a.backward_weight(0, a0[j]);
+        }
+      }
+    }
+    EXPECT_EQ(got, want);
+    for (const ParamSpec& s : whole.params().specs()) {
+      const Llama& rank = s.group < c1 || s.group >= c2 ? a : b;
+      const Tensor g = rank.params().grad(rank.params().index_of(s.name));
+      EXPECT_TRUE(same_bytes(g, whole.params().grad(whole.params().index_of(s.name)))) << s.name;
+    }
+  }
+}
+
 TEST(Llama, AStageOfATiedModelMustHoldBothEnds) {
   ModelArgs args = small_llama();
   args.tie_embeddings = true;
   try {
-    Llama stage(args, DType::f32, 16, {.first_module = 0, .end_module = 3});
+    Llama stage(args, DType::f32, 16, {.stages = {{0, 3}}});
     FAIL() << "a tied model was split";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("ties the output head to the embedding"), std::string::npos) << e.what();

@@ -1,6 +1,5 @@
-// Pipeline parallelism: the schedules as programs (their order, what they keep
-// in flight, the checks that refuse a bad one) and, through the trainer under
-// mpirun, every pipeline row of the layout table (tests/layout_parity.h:
+// Pipeline parallelism: how the model is cut into stages and, through the
+// trainer under mpirun, every pipeline row of the layout table (tests/layout_parity.h:
 // PP 2 under 1F1B and GPipe, PP 4, PP 2 with FSDP 2, DDP 2 and TP 2) against
 // the single-process run, with the bounds and reasoning given there.
 #include <gtest/gtest.h>
@@ -10,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -17,20 +17,12 @@
 #include "anvil/dist/pipeline.h"
 #include "anvil/dist/pipeline_schedule.h"
 #include "anvil/model/args.h"
+#include "anvil/plan/pipeline_split.h"
 #include "layout_parity.h"
 
 using namespace anvil;
 
 namespace {
-
-std::string row_of(const std::vector<PipeAction>& row) {
-  std::string out;
-  for (const PipeAction& a : row) {
-    if (!out.empty()) out += ' ';
-    out += action_name(a);
-  }
-  return out;
-}
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -41,72 +33,8 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-// The most micro-batches a rank holds between their forward and backward.
-int max_in_flight(const std::vector<PipeAction>& row) {
-  int now = 0, most = 0;
-  for (const PipeAction& a : row) most = std::max(most, now += a.op == PipeOp::forward ? 1 : -1);
-  return most;
-}
-
 }  // namespace
 
-TEST(PipelineSchedule, OneFOneBWarmsUpThenAlternates) {
-  const PipeProgram p = make_pipeline_program("1F1B", 2, 4);
-  EXPECT_EQ(row_of(p[0]), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
-  EXPECT_EQ(row_of(p[1]), "1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3");
-}
-
-TEST(PipelineSchedule, GPipeRunsEveryForwardThenEveryBackward) {
-  const PipeProgram p = make_pipeline_program("GPipe", 2, 3);
-  EXPECT_EQ(row_of(p[0]), "0F0 0F1 0F2 0B0 0B1 0B2");
-  EXPECT_EQ(row_of(p[1]), "1F0 1F1 1F2 1B0 1B1 1B2");
-}
-
-// What bounds memory: under 1F1B rank r holds at most P − r micro-batches
-// whatever their number (the last stage one), under GPipe all of them.
-TEST(PipelineSchedule, InFlightMicroBatchesFollowTheSchedule) {
-  for (int P : {2, 4})
-    for (int m : {4, 8, 16}) {
-      const PipeProgram one_f_one_b = make_pipeline_program("1F1B", P, m), gpipe = make_pipeline_program("GPipe", P, m);
-      for (int r = 0; r < P; ++r) {
-        EXPECT_EQ(max_in_flight(one_f_one_b[static_cast<size_t>(r)]), P - r) << "P " << P << " m " << m << " rank " << r;
-        EXPECT_EQ(max_in_flight(gpipe[static_cast<size_t>(r)]), m) << "P " << P << " m " << m << " rank " << r;
-      }
-    }
-}
-
-TEST(PipelineSchedule, TooFewMicroBatchesForOneFOneBSaysHowMany) {
-  const std::string e = error_of([] { make_pipeline_program("1F1B", 4, 2); });
-  EXPECT_NE(e.find("needs at least 4 micro-batches per step"), std::string::npos) << e;
-  EXPECT_NE(e.find("this step has 2"), std::string::npos) << e;
-  EXPECT_NE(e.find("pipeline_parallel_microbatch_size"), std::string::npos) << e;
-  EXPECT_NE(error_of([] { make_pipeline_program("Zigzag", 2, 2); }).find("is not one of: GPipe, 1F1B"),
-            std::string::npos);
-}
-
-TEST(PipelineSchedule, ABadProgramIsRefusedNamingTheAction) {
-  PipeProgram p = make_pipeline_program("1F1B", 2, 2);
-  // The last stage's backward of micro-batch 0 before its forward: a deadlock.
-  std::swap(p[1][0], p[1][1]);
-  std::string e = error_of([&] { check_pipeline_program(p, 2, 2); });
-  EXPECT_NE(e.find("deadlocks"), std::string::npos) << e;
-  EXPECT_NE(e.find("rank 1 at 1B0"), std::string::npos) << e;
-  // Stage 0's backwards waiting for each other across ranks: rank 0 runs 0B1 first.
-  p = make_pipeline_program("GPipe", 2, 2);
-  std::swap(p[0][2], p[0][3]);
-  std::swap(p[1][2], p[1][3]);
-  EXPECT_TRUE(error_of([&] { check_pipeline_program(p, 2, 2); }).empty()) << "B1 before B0 on every stage is valid";
-  p = make_pipeline_program("GPipe", 2, 2);
-  p[1].pop_back();
-  e = error_of([&] { check_pipeline_program(p, 2, 2); });
-  EXPECT_NE(e.find("no rank runs 1B1"), std::string::npos) << e;
-  p = make_pipeline_program("GPipe", 2, 2);
-  p[0][0].stage = 1;
-  e = error_of([&] { check_pipeline_program(p, 2, 2); });
-  EXPECT_NE(e.find("rank 0 runs 1F0, but stage 1 is on rank 1"), std::string::npos) << e;
-}
-
-// Modules: 0 the embedding, 1..6 the blocks, 7 the head.
 TEST(PipelineStages, TheEmbeddingAndTheHeadCountAsABlockEachByDefault) {
   const ModelArgs args = model_flavor("llama3", "debugmodel");  // 6 blocks
   EXPECT_EQ(pipeline_stage_modules(args, {2}, 0), std::make_pair(0, 4));  // embedding + 3 blocks
@@ -156,6 +84,24 @@ std::vector<double> activation_peaks(const std::string& schedule, int micro_batc
 }
 
 }  // namespace
+
+// The automatic split prices each module and cuts where the largest stage is
+// smallest: equal modules spread evenly; Llama 3's 128K-vocabulary embedding
+// and head each outweigh the debug model's 4 blocks together (V·D = 32.8M
+// weights against 0.8M a block), so on 2 stages the head stands alone.
+TEST(PipelineStages, TheAutomaticSplitBalancesComputeAndMemory) {
+  const std::vector<ModuleCost> equal(6, ModuleCost{1, 1, 0});
+  EXPECT_EQ(balanced_pipeline_cut(equal, {1, 1, 1}), (std::vector<int>{0, 2, 4}));
+  // Activations count times the micro-batches a stage holds: the first stage
+  // under 1F1B holds more, so it takes fewer modules.
+  const std::vector<ModuleCost> activation_heavy(6, ModuleCost{0, 0, 1});
+  EXPECT_EQ(balanced_pipeline_cut(activation_heavy, {2, 1}), (std::vector<int>{0, 2}));
+  const ModelArgs big_vocab = model_flavor("llama3", "debugmodel_128k");  // 4 blocks
+  const TrainShape shape{1, 512, DType::bf16, AcPolicy{AcMode::full, 1}};
+  EXPECT_EQ(balanced_pipeline_cut(pipeline_module_costs(big_vocab, shape), {2, 1}), (std::vector<int>{0, 5}));
+  const std::string e = error_of([&] { balanced_pipeline_cut(equal, std::vector<int>(7, 1)); });
+  EXPECT_NE(e.find("cannot fill 7 pipeline stages"), std::string::npos) << e;
+}
 
 // Seed 000: torchtitan's last stage kept every micro-batch's output until the
 // step ended, so its memory grew with the micro-batch count. Here a
@@ -307,3 +253,20 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, LayoutParity,
                            return l.pp > 1;
                          })),
                          anvil::testing::parity_case_name);
+
+// A schedule file that cannot run is refused before the first step, on every
+// rank with the same message, naming the cells that wait on each other.
+TEST(Pipeline, ADeadlockedScheduleFileIsRefusedBeforeTheFirstStep) {
+  auto& r = anvil::testing::runs();
+  const std::filesystem::path csv = r.dir() / "deadlock.csv";
+  std::ofstream(csv) << "0F0,0I0,0F1,0I1,0W0,0W1\n1F0,1F1,1I0,1I1,1W0,1W1\n";
+  const anvil::testing::CommandOutput out =
+      r.mpi(2, "deadlock_csv",
+            anvil::testing::batch_flags(2, 2) + " " + anvil::testing::kPipeline +
+                "2 --parallelism.pipeline_parallel_schedule_csv " + csv.string());
+  EXPECT_NE(out.exit_code, 0);
+  EXPECT_NE(out.text.find("deadlocks: rank 0 runs 0I0 (" + csv.string() + " row 1, column 2) waits for 1I0"),
+            std::string::npos)
+      << out.text;
+  EXPECT_FALSE(std::regex_search(out.text, std::regex("step +1 \\|"))) << "a step ran: " << out.text;
+}

@@ -1,4 +1,5 @@
-// The `anvil` program: train | estimate | tokenizer | tokenize | report | convert | config-docs | info.
+// The `anvil` program: train | estimate | tokenizer | tokenize | report | pipeline-schedule | convert |
+// config-docs | info.
 #include <cstdio>
 #include <memory>
 #include <cstring>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "anvil/cli/convert_cmd.h"
+#include "anvil/cli/pipeline_schedule_cmd.h"
 #include "anvil/cli/report_cmd.h"
 #include "anvil/cli/tokenize_cmd.h"
 #include "anvil/cli/tokenizer_cmd.h"
@@ -34,6 +36,8 @@ void usage() {
       "  tokenizer train --vocab-size N --output PATH    train a byte-level BPE tokenizer (--help for inputs)\n"
       "  tokenize --input PATH... --output-dir DIR       text or JSON Lines (.gz) -> token shards (--help)\n"
       "  report DUMP_FOLDER [--output PATH]              one HTML page of a run: loss, throughput, memory (--help)\n"
+      "  pipeline-schedule --schedule NAME --ranks P --micro-batches M\n"
+      "                                                  a pipeline schedule's actions, in-flight counts, bubble (--help)\n"
       "  convert export STEP_DIR OUT_DIR [--dtype D]     checkpoint -> Hugging Face Llama folder (--help)\n"
       "  convert import HF_DIR OUT_DIR --model.flavor F  Hugging Face Llama folder -> model-only checkpoint\n"
       "  config-docs                                     the configuration reference as Markdown\n"
@@ -103,6 +107,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "tokenize") return anvil::tokenize_command(rest);
     if (cmd == "report") return anvil::report_command(rest);
+    if (cmd == "pipeline-schedule") return anvil::pipeline_schedule_command(rest);
     if (cmd == "convert") return anvil::convert_command(rest);
     if (cmd == "config-docs") {
       std::printf("%s", anvil::config_markdown().c_str());

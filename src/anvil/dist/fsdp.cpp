@@ -45,6 +45,7 @@ FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* rep
                  : Tensor::zeros({shard_total_}, DType::bf16, MemCategory::parameters, "fsdp.compute_shard");
   gathered_.resize(groups.size());
   full_grads_.resize(groups.size());
+  open_backwards_.assign(groups.size(), 0);
   gathering_.resize(groups.size());
   gather_id_.resize(groups.size(), -1);
 }
@@ -159,12 +160,15 @@ void FsdpParams::before_backward(int group) {
   if (!full_grads_[g].defined())  // the head's is made once for its fused forward and backward
     full_grads_[g] = Tensor::zeros({n_ * shard_numel_[g]}, DType::f32, MemCategory::gradients, "fsdp.full_grads");
   model_.bind_group(group, gathered_[g], full_grads_[g]);
+  ++open_backwards_[g];
   if (group > 0) gather(group - 1, true);  // prefetch for the next backward
   progress();
 }
 
 void FsdpParams::after_backward(int group) {
   const size_t g = static_cast<size_t>(group);
+  ANVIL_ASSERT(open_backwards_[g] > 0, "group ", group, "'s backward ends without beginning");
+  if (--open_backwards_[g] > 0) return;  // another micro-batch still adds to its full gradients
   Pending p;
   p.group = group;
   p.full = std::move(full_grads_[g]);

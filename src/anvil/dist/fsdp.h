@@ -108,6 +108,10 @@ class FsdpParams : public ParamGroupHooks {
   Tensor master_, compute_, grads_;
   std::vector<Tensor> gathered_;    // per group: the full compute weights while held
   std::vector<Tensor> full_grads_;  // per group: the full gradients during its backward
+  // Per group: backwards begun and not yet ended. A pipeline's zero-bubble
+  // schedule starts micro-batch i + 1's input-gradient pass before micro-batch
+  // i's weight pass ends; the full gradients are reduced when the last ends.
+  std::vector<int> open_backwards_;
   std::vector<Work> gathering_;   // per group: a gather in flight
   std::vector<int> gather_id_;    // per group: its id in tracker_
   CommTracker tracker_;

@@ -1,6 +1,9 @@
 #include "anvil/dist/pipeline.h"
 
+#include <algorithm>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include "anvil/core/error.h"
 #include "anvil/core/profiler.h"
@@ -9,6 +12,11 @@ namespace anvil {
 
 std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const PipelineSplit& split, int stage) {
   const int n = static_cast<int>(args.n_layers), P = split.stages;
+  if (!split.first_modules.empty()) {
+    ANVIL_ASSERT(static_cast<int>(split.first_modules.size()) == P && stage >= 0 && stage < P);
+    const size_t s = static_cast<size_t>(stage);
+    return {split.first_modules[s], stage + 1 < P ? split.first_modules[s + 1] : n + 2};
+  }
   const int in = split.first_stage_less_layers, out = split.last_stage_less_layers;
   ANVIL_CHECK(in >= 0 && out >= 0, "parallelism.pipeline_parallel_first_stage_less_layers and "
               "last_stage_less_layers must be 0 or more");
@@ -32,6 +40,17 @@ std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const Pipeline
   return {first, end};
 }
 
+std::vector<int> pipeline_stage_in_flight(const PipeSchedule& schedule) {
+  std::vector<int> now(static_cast<size_t>(schedule.placement.stages()), 0), most = now;
+  for (const std::vector<PipeAction>& row : schedule.program)
+    for (const PipeAction& a : row) {
+      int& n = now[static_cast<size_t>(a.stage)];
+      if (a.op == PipeOp::forward) most[static_cast<size_t>(a.stage)] = std::max(most[static_cast<size_t>(a.stage)], ++n);
+      if (a.op == PipeOp::backward || a.op == PipeOp::backward_weight) --n;
+    }
+  return most;
+}
+
 std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split) {
   const int n = static_cast<int>(args.n_layers);
   std::string out;
@@ -49,25 +68,37 @@ std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit&
   return out;
 }
 
-Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const PipelineSplit& split,
-                              const Tensor& stage_flat) {
-  const int P = pp.size();
-  auto stage_layout = [&](int s) {
+std::vector<ModuleRange> pipeline_rank_modules(const ModelArgs& args, const PipelineSplit& split,
+                                               const PipePlacement& placement, int rank) {
+  ANVIL_ASSERT(placement.stages() == split.stages, "a placement of ", placement.stages(), " stages for a split into ",
+               split.stages);
+  std::vector<ModuleRange> out;
+  for (int s : placement.stages_of(rank)) {
     const auto [first, end] = pipeline_stage_modules(args, split, s);
-    return ParamStore(llama_param_specs(args, first, end), DType::f32, /*allocate=*/false);
+    out.push_back({first, end});
+  }
+  return out;
+}
+
+Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const PipelineSplit& split,
+                              const PipePlacement& placement, const Tensor& rank_flat) {
+  const int P = pp.size();
+  auto rank_layout = [&](int r) {
+    return ParamStore(llama_param_specs(args, pipeline_rank_modules(args, split, placement, r)), DType::f32,
+                      /*allocate=*/false);
   };
   if (pp.rank() != 0) {
-    pp.send(stage_flat, 0, /*tag=*/0);
+    pp.send(rank_flat, 0, /*tag=*/0);
     return Tensor();
   }
   const ParamStore whole(llama_param_specs(args), DType::f32, /*allocate=*/false);
   Tensor out = Tensor::zeros({whole.numel()}, DType::f32, MemCategory::workspace, "pp.global_state");
-  for (int s = 0; s < P; ++s) {
-    const ParamStore layout = stage_layout(s);
-    Tensor part = stage_flat;
-    if (s > 0) {
+  for (int r = 0; r < P; ++r) {
+    const ParamStore layout = rank_layout(r);
+    Tensor part = rank_flat;
+    if (r > 0) {
       part = Tensor::empty({layout.numel()}, DType::f32, MemCategory::communication, "pp.stage_state");
-      pp.recv(part, s, /*tag=*/0);
+      pp.recv(part, r, /*tag=*/0);
     }
     for (const ParamSpec& spec : layout.specs()) {
       Tensor dst = out.slice(whole.specs()[static_cast<size_t>(whole.index_of(spec.name))].offset, spec.numel());
@@ -77,83 +108,168 @@ Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const Pip
   return out;
 }
 
-PipelineStage::PipelineStage(Llama& model, Communicator& pp, bool keep_outputs)
-    : model_(model), pp_(pp), stage_(pp.rank()), stages_(pp.size()), keep_outputs_(keep_outputs) {
-  ANVIL_ASSERT(model.has_embedding() == first() && model.has_head() == last(),
-               "pp rank ", stage_, " must hold stage ", stage_, " of ", stages_);
+namespace {
+// Trace labels ("pipeline.1F3") must outlive the spans that point at them.
+const char* action_label(const PipeAction& a) {
+  static std::mutex mutex;
+  static std::set<std::string> labels;
+  const std::lock_guard<std::mutex> lock(mutex);
+  return labels.insert("pipeline." + action_name(a)).first->c_str();
+}
+}  // namespace
+
+PipelineStage::PipelineStage(Llama& model, Communicator& pp, const PipePlacement& placement, bool keep_outputs)
+    : model_(model),
+      pp_(pp),
+      placement_(placement),
+      rank_(pp.rank()),
+      stages_(placement.stages_of(pp.rank())),
+      keep_outputs_(keep_outputs) {
+  ANVIL_ASSERT(placement.ranks == pp.size() && model.num_stages() == static_cast<int>(stages_.size()),
+               "pp rank ", rank_, " holds ", model.num_stages(), " stages; the placement gives it ", stages_.size());
+  const int S = placement.stages();
+  ANVIL_ASSERT(model.has_embedding() == on_this_rank(0) && model.has_head() == on_this_rank(S - 1));
 }
 
-// Tags: a micro-batch's activation 2·i, its gradient 2·i + 1 (MPI keeps the
-// order of messages with the same source and tag, so steps cannot mix).
-Tensor PipelineStage::receive(int from_stage, int tag, int64_t B, int64_t T, const char* what) {
-  const int64_t M = B * T;
-  Tensor t = Tensor::empty({model_.residual_rows(M), model_.args().dim}, model_.compute_dtype(),
-                           MemCategory::activations, what);
-  const ScopedPhase phase(SpanCategory::communication, what);
-  pp_.recv(t, from_stage, tag);
+int PipelineStage::local(int stage) const {
+  const auto it = std::find(stages_.begin(), stages_.end(), stage);
+  ANVIL_ASSERT(it != stages_.end(), "stage ", stage, " is not on pp rank ", rank_);
+  return static_cast<int>(it - stages_.begin());
+}
+
+// One tag per boundary tensor of a step (MPI keeps the order of messages with
+// the same source and tag, so steps cannot mix).
+int PipelineStage::tag(Flow flow, int to, int micro_batch) const {
+  const int t = (micro_batch * placement_.stages() + to) * 2 + (flow == Flow::gradient ? 1 : 0);
+  ANVIL_CHECK(t <= 32767, "pipeline message tag ", t, " exceeds the 32767 MPI guarantees; use fewer micro-batches");
   return t;
 }
 
-void PipelineStage::send(const Tensor& t, int to_stage, int tag) {
-  sends_.push_back({pp_.isend(t, to_stage, tag), t});
+void PipelineStage::post_receive(Flow flow, int to, int micro_batch, int64_t B, int64_t T) {
+  const int from = flow == Flow::activation ? to - 1 : to + 1;
+  const int t = tag(flow, to, micro_batch);
+  if (on_this_rank(from) || inbox_.count(t)) return;  // handed over in memory, or already posted
+  Inbox& in = inbox_[t];
+  in.tensor = Tensor::empty({model_.residual_rows(B * T), model_.args().dim}, model_.compute_dtype(),
+                            MemCategory::activations,
+                            flow == Flow::activation ? "pipeline.recv_activation" : "pipeline.recv_gradient");
+  in.work = pp_.irecv(in.tensor, placement_.rank_of(from), t);
+}
+
+Tensor PipelineStage::take_input(Flow flow, int to, int micro_batch, int64_t B, int64_t T) {
+  const int t = tag(flow, to, micro_batch);
+  post_receive(flow, to, micro_batch, B, T);
+  auto it = inbox_.find(t);
+  ANVIL_ASSERT(it != inbox_.end(), "stage ", to, " waits for micro-batch ", micro_batch,
+               "'s tensor from its own rank, which has not made it");
+  if (it->second.work.pending()) {
+    const ScopedPhase phase(SpanCategory::communication,
+                            flow == Flow::activation ? "pipeline.wait_activation" : "pipeline.wait_gradient");
+    it->second.work.wait();
+  }
+  Tensor out = std::move(it->second.tensor);
+  inbox_.erase(it);
+  return out;
+}
+
+void PipelineStage::hand_over(const Tensor& t, Flow flow, int to, int micro_batch) {
+  if (on_this_rank(to)) {
+    inbox_[tag(flow, to, micro_batch)] = Inbox{t, Work()};
+    return;
+  }
+  sends_.push_back(pp_.isend(t, placement_.rank_of(to), tag(flow, to, micro_batch)));
   complete_sends(/*wait=*/false);
 }
 
 void PipelineStage::complete_sends(bool wait) {
-  std::vector<Send> still;
-  for (Send& s : sends_) {
-    if (wait) s.work.wait();
-    else if (!s.work.test()) {
-      still.push_back(std::move(s));
-      continue;
-    }
+  std::vector<Work> still;
+  for (Work& w : sends_) {
+    if (wait) w.wait();
+    else if (!w.test()) still.push_back(std::move(w));
   }
   sends_ = std::move(still);  // completed sends release their buffers
 }
 
+void PipelineStage::post_receive_for(const PipeAction& a, const std::vector<Tensor>& tokens) {
+  const int S = placement_.stages();
+  const Tensor& x = tokens[static_cast<size_t>(a.micro_batch)];
+  if (a.op == PipeOp::forward && a.stage > 0)
+    post_receive(Flow::activation, a.stage, a.micro_batch, x.size(0), x.size(1));
+  if ((a.op == PipeOp::backward || a.op == PipeOp::backward_input) && a.stage < S - 1)
+    post_receive(Flow::gradient, a.stage, a.micro_batch, x.size(0), x.size(1));
+}
+
 CrossEntropyResult PipelineStage::evaluate(const Tensor& tokens, const Tensor& targets) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
-  StageSaved saved;  // full checkpointing: each block keeps its input only, until the stage is done
-  const Tensor input = first() ? tokens : receive(stage_ - 1, 0, B, T, "pipeline.recv_activation");
-  const Tensor out = model_.forward(input, B, T, AcPolicy{AcMode::full, 1}, saved);
-  if (last()) return model_.loss(saved, targets);
-  pp_.send(out, stage_ + 1, 0);
-  return {};
+  const int S = placement_.stages();
+  CrossEntropyResult result;
+  for (int s : stages_) {  // ascending: what a rank waits for comes from earlier stages
+    StageSaved saved;  // full checkpointing: each block keeps its input only, until the stage is done
+    const Tensor input = s == 0 ? tokens : take_input(Flow::activation, s, 0, B, T);
+    const Tensor out = model_.forward(local(s), input, B, T, AcPolicy{AcMode::full, 1}, saved);
+    if (s == S - 1) result = model_.loss(saved, targets);
+    else hand_over(out, Flow::activation, s + 1, 0);
+  }
+  complete_sends(/*wait=*/true);
+  return result;
 }
 
 PipelineResult PipelineStage::run(const std::vector<PipeAction>& actions, const std::vector<Tensor>& tokens,
                                   const std::vector<Tensor>& targets, float grad_scale, const AcPolicy& policy,
                                   const std::function<void(int)>& before_backward) {
+  const int S = placement_.stages();
+  // The traces' pass and action spans are what bench/pipeline_bubbles.py
+  // measures bubbles from: idle = the pass − its actions + their waits.
+  const ScopedPhase pass(SpanCategory::step, "pipeline.pass");
   PipelineResult result;
-  std::map<int, StageSaved> in_flight;  // micro-batch → its saved state, from its forward to its backward
-  std::vector<Tensor> kept_outputs;     // the keep-outputs diagnostic's, freed at the step's end
-  for (const PipeAction& a : actions) {
-    ANVIL_ASSERT(a.stage == stage_, action_name(a), " on stage ", stage_);
-    const size_t i = static_cast<size_t>(a.micro_batch);
-    const int64_t B = tokens[i].size(0), T = tokens[i].size(1);
+  // (stage, micro-batch) → its saved state, from its forward to its backward (its W pass when split).
+  std::map<std::pair<int, int>, StageSaved> in_flight;
+  std::vector<Tensor> kept_outputs;  // the keep-outputs diagnostic's, freed at the step's end
+  auto run_action = [&](const PipeAction& a) {
+    const int i = a.micro_batch, l = local(a.stage);
+    const Tensor& x = tokens[static_cast<size_t>(i)];
+    const int64_t B = x.size(0), T = x.size(1);
+    const ScopedPhase span(SpanCategory::step, action_label(a));
     if (a.op == PipeOp::forward) {
-      const Tensor input = first() ? tokens[i] : receive(stage_ - 1, 2 * a.micro_batch, B, T, "pipeline.recv_activation");
-      Tensor out = model_.forward(input, B, T, policy, in_flight[a.micro_batch]);
-      if (!last()) send(out, stage_ + 1, 2 * a.micro_batch);
-      if (last() && keep_outputs_) kept_outputs.push_back(model_.logits(in_flight[a.micro_batch]));
-      continue;
+      const Tensor input = a.stage == 0 ? x : take_input(Flow::activation, a.stage, i, B, T);
+      StageSaved& saved = in_flight[{a.stage, i}];
+      Tensor out = model_.forward(l, input, B, T, policy, saved);
+      if (a.stage < S - 1) hand_over(out, Flow::activation, a.stage + 1, i);
+      else if (keep_outputs_) kept_outputs.push_back(model_.logits(saved));
+      return;
     }
-    auto saved = in_flight.find(a.micro_batch);
+    auto saved = in_flight.find({a.stage, i});
     ANVIL_ASSERT(saved != in_flight.end(), action_name(a), " before its forward");
-    if (before_backward) before_backward(a.micro_batch);
+    if (before_backward) before_backward(i);
+    if (a.op == PipeOp::backward_weight) {
+      model_.backward_weight(l, saved->second);
+      in_flight.erase(saved);  // nothing of this micro-batch outlives its W pass
+      return;
+    }
+    const auto part = a.op == PipeOp::backward_input ? Llama::BackwardPart::input : Llama::BackwardPart::whole;
     Tensor d_input;
-    if (last()) {
-      const CrossEntropyResult loss = model_.backward_from_loss(saved->second, targets[i], grad_scale, &d_input);
+    if (a.stage == S - 1) {
+      const CrossEntropyResult loss =
+          model_.backward_from_loss(l, saved->second, targets[static_cast<size_t>(i)], grad_scale, &d_input, part);
       result.loss_sum += loss.loss_sum;
       result.loss_tokens += loss.num_tokens;
     } else {
-      d_input = model_.backward(saved->second,
-                                receive(stage_ + 1, 2 * a.micro_batch + 1, B, T, "pipeline.recv_gradient"));
+      d_input = model_.backward(l, saved->second, take_input(Flow::gradient, a.stage, i, B, T), part);
     }
-    in_flight.erase(saved);  // nothing of this micro-batch outlives its backward
-    if (!first()) send(d_input, stage_ - 1, 2 * a.micro_batch + 1);
+    if (a.op == PipeOp::backward) in_flight.erase(saved);  // nothing of this micro-batch outlives its backward
+    if (a.stage > 0) hand_over(d_input, Flow::gradient, a.stage - 1, i);
+  };
+  // The receive an action needs is posted when the action before it is done
+  // (its temporaries freed), so the tensor can arrive while this rank sends
+  // and while it would otherwise wait; earlier, its buffer would add to the
+  // peak of the action before.
+  for (size_t k = 0; k < actions.size(); ++k) {
+    post_receive_for(actions[k], tokens);
+    run_action(actions[k]);
+    if (k + 1 < actions.size()) post_receive_for(actions[k + 1], tokens);
   }
-  ANVIL_ASSERT(in_flight.empty(), "a micro-batch ran forward without backward");
+  ANVIL_ASSERT(in_flight.empty(), "a micro-batch ran forward without its whole backward");
+  ANVIL_ASSERT(inbox_.empty(), "a boundary tensor was received and never used");
   complete_sends(/*wait=*/true);
   return result;
 }

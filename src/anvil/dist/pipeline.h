@@ -1,18 +1,23 @@
-// Pipeline parallelism: one stage of the model (a contiguous slice of the
-// module list) per pp rank, run by a schedule's program (pipeline_schedule.h).
-// Boundary tensors travel between neighbouring stages: the forward output to
-// the next stage, the input gradient back to the previous one. Sends are
-// non-blocking and posted as soon as the tensor exists; receives block, and
-// a valid program cannot wait on a receive nobody will send.
+// Pipeline parallelism: the model cut into stages (contiguous slices of the
+// module list), one or several per pp rank as the schedule's placement says
+// (pipeline_schedule.h), run by the schedule's program. Boundary tensors travel
+// between neighbouring stages: the forward output to the next stage, the input
+// gradient back to the previous one — by MPI between ranks, handed over in
+// memory when both stages are on one rank (the V placement's turn). Sends are
+// non-blocking and posted as soon as the tensor exists; the receive an action
+// needs is posted as soon as the action before it is done, and a valid program
+// cannot wait on a receive nobody will send.
 //
 // Memory: a micro-batch's saved state (StageSaved) lives from its forward to
-// its backward only, and the last stage computes the loss inside its backward
-// with the fused head (no logits, no kept output afterwards) — so under 1F1B a
-// stage holds at most its in-flight micro-batches, whatever the number of
+// its backward only (to its W pass when the backward is split), and the stage
+// holding the head computes the loss inside its backward with the fused head
+// (no logits, no kept output afterwards) — so a stage holds at most the
+// micro-batches its schedule keeps in flight, whatever the number of
 // micro-batches (seed 000's bug kept every micro-batch's output to the end).
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,69 +33,87 @@ namespace anvil {
 // `last_stage_less_layers` (1 each by default: the first and last stage hold
 // one block fewer), and the n_layers + those units spread as evenly as they
 // go, the earlier stages taking the remainder.
+// Or, when first_modules is set (parallelism.pipeline_parallel_auto_split,
+// plan/pipeline_split.h), stage s starts at module first_modules[s].
 struct PipelineSplit {
   int stages = 1;
   int first_stage_less_layers = 1, last_stage_less_layers = 1;
+  std::vector<int> first_modules = {};
 };
 // Stage `stage` holds modules [first, end) of the module list. Throws
 // anvil::Error, naming the keys, when the stages cannot all hold a block's
 // worth or the first or last stage cannot hold what it is told to count.
 std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const PipelineSplit& split, int stage);
+// The module ranges of the stages `rank` holds, in ascending order (the
+// order a Llama numbers its stages).
+std::vector<ModuleRange> pipeline_rank_modules(const ModelArgs& args, const PipelineSplit& split,
+                                               const PipePlacement& placement, int rank);
+// The most micro-batches each stage holds at once (from its forward to the
+// end of its backward) under the schedule: what its activations cost.
+std::vector<int> pipeline_stage_in_flight(const PipeSchedule& schedule);
 // "stage 0: embedding, blocks 0-3; stage 1: blocks 4-5, head", for the banner.
 std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split);
 
 // The whole model's flat fp32 buffer of a per-parameter state (master weights
 // or an AdamW moment), laid out as a ParamStore of llama_param_specs(args), on
-// pp rank 0, from every stage's buffer laid out as its stage's global
-// parameters (llama_param_specs(args, first, end)). Collective over pp; the
-// other ranks get an undefined tensor.
+// pp rank 0, from every rank's buffer laid out as its stages' global
+// parameters (llama_param_specs(args, pipeline_rank_modules(...))). Collective
+// over pp; the other ranks get an undefined tensor.
 Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const PipelineSplit& split,
-                              const Tensor& stage_flat);
+                              const PipePlacement& placement, const Tensor& rank_flat);
 
 struct PipelineResult {
-  double loss_sum = 0;     // over this step's micro-batches; the last stage's, 0 on the others
+  double loss_sum = 0;  // over this step's micro-batches; the head's rank's, 0 on the others
   int64_t loss_tokens = 0;
 };
 
 class PipelineStage {
  public:
-  // model: this rank's stage (not owned); pp: the pipeline group, pp rank s
-  // holding stage s.
-  // keep_outputs: the last stage keeps every micro-batch's logits until the
+  // model: this rank's stages (not owned), those the placement puts on pp
+  // rank pp.rank(), in ascending order.
+  // keep_outputs: the head's stage keeps every micro-batch's logits until the
   // step ends — torchtitan's behaviour before PyTorch #159251 (seed 000), a
   // diagnostic that shows what the fix saves.
-  PipelineStage(Llama& model, Communicator& pp, bool keep_outputs = false);
-  int stage() const { return stage_; }
-  int num_stages() const { return stages_; }
-  bool first() const { return stage_ == 0; }
-  bool last() const { return stage_ == stages_ - 1; }
+  PipelineStage(Llama& model, Communicator& pp, const PipePlacement& placement, bool keep_outputs = false);
 
   // Runs this rank's actions for one step. tokens[i], targets[i]: micro-batch
   // i, (b, T) i32 (the first stage reads the tokens, the last the targets).
-  // before_backward(i) runs before micro-batch i's backward (DDP's sync
-  // switch). Parameter gradients accumulate into the model's.
-  // Evaluation: tokens, targets (b, T) through the stages as one micro-batch,
-  // forward only, nothing kept. The loss on the last stage, zero elsewhere.
-  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
-
+  // before_backward(i) runs before each of micro-batch i's backward actions
+  // (B, I and W: DDP's sync switch). Parameter gradients accumulate into the
+  // model's.
   PipelineResult run(const std::vector<PipeAction>& actions, const std::vector<Tensor>& tokens,
                      const std::vector<Tensor>& targets, float grad_scale, const AcPolicy& policy,
                      const std::function<void(int)>& before_backward = {});
+  // Evaluation: tokens, targets (b, T) through the stages as one micro-batch,
+  // forward only, nothing kept. The loss on the head's rank, zero elsewhere.
+  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
 
  private:
-  Tensor receive(int from_stage, int tag, int64_t B, int64_t T, const char* what);
-  void send(const Tensor& t, int to_stage, int tag);
+  enum class Flow { activation, gradient };
+  // The boundary tensor `flow` of micro-batch i into stage `to` (from stage
+  // to − 1 for an activation, to + 1 for a gradient).
+  int tag(Flow flow, int to, int micro_batch) const;
+  bool on_this_rank(int stage) const { return placement_.rank_of(stage) == rank_; }
+  int local(int stage) const;  // the model's index of a stage this rank holds
+  void post_receive(Flow flow, int to, int micro_batch, int64_t B, int64_t T);
+  Tensor take_input(Flow flow, int to, int micro_batch, int64_t B, int64_t T);
+  void hand_over(const Tensor& t, Flow flow, int to, int micro_batch);
   void complete_sends(bool wait);
+  // Posts the receive action `a` needs, if any and not yet posted.
+  void post_receive_for(const PipeAction& a, const std::vector<Tensor>& tokens);
 
   Llama& model_;
   Communicator& pp_;
-  int stage_, stages_;
-  struct Send {
-    Work work;
-    Tensor buffer;  // kept alive until the send completes
-  };
-  std::vector<Send> sends_;
+  PipePlacement placement_;
+  int rank_;
+  std::vector<int> stages_;  // the global stages this rank holds, ascending
   bool keep_outputs_;
+  std::vector<Work> sends_;
+  struct Inbox {
+    Tensor tensor;
+    Work work;  // pending when the tensor is still arriving
+  };
+  std::map<int, Inbox> inbox_;  // by tag: received, arriving, or handed over on this rank
 };
 
 }  // namespace anvil

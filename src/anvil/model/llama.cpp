@@ -41,54 +41,91 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
   return specs;
 }
 
-std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, int first, int end) {
+std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vector<ModuleRange>& stages) {
   const int n = llama_num_modules(args);
-  ANVIL_CHECK(0 <= first && first < end && end <= n, "a stage of ", args.name, "/", args.flavor,
-              " holds modules [", first, ", ", end, ") of its ", n, " (embedding, ", args.n_layers,
-              " blocks, head): it must be a non-empty range within them");
-  ANVIL_CHECK(!args.tie_embeddings || (first == 0) == (end == n), args.name, "/", args.flavor,
-              " ties the output head to the embedding, so one stage must hold both");
+  ANVIL_CHECK(!stages.empty(), "a rank of ", args.name, "/", args.flavor, " must hold at least one stage");
+  std::vector<int> group_of(static_cast<size_t>(n), -1);  // whole-model module → this rank's group
+  int held = 0, previous_end = 0;
+  for (const ModuleRange& r : stages) {
+    ANVIL_CHECK(previous_end <= r.first && r.first < r.end && r.end <= n, "a stage of ", args.name, "/",
+                args.flavor, " holds modules [", r.first, ", ", r.end, ") of its ", n, " (embedding, ",
+                args.n_layers, " blocks, head): it must be a non-empty range within them, after the rank's "
+                "previous stage");
+    for (int m = r.first; m < r.end; ++m) group_of[static_cast<size_t>(m)] = held++;
+    previous_end = r.end;
+  }
+  ANVIL_CHECK(!args.tie_embeddings || (stages.size() == 1 && (stages[0].first == 0) == (stages[0].end == n)),
+              args.name, "/", args.flavor, " ties the output head to the embedding, so one stage must hold both");
   std::vector<ParamSpec> specs;
   for (ParamSpec& s : llama_param_specs(args)) {
-    if (s.group < first || s.group >= end) continue;
-    s.group -= first;
+    const int g = group_of[static_cast<size_t>(s.group)];
+    if (g < 0) continue;
+    s.group = g;
     specs.push_back(std::move(s));
   }
   return specs;
 }
 
+namespace {
+std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptions& options) {
+  if (!options.stages.empty()) return options.stages;
+  return {{0, llama_num_modules(args)}};
+}
+}  // namespace
+
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, const LlamaOptions& options)
     : args_(args),
-      first_module_(options.first_module),
-      end_module_(options.end_module < 0 ? llama_num_modules(args) : options.end_module),
       plan_(options.plan ? options.plan : &single_process_),
-      params_(plan_->shard_params(llama_param_specs(args, first_module_, end_module_)), compute_dtype,
+      params_(plan_->shard_params(llama_param_specs(args, stages_or_whole(args, options))), compute_dtype,
               options.allocate_params) {
   args_.validate();
   rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, args.rope_scaling);
   const int last = llama_num_modules(args) - 1;
-  if (first_module_ == 0)
-    embedding_ = std::make_unique<TokenEmbedding>(params_, params_.index_of("model.embed_tokens.weight"), *plan_);
-  blocks_.reserve(static_cast<size_t>(end_module_ - first_module_));
-  for (int m = std::max(first_module_, 1); m < std::min(end_module_, last); ++m) {
-    const int layer = m - 1;
-    const int first_param = params_.index_of("model.layers." + std::to_string(layer) + ".input_layernorm.weight");
-    blocks_.emplace_back(params_, first_param, layer, args_, rope_, *plan_);
-  }
-  if (end_module_ == last + 1) {
-    const int output = params_.index_of(args.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-    head_ = std::make_unique<OutputHead>(params_, params_.index_of("model.norm.weight"), output, args_, *plan_);
+  for (const ModuleRange& r : stages_or_whole(args, options)) {
+    Stage st;
+    st.modules = r;
+    st.first_block = blocks_.size();
+    for (int m = r.first; m < r.end; ++m) held_modules_.push_back(m);
+    if (r.first == 0) {
+      st.embedding = true;
+      embedding_ = std::make_unique<TokenEmbedding>(params_, params_.index_of("model.embed_tokens.weight"), *plan_);
+    }
+    for (int m = std::max(r.first, 1); m < std::min(r.end, last); ++m) {
+      const int layer = m - 1;
+      const int first_param = params_.index_of("model.layers." + std::to_string(layer) + ".input_layernorm.weight");
+      blocks_.emplace_back(params_, first_param, layer, args_, rope_, *plan_);
+    }
+    st.num_blocks = blocks_.size() - st.first_block;
+    if (r.end == last + 1) {
+      st.head = true;
+      const int output = params_.index_of(args.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+      head_ = std::make_unique<OutputHead>(params_, params_.index_of("model.norm.weight"), output, args_, *plan_);
+    }
+    stages_.push_back(st);
   }
 }
 
-Tensor Llama::forward(const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved) {
+int Llama::group_of_module(int module) const {
+  const auto it = std::lower_bound(held_modules_.begin(), held_modules_.end(), module);
+  ANVIL_ASSERT(it != held_modules_.end() && *it == module, "module ", module, " is not on this rank");
+  return static_cast<int>(it - held_modules_.begin());
+}
+
+const Llama::Stage& Llama::stage_at(int stage) const {
+  ANVIL_ASSERT(stage >= 0 && stage < num_stages(), "stage ", stage, " of the ", num_stages(), " this rank holds");
+  return stages_[static_cast<size_t>(stage)];
+}
+
+Tensor Llama::forward(int stage, const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy,
+                      StageSaved& saved) {
   ANVIL_CHECK(T <= rope_.max_positions(), "sequence length ", T, " exceeds the model's maximum ",
               rope_.max_positions());
+  const Stage& st = stage_at(stage);
   saved = StageSaved{};
   saved.B = B, saved.T = T;
-  saved.blocks.resize(blocks_.size());
+  saved.blocks.resize(st.num_blocks);
   Tensor h = input;
-  if (embedding_) {
+  if (st.embedding) {
     ANVIL_ASSERT(input.dtype() == DType::i32 && input.ndim() == 2 && input.size(0) == B && input.size(1) == T,
                  "tokens ", shape_str(input.shape()), " for a (", B, ", ", T, ") micro-batch");
     const ScopedPhase phase(SpanCategory::forward, "embedding.forward");
@@ -98,21 +135,22 @@ Tensor Llama::forward(const Tensor& input, int64_t B, int64_t T, const AcPolicy&
     h = embedding_->forward(input);
     hooks_->after_forward(g);
   }
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const TransformerBlock& block = blocks_[i];
+  for (size_t i = 0; i < st.num_blocks; ++i) {
+    const TransformerBlock& block = blocks_[st.first_block + i];
     const ScopedPhase phase(SpanCategory::forward, "forward", block.layer());
     const int g = group_of_module(block.layer() + 1);
     hooks_->before_forward(g);
     h = block.forward(h, B, T, policy, saved.blocks[i]);
     hooks_->after_forward(g);
   }
-  if (head_) saved.output = h;
+  if (st.head) saved.output = h;
   return h;
 }
 
-CrossEntropyResult Llama::backward_from_loss(StageSaved& saved, const Tensor& targets, float grad_scale,
-                                             Tensor* d_input) {
-  ANVIL_ASSERT(head_ && saved.output.defined(), "the loss is the last stage's, after its forward");
+CrossEntropyResult Llama::backward_from_loss(int stage, StageSaved& saved, const Tensor& targets, float grad_scale,
+                                             Tensor* d_input, BackwardPart part) {
+  const Stage& st = stage_at(stage);
+  ANVIL_ASSERT(st.head && saved.output.defined(), "the loss is the head's stage's, after its forward");
   ANVIL_ASSERT(targets.numel() == saved.B * saved.T, "targets ", shape_str(targets.shape()), " for a (", saved.B,
                ", ", saved.T, ") micro-batch");
   CrossEntropyResult loss;
@@ -121,21 +159,21 @@ CrossEntropyResult Llama::backward_from_loss(StageSaved& saved, const Tensor& ta
     // The final norm, output projection and cross-entropy, forward and backward fused.
     const ScopedPhase phase(SpanCategory::loss, "loss");
     params_.ensure_grads();  // the backward starts here
-    const int g = group_of_module(end_module_ - 1);
+    const int g = group_of_module(st.modules.end - 1);
     hooks_->before_forward(g);
     hooks_->before_backward(g);
     loss = head_->forward_backward(saved.output, targets.view({targets.numel()}), grad_scale, dh);
     hooks_->after_backward(g);
   }
   saved.output = Tensor();
-  Tensor dx = backward_blocks(saved, std::move(dh));
+  Tensor dx = backward_blocks(st, saved, std::move(dh), part);
   if (d_input) *d_input = dx;
   return loss;
 }
 
 CrossEntropyResult Llama::loss(StageSaved& saved, const Tensor& targets) {
-  ANVIL_ASSERT(head_ && saved.output.defined(), "the loss is the last stage's, after its forward");
-  const int g = group_of_module(end_module_ - 1);
+  ANVIL_ASSERT(head_ && saved.output.defined(), "the loss is the head's stage's, after its forward");
+  const int g = group_of_module(llama_num_modules(args_) - 1);
   hooks_->before_forward(g);
   const CrossEntropyResult r = head_->forward(saved.output, targets.view({targets.numel()}));
   hooks_->after_forward(g);
@@ -144,52 +182,82 @@ CrossEntropyResult Llama::loss(StageSaved& saved, const Tensor& targets) {
 }
 
 Tensor Llama::logits(const StageSaved& saved) {
-  ANVIL_ASSERT(head_ && saved.output.defined(), "logits are the last stage's, after its forward");
-  const int g = group_of_module(end_module_ - 1);
+  ANVIL_ASSERT(head_ && saved.output.defined(), "logits are the head's stage's, after its forward");
+  const int g = group_of_module(llama_num_modules(args_) - 1);
   hooks_->before_forward(g);
   Tensor out = head_->logits(saved.output);
   hooks_->after_forward(g);
   return out;
 }
 
-Tensor Llama::backward(StageSaved& saved, Tensor d_output) {
-  ANVIL_ASSERT(!head_, "the last stage's backward starts from its loss (backward_from_loss)");
+Tensor Llama::backward(int stage, StageSaved& saved, Tensor d_output, BackwardPart part) {
+  const Stage& st = stage_at(stage);
+  ANVIL_ASSERT(!st.head, "the head's stage's backward starts from its loss (backward_from_loss)");
   params_.ensure_grads();
-  return backward_blocks(saved, std::move(d_output));
+  return backward_blocks(st, saved, std::move(d_output), part);
 }
 
-Tensor Llama::backward_blocks(StageSaved& saved, Tensor dh) {
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    TransformerBlock& block = blocks_[i];
-    const ScopedPhase phase(SpanCategory::backward, "backward", block.layer());
+// Under BackwardPart::input a module's hooks see before_backward here and
+// after_backward only when its weight gradients are done (backward_weight):
+// data parallelism must not reduce a gradient that is still being summed.
+Tensor Llama::backward_blocks(const Stage& st, StageSaved& saved, Tensor dh, BackwardPart part) {
+  const bool split = part == BackwardPart::input;
+  if (split) saved.weight_work.resize(st.num_blocks);
+  for (size_t i = st.num_blocks; i-- > 0;) {
+    TransformerBlock& block = blocks_[st.first_block + i];
+    const ScopedPhase phase(SpanCategory::backward, split ? "backward_input" : "backward", block.layer());
     const int g = group_of_module(block.layer() + 1);
     hooks_->before_backward(g);
-    dh = block.backward(saved.blocks[i], dh);
-    hooks_->after_backward(g);
+    if (split) {
+      dh = block.backward_input(saved.blocks[i], dh, saved.weight_work[i]);
+    } else {
+      dh = block.backward(saved.blocks[i], dh);
+      hooks_->after_backward(g);
+    }
   }
   saved.blocks.clear();
-  if (!embedding_) return dh;
+  if (!st.embedding) return dh;
+  if (split) saved.d_embedding = dh;  // the embedding's gradient is all weight gradient
+  else embedding_backward(saved, dh);
+  return Tensor();
+}
+
+void Llama::embedding_backward(StageSaved& saved, const Tensor& dh) {
   const ScopedPhase phase(SpanCategory::backward, "embedding.backward");
   const int g = group_of_module(0);
   hooks_->before_backward(g);
   embedding_->backward(saved.tokens, dh);
   hooks_->after_backward(g);
   saved.tokens = Tensor();
-  return Tensor();
+}
+
+void Llama::backward_weight(int stage, StageSaved& saved) {
+  const Stage& st = stage_at(stage);
+  ANVIL_ASSERT(saved.weight_work.size() == st.num_blocks, "backward_weight after a BackwardPart::input backward");
+  for (size_t i = st.num_blocks; i-- > 0;) {
+    TransformerBlock& block = blocks_[st.first_block + i];
+    const ScopedPhase phase(SpanCategory::backward, "backward_weight", block.layer());
+    block.backward_weight(saved.weight_work[i]);
+    hooks_->after_backward(group_of_module(block.layer() + 1));
+  }
+  saved.weight_work.clear();
+  if (st.embedding) embedding_backward(saved, saved.d_embedding);
+  saved.d_embedding = Tensor();
 }
 
 CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale,
                                            const AcPolicy& policy) {
   ANVIL_ASSERT(tokens.ndim() == 2 && targets.shape() == tokens.shape(), "tokens ", shape_str(tokens.shape()),
                " targets ", shape_str(targets.shape()));
-  ANVIL_ASSERT(embedding_ && head_, "forward_backward runs the whole model; a stage runs forward and backward");
+  ANVIL_ASSERT(num_stages() == 1 && embedding_ && head_,
+               "forward_backward runs the whole model; a stage runs forward and backward");
   StageSaved saved;
   forward(tokens, tokens.size(0), tokens.size(1), policy, saved);
   return backward_from_loss(saved, targets, grad_scale);
 }
 
 CrossEntropyResult Llama::forward(const Tensor& tokens, const Tensor& targets) {
-  ANVIL_ASSERT(embedding_ && head_, "evaluation runs the whole model");
+  ANVIL_ASSERT(num_stages() == 1 && embedding_ && head_, "evaluation runs the whole model");
   const int64_t B = tokens.size(0), T = tokens.size(1);
   ANVIL_CHECK(T <= rope_.max_positions(), "sequence length ", T, " exceeds the model's maximum ",
               rope_.max_positions());
@@ -202,7 +270,7 @@ CrossEntropyResult Llama::forward(const Tensor& tokens, const Tensor& targets) {
     h = block.forward(h, B, T);
     hooks_->after_forward(g);
   }
-  const int g = group_of_module(end_module_ - 1);
+  const int g = group_of_module(llama_num_modules(args_) - 1);
   hooks_->before_forward(g);
   const CrossEntropyResult r = head_->forward(h, targets.view({targets.numel()}));
   hooks_->after_forward(g);

@@ -2,8 +2,9 @@
 //   module 0            token embedding        (token_embedding.h)
 //   modules 1..n        the n_layers transformer blocks (transformer_block.h)
 //   module n + 1        final norm, output head and loss (output_head.h)
-// A Llama object holds a contiguous slice of that list — a pipeline stage; a
-// single process holds all of it — with the parameters of its modules only.
+// A Llama object holds contiguous slices of that list — pipeline stages, one
+// or several per rank; a single process holds all of it as one — with the
+// parameters of its modules only.
 // Forward and backward are written out per module (no autograd tape), so what
 // each block keeps between them is decided by the activation-checkpointing
 // policy and memory is knowable in advance. A micro-batch's saved state is a
@@ -47,10 +48,16 @@ class ParamGroupHooks {
 // Modules in the whole model: the embedding, the blocks, the head.
 inline int llama_num_modules(const ModelArgs& args) { return static_cast<int>(args.n_layers) + 2; }
 
+// A pipeline stage: modules [first, end) of the whole model's list.
+struct ModuleRange {
+  int first = 0, end = 0;
+  bool operator==(const ModuleRange&) const = default;
+};
+
 struct LlamaOptions {
-  // The stage: modules [first_module, end_module) of the whole model's list;
-  // end_module -1 means through the last.
-  int first_module = 0, end_module = -1;
+  // The stages this rank holds, in ascending module order, disjoint (several
+  // for looped and V-shaped pipeline schedules); empty: the whole model as one.
+  std::vector<ModuleRange> stages = {};
   // How this rank holds and runs its modules (not owned); null: a single process.
   const ParallelPlan* plan = nullptr;
   // false: no flat parameter buffers; every group is bound while in use by
@@ -58,12 +65,18 @@ struct LlamaOptions {
   bool allocate_params = true;
 };
 
-// One micro-batch's state on a stage between its forward and its backward.
+// One micro-batch's state on a stage between its forward and its backward
+// (and, when the backward runs as an input-gradient pass and a weight-gradient
+// pass, between the two).
 struct StageSaved {
   int64_t B = 0, T = 0;
   Tensor tokens;                   // the first stage's input (the embedding's backward reads it)
   std::vector<BlockSaved> blocks;  // one per block of the stage
   Tensor output;                   // on the last stage: the head's input, freed by its backward
+  // Between backward_input and backward_weight: each block's weight-gradient
+  // products, and on the first stage the gradient the embedding's backward reads.
+  std::vector<WeightGradWork> weight_work;
+  Tensor d_embedding;
 };
 
 class Llama {
@@ -76,34 +89,55 @@ class Llama {
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   DType compute_dtype() const { return params_.compute_dtype(); }
+  // The stages this rank holds, numbered 0.. here (the pipeline numbers them globally).
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  ModuleRange stage_modules(int stage) const { return stages_[static_cast<size_t>(stage)].modules; }
   bool has_embedding() const { return embedding_ != nullptr; }
   bool has_head() const { return head_ != nullptr; }
-  // The hooks' group number of module `module` of the whole model (which this stage holds).
-  int group_of_module(int module) const { return module - first_module_; }
+  // The hooks' group number of module `module` of the whole model (which this
+  // rank holds): its position among the modules this rank holds.
+  int group_of_module(int module) const;
   // Rows of the residual stream (a stage's input and output) this rank holds
   // of a micro-batch's M token rows.
   int64_t residual_rows(int64_t M) const { return plan_->residual_rows(M); }
 
   // ---- One stage, one micro-batch ----
-  // input: tokens (B, T) i32 on the first stage, else the previous stage's
-  // output (residual_rows(B·T), D). Returns this stage's output; the last
-  // stage also keeps it in saved for backward_from_loss.
-  Tensor forward(const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved);
-  // A stage that is not last: d_output is the gradient of its output. Returns
+  // `stage` indexes this rank's stages; the overloads without it are for a
+  // rank holding one. input: tokens (B, T) i32 on the stage holding the
+  // embedding, else the previous stage's output (residual_rows(B·T), D).
+  // Returns the stage's output; the stage holding the head also keeps it in
+  // saved for backward_from_loss.
+  Tensor forward(int stage, const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved);
+  Tensor forward(const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved) {
+    return forward(0, input, B, T, policy, saved);
+  }
+  // A stage without the head: d_output is the gradient of its output. Returns
   // the gradient of its input (undefined on the first stage). Parameter
   // gradients accumulate into params().grad_flat(). saved is consumed.
-  Tensor backward(StageSaved& saved, Tensor d_output);
-  // The last stage: the head's loss over targets (B, T) i32 (ignore_index
-  // carries none) and the backward of grad_scale · loss_sum through the stage.
-  // d_input, if given, gets the gradient of the stage's input.
+  // BackwardPart::input leaves the weight gradients of the blocks and the
+  // embedding in saved for backward_weight (zero-bubble schedules' I and W).
+  enum class BackwardPart { whole, input };
+  Tensor backward(int stage, StageSaved& saved, Tensor d_output, BackwardPart part = BackwardPart::whole);
+  Tensor backward(StageSaved& saved, Tensor d_output) { return backward(0, saved, std::move(d_output)); }
+  // The stage holding the head: the head's loss over targets (B, T) i32
+  // (ignore_index carries none) and the backward of grad_scale · loss_sum
+  // through the stage. d_input, if given, gets the gradient of the stage's
+  // input. With BackwardPart::input the head's weight gradients are made at
+  // once (its pass is fused) and the blocks' are left for backward_weight.
+  CrossEntropyResult backward_from_loss(int stage, StageSaved& saved, const Tensor& targets, float grad_scale,
+                                        Tensor* d_input = nullptr, BackwardPart part = BackwardPart::whole);
   CrossEntropyResult backward_from_loss(StageSaved& saved, const Tensor& targets, float grad_scale,
-                                        Tensor* d_input = nullptr);
+                                        Tensor* d_input = nullptr) {
+    return backward_from_loss(0, saved, targets, grad_scale, d_input);
+  }
+  // The weight gradients a BackwardPart::input backward left; saved is consumed.
+  void backward_weight(int stage, StageSaved& saved);
 
-  // Evaluation on the last stage: the loss of the output its forward kept,
-  // without gradients; saved is released.
+  // Evaluation on the stage holding the head: the loss of the output its
+  // forward kept, without gradients; saved is released.
   CrossEntropyResult loss(StageSaved& saved, const Tensor& targets);
-  // The last stage's logits of the output its forward kept (training never
-  // forms them): the pipeline's keep-outputs diagnostic.
+  // The logits of the output the head's stage kept (training never forms
+  // them): the pipeline's keep-outputs diagnostic.
   Tensor logits(const StageSaved& saved);
 
   // ---- The whole model ----
@@ -118,17 +152,25 @@ class Llama {
   void set_hooks(ParamGroupHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
 
  private:
-  Tensor backward_blocks(StageSaved& saved, Tensor dh);
+  struct Stage {
+    ModuleRange modules;
+    size_t first_block = 0, num_blocks = 0;  // its blocks in blocks_
+    bool embedding = false, head = false;
+  };
+  const Stage& stage_at(int stage) const;
+  Tensor backward_blocks(const Stage& st, StageSaved& saved, Tensor dh, BackwardPart part);
+  void embedding_backward(StageSaved& saved, const Tensor& dh);
 
   ModelArgs args_;
-  int first_module_, end_module_;
+  std::vector<Stage> stages_;
+  std::vector<int> held_modules_;  // ascending: the group numbers' order
   ParallelPlan single_process_;
   const ParallelPlan* plan_;
   ParamStore params_;
   RopeTable rope_;
-  std::unique_ptr<TokenEmbedding> embedding_;  // null unless the stage holds module 0
-  std::vector<TransformerBlock> blocks_;
-  std::unique_ptr<OutputHead> head_;  // null unless the stage holds the last module
+  std::unique_ptr<TokenEmbedding> embedding_;  // null unless this rank holds module 0
+  std::vector<TransformerBlock> blocks_;       // every stage's, in module order
+  std::unique_ptr<OutputHead> head_;           // null unless this rank holds the last module
   ParamGroupHooks no_hooks_;
   ParamGroupHooks* hooks_ = &no_hooks_;
 };
@@ -137,9 +179,13 @@ class Llama {
 // initialisation scales, and group = module index (0 the embedding, 1 + l
 // block l, n_layers + 1 the final norm and output head).
 std::vector<ParamSpec> llama_param_specs(const ModelArgs& args);
-// The parameters of a stage, modules [first, end), their groups renumbered
-// from 0. Throws anvil::Error for an empty or out-of-range slice, or a slice
-// that splits tied embeddings from the head.
-std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, int first, int end);
+// The parameters of the stages a rank holds (ascending, disjoint module
+// ranges), their groups renumbered from 0 in module order. Throws
+// anvil::Error for an empty, out-of-range or overlapping range, or stages
+// that split tied embeddings from the head.
+std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vector<ModuleRange>& stages);
+inline std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, int first, int end) {
+  return llama_param_specs(args, std::vector<ModuleRange>{{first, end}});
+}
 
 }  // namespace anvil

@@ -128,19 +128,28 @@ std::vector<Key> key_table(JobConfig& c) {
        kInf},
       {"parallelism", "pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree, "pipeline stages", {}, 1,
        kInf},
-      {"parallelism", "pipeline_parallel_schedule", &c.parallelism.pipeline_parallel_schedule, "pipeline schedule",
-       {"GPipe", "1F1B"}},
+      {"parallelism", "pipeline_parallel_schedule", &c.parallelism.pipeline_parallel_schedule,
+       "pipeline schedule (docs/pipeline.md); the looped ones run 2 stages per rank unless "
+       "pipeline_parallel_layers_per_stage sets the stage count",
+       {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"}},
+      {"parallelism", "pipeline_parallel_schedule_csv", &c.parallelism.pipeline_parallel_schedule_csv,
+       "a CSV file of the pipeline schedule, one row of actions per rank (\"0F3\", \"1I0\", \"1W0\"), run instead "
+       "of pipeline_parallel_schedule; empty: the named schedule"},
       {"parallelism", "pipeline_parallel_microbatch_size", &c.parallelism.pipeline_parallel_microbatch_size,
        "sequences per pipeline micro-batch", {}, 1, kInf},
       {"parallelism", "pipeline_parallel_layers_per_stage", &c.parallelism.pipeline_parallel_layers_per_stage,
-       "blocks per pipeline stage, the embedding and the head counted as the next two keys say; its stage count "
-       "must equal pipeline_parallel_degree (-1: split n_layers evenly over the degree)", {}, -1, kInf},
+       "blocks per pipeline stage, the embedding and the head counted as the next two keys say; the stage count "
+       "it makes must be pipeline_parallel_degree times the schedule's stages per rank (-1: one stage per rank, "
+       "two for the looped and V schedules)", {}, -1, kInf},
       {"parallelism", "pipeline_parallel_first_stage_less_layers",
        &c.parallelism.pipeline_parallel_first_stage_less_layers,
        "blocks' worth the embedding counts for: the first stage holds this many blocks fewer", {}, 0, kInf},
       {"parallelism", "pipeline_parallel_last_stage_less_layers", &c.parallelism.pipeline_parallel_last_stage_less_layers,
        "blocks' worth the final norm and output head count for: the last stage holds this many blocks fewer", {}, 0,
        kInf},
+      {"parallelism", "pipeline_parallel_auto_split", &c.parallelism.pipeline_parallel_auto_split,
+       "cut the stages where estimated compute and memory balance (the embedding, the blocks and the head each "
+       "priced; docs/pipeline.md) instead of by the layer counts of the keys above"},
       {"parallelism", "pipeline_parallel_keep_outputs", &c.parallelism.pipeline_parallel_keep_outputs,
        "diagnostic: the last stage keeps every micro-batch's logits until the step ends, as torchtitan did before "
        "PyTorch #159251 (seed 000), so its memory grows with the micro-batch count; off in any real run"},

@@ -84,9 +84,11 @@ struct JobConfig {
     int64_t tensor_parallel_degree = 1;
     int64_t pipeline_parallel_degree = 1;
     std::string pipeline_parallel_schedule = "1F1B";
+    std::string pipeline_parallel_schedule_csv;  // empty: the named schedule
     int64_t pipeline_parallel_microbatch_size = 1;
     bool pipeline_parallel_keep_outputs = false;
     int64_t pipeline_parallel_layers_per_stage = -1;
+    bool pipeline_parallel_auto_split = false;
     int64_t pipeline_parallel_first_stage_less_layers = 1;
     int64_t pipeline_parallel_last_stage_less_layers = 1;
     std::string fsdp_reshard_after_forward = "default";

@@ -6,6 +6,7 @@
 #include "anvil/core/error.h"
 #include "anvil/dist/config_check.h"
 #include "anvil/dist/pipeline.h"
+#include "anvil/plan/pipeline_split.h"
 
 namespace anvil {
 
@@ -61,22 +62,40 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
     par.pp_micro_batches = local / mb;
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
                 " ties its embedding and output weights, which pipeline stages cannot split; pick an untied flavour");
-    par.pp_split = {layout.pp(), static_cast<int>(p.pipeline_parallel_first_stage_less_layers),
-                    static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
-    if (p.pipeline_parallel_layers_per_stage > 0) {
-      const int64_t units = args.n_layers + p.pipeline_parallel_first_stage_less_layers +
-                            p.pipeline_parallel_last_stage_less_layers;
-      ANVIL_CHECK(units % p.pipeline_parallel_layers_per_stage == 0 &&
-                      units / p.pipeline_parallel_layers_per_stage == layout.pp(),
-                  "parallelism.pipeline_parallel_layers_per_stage ", p.pipeline_parallel_layers_per_stage, ": ",
-                  args.name, "/", args.flavor, "'s ", args.n_layers, " blocks plus the embedding and head counted as ",
-                  p.pipeline_parallel_first_stage_less_layers, " and ", p.pipeline_parallel_last_stage_less_layers,
-                  " make ", units, " units, which must be pipeline_parallel_degree ", layout.pp(),
-                  " stages of exactly that many (one stage per rank)");
+    // The schedule is read and checked here, on every rank with the same
+    // message, before any work; the stage count follows from it.
+    const int P = layout.pp(), m = static_cast<int>(par.pp_micro_batches);
+    const int64_t units = args.n_layers + p.pipeline_parallel_first_stage_less_layers +
+                          p.pipeline_parallel_last_stage_less_layers;
+    const int64_t per_stage = p.pipeline_parallel_layers_per_stage;
+    if (!p.pipeline_parallel_schedule_csv.empty()) {
+      par.pp_schedule = read_pipeline_schedule_csv(p.pipeline_parallel_schedule_csv, P, m);
+    } else {
+      int V = schedule_stages_per_rank(p.pipeline_parallel_schedule, 0);
+      if (per_stage > 0) {
+        ANVIL_CHECK(units % per_stage == 0 && (units / per_stage) % P == 0,
+                    "parallelism.pipeline_parallel_layers_per_stage ", per_stage, ": ", args.name, "/", args.flavor,
+                    "'s ", args.n_layers, " blocks plus the embedding and head counted as ",
+                    p.pipeline_parallel_first_stage_less_layers, " and ", p.pipeline_parallel_last_stage_less_layers,
+                    " make ", units, " units, which must split into stages of exactly that many, a multiple of "
+                    "pipeline_parallel_degree ", P, " of them");
+        V = schedule_stages_per_rank(p.pipeline_parallel_schedule, static_cast<int>(units / per_stage / P));
+      }
+      par.pp_schedule = make_pipeline_schedule(p.pipeline_parallel_schedule, P, V, m);
     }
-    for (int s = 0; s < layout.pp(); ++s) pipeline_stage_modules(args, par.pp_split, s);  // every stage is valid
-    // The schedule is checked here, on every rank with the same message, before any work.
-    make_pipeline_program(p.pipeline_parallel_schedule, layout.pp(), static_cast<int>(par.pp_micro_batches));
+    const int S = par.pp_schedule.placement.stages();
+    ANVIL_CHECK(per_stage <= 0 || units == per_stage * S, "parallelism.pipeline_parallel_layers_per_stage ", per_stage,
+                " makes ", units / per_stage, " stages of ", args.name, "/", args.flavor, ", but the schedule in ",
+                p.pipeline_parallel_schedule_csv, " runs ", S);
+    par.pp_split = {S, static_cast<int>(p.pipeline_parallel_first_stage_less_layers),
+                    static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
+    if (p.pipeline_parallel_auto_split) {
+      const TrainShape shape{p.pipeline_parallel_microbatch_size, cfg.training.seq_len, compute_dtype(cfg),
+                             activation_checkpoint_policy(cfg)};
+      par.pp_split.first_modules =
+          balanced_pipeline_cut(pipeline_module_costs(args, shape), pipeline_stage_in_flight(par.pp_schedule));
+    }
+    for (int s = 0; s < S; ++s) pipeline_stage_modules(args, par.pp_split, s);  // every stage is valid
   }
   if (layout.tp() > 1) {
     check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
@@ -121,9 +140,10 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
     par.description = par.mode == DataParallelMode::single ? tp : par.description + " x " + tp;
   }
   if (layout.pp() > 1) {
-    const std::string pp = detail::concat("PP ", layout.pp(), " stages (", describe_pipeline_stages(args, par.pp_split),
-                                          "), ", p.pipeline_parallel_schedule, ", ", par.pp_micro_batches,
-                                          " micro-batches of ", p.pipeline_parallel_microbatch_size);
+    const std::string pp = detail::concat(
+        "PP ", layout.pp(), " ranks, ", par.pp_split.stages, " stages (", describe_pipeline_stages(args, par.pp_split),
+        "), ", par.pp_schedule.name, ", ", par.pp_micro_batches, " micro-batches of ",
+        p.pipeline_parallel_microbatch_size);
     par.description = par.description == "single process" ? pp : par.description + " x " + pp;
   }
   par.description += " (" + layout.str() + ")";

@@ -6,7 +6,7 @@
 //   one rank                          a single process, no MPI involved
 // and, independently, tensor parallelism over the tp group when tp > 1 (2-D:
 // FSDP shards each tp rank's slices over dp_shard) and pipeline parallelism
-// over the pp group when pp > 1 (each pp rank holds one stage).
+// over the pp group when pp > 1 (each pp rank holds one or more stages).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -32,12 +32,13 @@ struct Parallel {
   int rank = 0, world_size = 1;
   int dp_rank = 0, dp_size = 1;
   int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data
-  int pp_rank = 0, pp_size = 1;  // pp rank s holds pipeline stage s; a pp group's ranks read the same data
+  int pp_rank = 0, pp_size = 1;  // a pp group's ranks read the same data
   // Under pipeline parallelism: each micro-batch of local_batch_size sequences
   // runs through the pipeline as this many micro-batches of
   // pipeline_parallel_microbatch_size sequences.
   int64_t pp_micro_batches = 1;
-  PipelineSplit pp_split;  // how the module list is cut into the pp stages
+  PipelineSplit pp_split;    // how the module list is cut into the pipeline's stages
+  PipeSchedule pp_schedule;  // which pp rank holds each stage, and every pp rank's actions per pass
   // Micro-batches per optimizer step: training.global_batch_size over
   // local_batch_size × the data-parallel degree, resolved and checked once here.
   int64_t accum_steps = 1;

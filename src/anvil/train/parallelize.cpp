@@ -27,6 +27,13 @@ namespace {
 // without pipeline parallelism), this tp rank's slices communicating over the
 // tp group when tensor_parallel_degree > 1. allocate_params = false: the model
 // keeps no weights of its own (FSDP lends each group's while it runs).
+// The module ranges of this rank's pipeline stages; the whole model as one
+// without pipeline parallelism.
+std::vector<ModuleRange> rank_stages(const ModelArgs& args, const Parallel& par) {
+  if (par.pp_size == 1) return {{0, llama_num_modules(args)}};
+  return pipeline_rank_modules(args, par.pp_split, par.pp_schedule.placement, par.pp_rank);
+}
+
 void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType compute_dtype,
                  bool allocate_params, std::unique_ptr<TensorParallelPlan>& tp, std::unique_ptr<Llama>& model) {
   if (par.tp_size > 1)
@@ -34,16 +41,14 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& pa
         par.mesh->tp(), args,
         TensorParallelOptions{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
                               .loss_parallel = !cfg.parallelism.disable_loss_parallel});
-  const auto [first, end] = pipeline_stage_modules(args, par.pp_split, par.pp_rank);
-  model = std::make_unique<Llama>(
-      args, compute_dtype, cfg.training.seq_len,
-      LlamaOptions{.first_module = first, .end_module = end, .plan = tp.get(), .allocate_params = allocate_params});
+  model = std::make_unique<Llama>(args, compute_dtype, cfg.training.seq_len,
+                                  LlamaOptions{.stages = rank_stages(args, par), .plan = tp.get(),
+                                               .allocate_params = allocate_params});
 }
 
-// The global parameters of this rank's stage (the whole model's without pipeline parallelism).
+// The global parameters of this rank's stages (the whole model's without pipeline parallelism).
 std::vector<ParamSpec> stage_global_specs(const ModelArgs& args, const Parallel& par) {
-  const auto [first, end] = pipeline_stage_modules(args, par.pp_split, par.pp_rank);
-  return llama_param_specs(args, first, end);
+  return llama_param_specs(args, rank_stages(args, par));
 }
 
 // The whole model's parameter list, as checkpoints store it.
@@ -111,9 +116,9 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
   if (par.pp_size > 1) {
-    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp(), cfg.parallelism.pipeline_parallel_keep_outputs);
-    program_ = make_pipeline_program(cfg.parallelism.pipeline_parallel_schedule, par.pp_size,
-                                     static_cast<int>(par.pp_micro_batches))[static_cast<size_t>(par.pp_rank)];
+    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp(), par.pp_schedule.placement,
+                                                cfg.parallelism.pipeline_parallel_keep_outputs);
+    program_ = par.pp_schedule.program[static_cast<size_t>(par.pp_rank)];
   }
   // The global model's initialisation, of which each rank keeps its part.
   if (fsdp_) {
@@ -213,7 +218,7 @@ void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step
   }
   std::unique_ptr<ParamStore> whole;
   if (pipeline_) {  // then the stages' tensors into the whole model's, on pp rank 0
-    auto gather = [&](const Tensor& stage) { return gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, stage); };
+    auto gather = [&](const Tensor& stage) { return gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, par_.pp_schedule.placement, stage); };
     global_w = gather(*w), w = &global_w;
     if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
     whole = std::make_unique<ParamStore>(global_param_specs(args_), DType::f32, /*allocate=*/false);
@@ -242,8 +247,8 @@ ScheduleResult ParallelizedModel::run_step(const MicroBatches& batches, float gr
       mb_targets.push_back(targets.slice(j * rows, rows));
     }
     // DDP reduces once per step: during the last pipeline micro-batch's
-    // backward of the step's last micro-batch (every stage runs its backwards
-    // in micro-batch order).
+    // backward (its W pass, when split) of the step's last micro-batch — every
+    // stage runs its backwards in micro-batch order.
     const auto sync = [&](int j) {
       if (ddp_) ddp_->set_sync(i == n - 1 && j == m - 1);
     };

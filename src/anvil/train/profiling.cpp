@@ -8,8 +8,9 @@
 
 namespace anvil {
 
-StepCapture::StepCapture(int64_t step, const std::string& trace_path, const std::string& snapshot_path)
+StepCapture::StepCapture(int64_t step, const std::string& trace_path, const std::string& snapshot_path, int rank)
     : step_(step), trace_path_(trace_path), snapshot_path_(snapshot_path) {
+  trace_.rank = rank;
   auto& alloc = TrackingAllocator::instance();
   trace_.step = step;
   trace_.live_at_start = alloc.stats().live;
@@ -63,14 +64,18 @@ std::string snapshot_dir(const JobConfig& cfg) {
 std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const Parallel& par, int64_t step,
                                                  int64_t first_step) {
   const auto& p = cfg.profiling;
-  const bool profile_step = par.rank0() && (p.enable_profiling || p.enable_memory_snapshot) &&
+  const bool every_rank_traces = par.pp_size > 1 && p.enable_profiling;
+  const bool profile_step = (par.rank0() || every_rank_traces) && (p.enable_profiling || p.enable_memory_snapshot) &&
                             (step == first_step || step % p.profile_freq == 0);
   if (!profile_step) return nullptr;
   const std::string name = "step-" + std::to_string(step);
+  const std::string trace_name = name + (par.rank0() ? "" : ".rank-" + std::to_string(par.rank)) + ".trace.json";
   return std::make_unique<StepCapture>(
-      step, p.enable_profiling ? (std::filesystem::path(trace_dir(cfg)) / (name + ".trace.json")).string() : "",
-      p.enable_memory_snapshot ? (std::filesystem::path(snapshot_dir(cfg)) / (name + ".snapshot.json")).string()
-                               : "");
+      step, p.enable_profiling ? (std::filesystem::path(trace_dir(cfg)) / trace_name).string() : "",
+      p.enable_memory_snapshot && par.rank0()
+          ? (std::filesystem::path(snapshot_dir(cfg)) / (name + ".snapshot.json")).string()
+          : "",
+      par.rank);
 }
 
 void finish_capture(std::unique_ptr<StepCapture>& capture, int64_t step) {

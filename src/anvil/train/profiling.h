@@ -18,7 +18,7 @@ namespace anvil {
 // writes the Chrome trace and, if asked, the memory snapshot at the step's peak.
 class StepCapture {
  public:
-  StepCapture(int64_t step, const std::string& trace_path, const std::string& snapshot_path);
+  StepCapture(int64_t step, const std::string& trace_path, const std::string& snapshot_path, int rank = 0);
   // A step that ends early (skipped, interrupted) writes nothing.
   ~StepCapture();
   StepCapture(const StepCapture&) = delete;
@@ -39,8 +39,10 @@ std::string trace_dir(const JobConfig& cfg);
 std::string snapshot_dir(const JobConfig& cfg);
 
 // The capture of `step` when the configuration profiles it (the first step and
-// every profile_freq-th, on rank 0 only: its files would collide with the
-// others'), else null.
+// every profile_freq-th), else null: on rank 0 only, except that under
+// pipeline parallelism every rank writes its trace (step-N.rank-R.trace.json
+// beside rank 0's step-N.trace.json), since a pipeline's bubbles are seen only
+// across ranks (bench/pipeline_bubbles.py lays them on one timeline).
 std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const Parallel& par, int64_t step,
                                                  int64_t first_step);
 

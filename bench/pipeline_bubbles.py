@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Pipeline bubbles measured from every rank's trace, beside the closed forms.
+
+For each schedule at P = 2 and 4 ranks and m = 4, 8 and 16 micro-batches it
+trains a few steps of llama3/25M (micro-batches of one sequence) with
+profiling on, reads the traces every pp rank writes of the last step, and per
+rank measures
+    bubble = 1 - busy / pass,   busy = its action spans (pipeline.1F3, ...)
+                                       minus the receive waits inside them
+over its pipeline pass (the pipeline.pass span). It prints a markdown table of
+the mean and worst rank beside the closed form ((P-1)/(m+P-1) for GPipe and
+1F1B, (P-1)/(V*m+P-1) for the interleaved ones with V = 2 stages per rank) and
+the same program's bubble in Anvil's unit-cost simulation (F = I = W = 1, B =
+2; `anvil pipeline-schedule` prints it), and writes one SVG per schedule (P = 4,
+m = 8): every rank's F/B/I/W actions and receive waits on one timeline, the
+ranks' traces laid on the steady clock they share (they run on one host).
+
+This machine has 2 cores: each rank runs one OpenMP thread, so P = 2 is two
+ranks on two cores but P = 4 is four ranks on two cores, and ranks that could
+run at once take turns; the P = 4 rows measure more than the schedule.
+Run from the repository root after scripts/setup.sh:
+    bench/pipeline_bubbles.py [--steps 3] [--seq 256] [--svg-dir docs/img]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"]
+ACTION = re.compile(r"^pipeline\.(\d+)([FBIW])(\d+)$")
+COLOURS = {"F": "#4c78a8", "B": "#54a24b", "I": "#72b7b2", "W": "#eeca3b", "wait": "#e45756"}
+
+
+def closed_form(schedule, P, m, V=2):
+    if schedule in ("GPipe", "1F1B"):
+        return (P - 1) / (m + P - 1)
+    if schedule == "Interleaved1F1B":
+        return (P - 1) / (V * m + P - 1)
+    return None
+
+
+def run(args, schedule, P, m, out):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_MCA_mpi_yield_when_idle="1")
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = ["mpirun", "--oversubscribe", "-np", str(P), "build/anvil", "train", "configs/llama3_25m.toml",
+           "--training.seq_len", str(args.seq), "--training.local_batch_size", str(m),
+           "--training.global_batch_size", str(m), "--parallelism.pipeline_parallel_degree", str(P),
+           "--parallelism.pipeline_parallel_schedule", schedule, "--parallelism.pipeline_parallel_microbatch_size", "1",
+           "--training.steps", str(args.steps), "--profiling.enable_profiling", "true",
+           "--profiling.profile_freq", str(args.steps), "--validation.enable", "false", "--checkpoint.enable", "false",
+           "--metrics.enable_tensorboard", "false", "--job.dump_folder", out]
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)}\n{r.stdout}")
+    traces = sorted(glob.glob(os.path.join(out, "profile_traces", f"step-{args.steps}*.trace.json")))
+    if len(traces) != P:
+        sys.exit(f"expected {P} traces of step {args.steps} in {out}/profile_traces, found {traces}")
+    return [json.load(open(t)) for t in traces]
+
+
+def spans(trace):
+    """The pass, the actions and the waits of one rank's trace, in absolute µs."""
+    origin = trace["otherData"]["clock_origin_us"]
+    rank = trace["otherData"]["rank"]
+    out = {"rank": rank, "pass": None, "actions": [], "waits": []}
+    for e in trace["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        begin, end = origin + e["ts"], origin + e["ts"] + e["dur"]
+        name = e["name"]
+        if name == "pipeline.pass":
+            out["pass"] = (begin, end)
+        elif ACTION.match(name):
+            out["actions"].append((begin, end, name))
+        elif name.startswith("pipeline.wait_"):
+            out["waits"].append((begin, end))
+    if out["pass"] is None:
+        sys.exit(f"rank {rank}'s trace has no pipeline.pass span")
+    return out
+
+
+def bubble(s):
+    p0, p1 = s["pass"]
+    busy = sum(e - b for b, e, _ in s["actions"]) - sum(e - b for b, e in s["waits"])
+    return 1 - busy / (p1 - p0)
+
+
+def simulated(schedule, P, m):
+    r = subprocess.run(["build/anvil", "pipeline-schedule", "--schedule", schedule, "--ranks", str(P),
+                        "--micro-batches", str(m)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    found = re.search(r"simulated bubble: mean ([0-9.]+)", r.stdout)
+    return float(found.group(1)) if found else None
+
+
+def svg(ranks, path, title):
+    t0 = min(s["pass"][0] for s in ranks)
+    t1 = max(s["pass"][1] for s in ranks)
+    width, row, left = 1000, 28, 60
+    scale = (width - left - 10) / (t1 - t0)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{row * len(ranks) + 60}" '
+             f'font-family="sans-serif" font-size="11">',
+             f'<text x="{left}" y="14">{title}: {(t1 - t0) / 1000:.1f} ms; F blue, B green, I teal, W yellow, '
+             f'waiting to receive red</text>']
+    for k, s in enumerate(sorted(ranks, key=lambda s: s["rank"])):
+        y = 24 + k * row
+        parts.append(f'<text x="4" y="{y + 16}">rank {s["rank"]}</text>')
+        for b, e, name in s["actions"]:
+            op = ACTION.match(name).group(2)
+            x = left + (b - t0) * scale
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max((e - b) * scale, 0.5):.1f}" height="{row - 6}" '
+                         f'fill="{COLOURS[op]}" stroke="white" stroke-width="0.3"><title>{name[9:]}</title></rect>')
+            if (e - b) * scale > 22:
+                parts.append(f'<text x="{x + 2:.1f}" y="{y + 15}" fill="white">{name[9:]}</text>')
+        for b, e in s["waits"]:
+            parts.append(f'<rect x="{left + (b - t0) * scale:.1f}" y="{y + row - 10}" '
+                         f'width="{max((e - b) * scale, 0.5):.1f}" height="4" fill="{COLOURS["wait"]}"/>')
+    parts.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(parts) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--micro-batches", default="4,8,16")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--svg-dir", default="")
+    args = ap.parse_args()
+    if not os.access("build/anvil", os.X_OK):
+        sys.exit("build first: scripts/test.sh or scripts/train.sh")
+    subprocess.run(["scripts/prepare_data.sh"], check=True, stdout=subprocess.DEVNULL)
+    print(f"\n## Bubbles: llama3/25M, seq {args.seq}, micro-batches of 1, step {args.steps} of each run\n")
+    print("| schedule | P | m | closed form | simulated (unit costs) | measured, mean of ranks | worst rank |")
+    print("|---|---|---|---|---|---|---|")
+    for schedule in args.schedules.split(","):
+        for P in map(int, args.ranks.split(",")):
+            for m in map(int, args.micro_batches.split(",")):
+                out = tempfile.mkdtemp(prefix="anvil_bubbles_")
+                try:
+                    ranks = [spans(t) for t in run(args, schedule, P, m, out)]
+                finally:
+                    shutil.rmtree(out, ignore_errors=True)
+                measured = [bubble(s) for s in ranks]
+                cf, sim = closed_form(schedule, P, m), simulated(schedule, P, m)
+                print(f"| {schedule} | {P} | {m} | {'' if cf is None else f'{cf:.3f}'} | "
+                      f"{'' if sim is None else f'{sim:.3f}'} | {statistics.mean(measured):.3f} | "
+                      f"{max(measured):.3f} |", flush=True)
+                if args.svg_dir and P == 4 and m == 8:
+                    os.makedirs(args.svg_dir, exist_ok=True)
+                    svg(ranks, os.path.join(args.svg_dir, f"pipeline_{schedule}_P4_m8.svg"),
+                        f"{schedule}, P = 4, m = 8")
+
+
+if __name__ == "__main__":
+    main()
