@@ -7,11 +7,15 @@ profiling on, reads the traces every pp rank writes of the last step, and per
 rank measures
     bubble = 1 - busy / pass,   busy = its action spans (pipeline.1F3, ...)
                                        minus the receive waits inside them
-over its pipeline pass (the pipeline.pass span). It prints a markdown table of
-the mean and worst rank beside the closed form ((P-1)/(m+P-1) for GPipe and
-1F1B, (P-1)/(V*m+P-1) for the interleaved ones with V = 2 stages per rank) and
-the same program's bubble in Anvil's unit-cost simulation (F = I = W = 1, B =
-2; `anvil pipeline-schedule` prints it), and writes one SVG per schedule (P = 4,
+                                pass = from the first rank's pipeline.pass
+                                       start to the last one's end It prints a markdown table of
+the mean over ranks and the worst rank beside the closed form ((P-1)/(m+P-1)
+for GPipe and 1F1B, (P-1)/(V*m+P-1) for Interleaved1F1B with V = 2 stages per
+rank), the same program's bubble in Anvil's unit-cost simulation (F = I = W =
+1, B = 2; `anvil pipeline-schedule` prints it) — both assume equal stages — and
+the program simulated again with this run's measured action times (what the
+schedule gives these unequal stages with instant messages; the last column says
+how unequal the ranks' work was, busiest over idlest), and writes one SVG per schedule (P = 4,
 m = 8): every rank's F/B/I/W actions and receive waits on one timeline, the
 ranks' traces laid on the steady clock they share (they run on one host).
 
@@ -86,17 +90,68 @@ def spans(trace):
     return out
 
 
-def bubble(s):
-    p0, p1 = s["pass"]
-    busy = sum(e - b for b, e, _ in s["actions"]) - sum(e - b for b, e in s["waits"])
-    return 1 - busy / (p1 - p0)
+def busy(s):
+    return sum(e - b for b, e, _ in s["actions"]) - sum(e - b for b, e in s["waits"])
+
+
+def bubble(s, ranks):
+    """Idle share of the pipeline's pass: from the first rank's start to the
+    last rank's end, as the closed forms count it."""
+    p0, p1 = min(r["pass"][0] for r in ranks), max(r["pass"][1] for r in ranks)
+    return 1 - busy(s) / (p1 - p0)
+
+
+def anvil_schedule(schedule, P, m, fmt):
+    r = subprocess.run(["build/anvil", "pipeline-schedule", "--schedule", schedule, "--ranks", str(P),
+                        "--micro-batches", str(m), "--format", fmt], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, check=True)
+    return r.stdout
 
 
 def simulated(schedule, P, m):
-    r = subprocess.run(["build/anvil", "pipeline-schedule", "--schedule", schedule, "--ranks", str(P),
-                        "--micro-batches", str(m)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    found = re.search(r"simulated bubble: mean ([0-9.]+)", r.stdout)
+    found = re.search(r"simulated bubble: mean ([0-9.]+)", anvil_schedule(schedule, P, m, "table"))
     return float(found.group(1)) if found else None
+
+
+def compute_times(ranks):
+    """Each action's compute time: its span minus the receive waits inside it."""
+    out = {}
+    for s in ranks:
+        for b, e, name in s["actions"]:
+            waited = sum(min(e, we) - max(b, wb) for wb, we in s["waits"] if wb < e and we > b)
+            out[name[len("pipeline."):]] = (e - b) - waited
+    return out
+
+
+def simulated_with(program, times):
+    """The program run with these action times and instant messages (as the
+    unit-cost simulator, with this run's costs): each rank's bubble."""
+    rows = [[c.strip() for c in line.split(",") if c.strip()] for line in program.strip().splitlines()]
+    stages = 1 + max(int(ACTION.match("pipeline." + c).group(1)) for row in rows for c in row)
+    done, free, nxt = {}, [0.0] * len(rows), [0] * len(rows)
+
+    def deps(cell):
+        s, op, i = ACTION.match("pipeline." + cell).groups()
+        s = int(s)
+        if op == "F":
+            return [f"{s - 1}F{i}"] if s > 0 else []
+        if op == "W":
+            return [f"{s}I{i}"]
+        nxt_stage = [] if s == stages - 1 else [f"{s + 1}B{i}" if f"{s + 1}B{i}" in times else f"{s + 1}I{i}"]
+        return [f"{s}F{i}"] + nxt_stage
+
+    progress = True
+    while progress:
+        progress = False
+        for r, row in enumerate(rows):
+            while nxt[r] < len(row) and all(d in done for d in deps(row[nxt[r]])):
+                cell = row[nxt[r]]
+                start = max([free[r]] + [done[d] for d in deps(cell)])
+                free[r] = done[cell] = start + times[cell]
+                nxt[r] += 1
+                progress = True
+    makespan = max(free)
+    return [1 - sum(times[c] for c in row) / makespan for row in rows]
 
 
 def svg(ranks, path, title):
@@ -128,7 +183,7 @@ def svg(ranks, path, title):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--micro-batches", default="4,8,16")
@@ -139,8 +194,9 @@ def main():
         sys.exit("build first: scripts/test.sh or scripts/train.sh")
     subprocess.run(["scripts/prepare_data.sh"], check=True, stdout=subprocess.DEVNULL)
     print(f"\n## Bubbles: llama3/25M, seq {args.seq}, micro-batches of 1, step {args.steps} of each run\n")
-    print("| schedule | P | m | closed form | simulated (unit costs) | measured, mean of ranks | worst rank |")
-    print("|---|---|---|---|---|---|---|")
+    print("| schedule | P | m | closed form | simulated, unit costs | simulated, measured costs "
+          "| measured | worst rank, measured | busiest / idlest rank's work |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for schedule in args.schedules.split(","):
         for P in map(int, args.ranks.split(",")):
             for m in map(int, args.micro_batches.split(",")):
@@ -149,11 +205,14 @@ def main():
                     ranks = [spans(t) for t in run(args, schedule, P, m, out)]
                 finally:
                     shutil.rmtree(out, ignore_errors=True)
-                measured = [bubble(s) for s in ranks]
+                measured = [bubble(s, ranks) for s in ranks]
+                work = [busy(s) for s in ranks]
                 cf, sim = closed_form(schedule, P, m), simulated(schedule, P, m)
+                sim_measured = simulated_with(anvil_schedule(schedule, P, m, "csv"), compute_times(ranks))
                 print(f"| {schedule} | {P} | {m} | {'' if cf is None else f'{cf:.3f}'} | "
-                      f"{'' if sim is None else f'{sim:.3f}'} | {statistics.mean(measured):.3f} | "
-                      f"{max(measured):.3f} |", flush=True)
+                      f"{'' if sim is None else f'{sim:.3f}'} | {statistics.mean(sim_measured):.3f} | "
+                      f"{statistics.mean(measured):.3f} | {max(measured):.3f} | {max(work) / min(work):.2f} |",
+                      flush=True)
                 if args.svg_dir and P == 4 and m == 8:
                     os.makedirs(args.svg_dir, exist_ok=True)
                     svg(ranks, os.path.join(args.svg_dir, f"pipeline_{schedule}_P4_m8.svg"),

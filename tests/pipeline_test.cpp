@@ -1,7 +1,9 @@
 // Pipeline parallelism: how the model is cut into stages and, through the
 // trainer under mpirun, every pipeline row of the layout table (tests/layout_parity.h:
-// PP 2 under 1F1B and GPipe, PP 4, PP 2 with FSDP 2, DDP 2 and TP 2) against
-// the single-process run, with the bounds and reasoning given there.
+// every schedule at PP 2 and PP 4, a CSV schedule, PP 2 with FSDP 2, DDP 2,
+// TP 2, and FSDP 2 x TP 2) against the single-process run, with the bounds and
+// reasoning given there; memory against the micro-batch count; checkpoints
+// across layouts; schedule files refused before the first step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -176,6 +178,11 @@ TEST(Pipeline, CheckpointsMoveBetweenPipelinesAndOtherLayouts) {
   ASSERT_EQ(from_fsdp.exit_code, 0) << from_fsdp.text;
   for (const char* target : {"single", "fsdp2"}) expect_resumes_as("pxl_pp2", target, "pxl_whole", batch);
   for (const char* target : {"pp2_1f1b", "pp2_tp2"}) expect_resumes_as("pxl_fsdp2", target, "pxl_whole", batch);
+  // Two stages per rank, in a V (rank 0 holds the first and the last) and looped.
+  const anvil::testing::CommandOutput from_zbv =
+      r.run(anvil::testing::layout("pp2_zbv"), "pxl_zbv", batch + "--training.local_batch_size 4 " + stop);
+  ASSERT_EQ(from_zbv.exit_code, 0) << from_zbv.text;
+  for (const char* target : {"single", "pp2_interleaved"}) expect_resumes_as("pxl_zbv", target, "pxl_whole", batch);
 }
 
 namespace {
@@ -221,7 +228,7 @@ TEST(Pipeline, FsdpHoldsAStageGatheredWeightsForTheStep) {
 // over 10 steps, which a stage bug (a block run twice or skipped, a boundary
 // gradient dropped) would exceed at once.
 TEST(Pipeline, Bf16PipelinesStayWithinTheirToleranceOfTheSingleProcess) {
-  for (const char* name : {"pp2_1f1b", "pp2_fsdp2"}) anvil::testing::expect_bf16_within(anvil::testing::layout(name), 1, 5e-4);
+  for (const char* name : {"pp2_1f1b", "pp2_fsdp2", "pp2_zero_bubble"}) anvil::testing::expect_bf16_within(anvil::testing::layout(name), 1, 5e-4);
 }
 
 // Every rank logs the true loss (torchtitan #547 logged -1 off the last
