@@ -16,14 +16,17 @@ rank), the same program's bubble in Anvil's unit-cost simulation (F = I = W =
 the program simulated again with this run's measured action times (what the
 schedule gives these unequal stages with instant messages; the last column says
 how unequal the ranks' work was, busiest over idlest), and writes one SVG per schedule (P = 4,
-m = 8): every rank's F/B/I/W actions and receive waits on one timeline, the
-ranks' traces laid on the steady clock they share (they run on one host).
+m = 8): every rank's F/B/I/W actions, its receive waits and a line per message
+between ranks on one timeline, the ranks' traces laid on the steady clock they
+share (they run on one host); --trace-dir writes each run's ranks as one Chrome
+trace (chrome://tracing, Perfetto) with a flow arrow per message.
 
 This machine has 2 cores: each rank runs one OpenMP thread, so P = 2 is two
 ranks on two cores but P = 4 is four ranks on two cores, and ranks that could
 run at once take turns; the P = 4 rows measure more than the schedule.
 Run from the repository root after scripts/setup.sh:
-    bench/pipeline_bubbles.py [--steps 3] [--seq 256] [--svg-dir docs/img]
+    bench/pipeline_bubbles.py [--steps 2] [--seq 256] [--svg-dir docs/img] [--auto-split]
+                              [--schedules 1F1B,...] [--ranks 2,4] [--micro-batches 4,8,16]
 """
 import argparse
 import glob
@@ -60,6 +63,8 @@ def run(args, schedule, P, m, out):
            "--training.steps", str(args.steps), "--profiling.enable_profiling", "true",
            "--profiling.profile_freq", str(args.steps), "--validation.enable", "false", "--checkpoint.enable", "false",
            "--metrics.enable_tensorboard", "false", "--job.dump_folder", out]
+    if args.auto_split:
+        cmd += ["--parallelism.pipeline_parallel_auto_split", "true"]
     r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)}\n{r.stdout}")
@@ -154,6 +159,45 @@ def simulated_with(program, times):
     return [1 - sum(times[c] for c in row) / makespan for row in rows]
 
 
+def messages(ranks):
+    """Every boundary tensor sent between ranks: (sender rank, end of the
+    action that made it, receiver rank, start of the action that used it)."""
+    where = {}
+    for s in ranks:
+        for b, e, name in s["actions"]:
+            where[name[len("pipeline."):]] = (s["rank"], b, e)
+    out = []
+    for cell, (rank, b, e) in where.items():
+        st, op, i = ACTION.match("pipeline." + cell).groups()
+        st = int(st)
+        to = [f"{st + 1}F{i}"] if op == "F" else [f"{st - 1}B{i}", f"{st - 1}I{i}"] if op in "BI" else []
+        for t in to:
+            if t in where and where[t][0] != rank:
+                out.append((rank, e, where[t][0], where[t][1]))
+    return out
+
+
+def merged_trace(traces, path):
+    """Every rank's Chrome trace on one timeline (the steady clock they share)
+    with a flow arrow per message between ranks."""
+    origin = min(t["otherData"]["clock_origin_us"] for t in traces)
+    events = []
+    for t in traces:
+        shift = t["otherData"]["clock_origin_us"] - origin
+        for e in t["traceEvents"]:
+            e = dict(e)
+            if "ts" in e:
+                e["ts"] += shift
+            events.append(e)
+    for k, (src, sent, dst, used) in enumerate(messages([spans(t) for t in traces])):
+        events.append({"ph": "s", "id": k, "name": "message", "cat": "pipeline", "pid": src, "tid": 0,
+                       "ts": sent - origin})
+        events.append({"ph": "f", "bp": "e", "id": k, "name": "message", "cat": "pipeline", "pid": dst, "tid": 0,
+                       "ts": used - origin})
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+
+
 def svg(ranks, path, title):
     t0 = min(s["pass"][0] for s in ranks)
     t1 = max(s["pass"][1] for s in ranks)
@@ -162,7 +206,7 @@ def svg(ranks, path, title):
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{row * len(ranks) + 60}" '
              f'font-family="sans-serif" font-size="11">',
              f'<text x="{left}" y="14">{title}: {(t1 - t0) / 1000:.1f} ms; F blue, B green, I teal, W yellow, '
-             f'waiting to receive red</text>']
+             f'waiting to receive red, grey lines the messages</text>']
     for k, s in enumerate(sorted(ranks, key=lambda s: s["rank"])):
         y = 24 + k * row
         parts.append(f'<text x="4" y="{y + 16}">rank {s["rank"]}</text>')
@@ -176,6 +220,11 @@ def svg(ranks, path, title):
         for b, e in s["waits"]:
             parts.append(f'<rect x="{left + (b - t0) * scale:.1f}" y="{y + row - 10}" '
                          f'width="{max((e - b) * scale, 0.5):.1f}" height="4" fill="{COLOURS["wait"]}"/>')
+    order = {s["rank"]: k for k, s in enumerate(sorted(ranks, key=lambda s: s["rank"]))}
+    for src, sent, dst, used in messages(ranks):  # a grey line per message between ranks
+        y0, y1 = 24 + order[src] * row + (row - 6) / 2, 24 + order[dst] * row + (row - 6) / 2
+        parts.append(f'<line x1="{left + (sent - t0) * scale:.1f}" y1="{y0:.0f}" x2="{left + (used - t0) * scale:.1f}" '
+                     f'y2="{y1:.0f}" stroke="#555" stroke-width="0.4" stroke-opacity="0.6"/>')
     parts.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(parts) + "\n")
@@ -189,11 +238,14 @@ def main():
     ap.add_argument("--micro-batches", default="4,8,16")
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--svg-dir", default="")
+    ap.add_argument("--trace-dir", default="", help="write each run's ranks as one Chrome trace here")
+    ap.add_argument("--auto-split", action="store_true", help="cut the stages by estimated cost, not layer counts")
     args = ap.parse_args()
     if not os.access("build/anvil", os.X_OK):
         sys.exit("build first: scripts/test.sh or scripts/train.sh")
     subprocess.run(["scripts/prepare_data.sh"], check=True, stdout=subprocess.DEVNULL)
-    print(f"\n## Bubbles: llama3/25M, seq {args.seq}, micro-batches of 1, step {args.steps} of each run\n")
+    split = "automatic split" if args.auto_split else "default split"
+    print(f"\n## Bubbles: llama3/25M, {split}, seq {args.seq}, micro-batches of 1, step {args.steps} of each run\n")
     print("| schedule | P | m | closed form | simulated, unit costs | simulated, measured costs "
           "| measured | worst rank, measured | busiest / idlest rank's work |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -202,7 +254,8 @@ def main():
             for m in map(int, args.micro_batches.split(",")):
                 out = tempfile.mkdtemp(prefix="anvil_bubbles_")
                 try:
-                    ranks = [spans(t) for t in run(args, schedule, P, m, out)]
+                    traces = run(args, schedule, P, m, out)
+                    ranks = [spans(t) for t in traces]
                 finally:
                     shutil.rmtree(out, ignore_errors=True)
                 measured = [bubble(s, ranks) for s in ranks]
@@ -217,6 +270,9 @@ def main():
                     os.makedirs(args.svg_dir, exist_ok=True)
                     svg(ranks, os.path.join(args.svg_dir, f"pipeline_{schedule}_P4_m8.svg"),
                         f"{schedule}, P = 4, m = 8")
+                if args.trace_dir:
+                    os.makedirs(args.trace_dir, exist_ok=True)
+                    merged_trace(traces, os.path.join(args.trace_dir, f"pipeline_{schedule}_P{P}_m{m}.trace.json"))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using anvil::testing::error_of;
 using anvil::BpeModel;
 using anvil::BpeTrainOptions;
 
@@ -126,15 +127,6 @@ BpeTrainOptions with_vocab(int64_t n) {
   return o;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const anvil::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 

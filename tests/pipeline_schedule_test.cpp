@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "anvil/core/error.h"
+#include "test_util.h"
 
 using namespace anvil;
+using anvil::testing::error_of;
 
 namespace {
 
@@ -27,15 +29,6 @@ std::string row_of(const std::vector<PipeAction>& row) {
     out += action_name(a);
   }
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -167,7 +160,7 @@ TEST(PipelineSchedule, EveryScheduleIsValid) {
       for (int m : {4, 8, 16})
         for (int V : {1, 2, 3}) {
           if (looped(name) ? V == 1 : V != schedule_stages_per_rank(name, 0)) continue;
-          SCOPED_TRACE(testing::Message() << name << " P " << P << " V " << V << " m " << m);
+          SCOPED_TRACE(::testing::Message() << name << " P " << P << " V " << V << " m " << m);
           const PipeSchedule s = schedule(name, P, V, m);
           EXPECT_EQ(s.placement.stages(), P * V);
           EXPECT_EQ(s.program.size(), static_cast<size_t>(P));
@@ -189,7 +182,7 @@ TEST(PipelineSchedule, InFlightMicroBatchesFollowTheSchedule) {
       const PipeProgram one_f_one_b = schedule("1F1B", P, 1, m).program, gpipe = schedule("GPipe", P, 1, m).program;
       const PipeProgram zbv = schedule("ZBVZeroBubble", P, 2, m).program;
       for (int r = 0; r < P; ++r) {
-        SCOPED_TRACE(testing::Message() << "P " << P << " m " << m << " rank " << r);
+        SCOPED_TRACE(::testing::Message() << "P " << P << " m " << m << " rank " << r);
         const size_t R = static_cast<size_t>(r);
         EXPECT_EQ(max_in_flight(one_f_one_b[R]), P - r);
         EXPECT_EQ(max_in_flight(gpipe[R]), m);
@@ -220,7 +213,7 @@ TEST(PipelineSchedule, SimulatedBubblesMatchTheClosedForms) {
   const PipeCosts unit{1, 1, 1};
   for (int P : {2, 4})
     for (int m : {4, 8, 16}) {
-      SCOPED_TRACE(testing::Message() << "P " << P << " m " << m);
+      SCOPED_TRACE(::testing::Message() << "P " << P << " m " << m);
       for (const char* name : {"GPipe", "1F1B"}) {
         const PipeTimeline t = simulate_pipeline_schedule(schedule(name, P, 1, m), unit);
         EXPECT_DOUBLE_EQ(t.makespan, 3.0 * (m + P - 1)) << name;
@@ -438,7 +431,7 @@ TEST(PipelineScheduleCsv, BadFilesAreRefusedNamingTheCell) {
 }
 
 TEST(PipelineScheduleCsv, ReadsAFileAndNamesAMissingOne) {
-  const std::string path = testing::TempDir() + "pipeline_schedule_test.csv";
+  const std::string path = ::testing::TempDir() + "pipeline_schedule_test.csv";
   const PipeSchedule s = schedule("ZBVZeroBubble", 2, 2, 4);
   {
     std::FILE* f = std::fopen(path.c_str(), "wb");

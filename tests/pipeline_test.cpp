@@ -23,19 +23,7 @@
 #include "layout_parity.h"
 
 using namespace anvil;
-
-namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using anvil::testing::error_of;
 
 TEST(PipelineStages, TheEmbeddingAndTheHeadCountAsABlockEachByDefault) {
   const ModelArgs args = model_flavor("llama3", "debugmodel");  // 6 blocks

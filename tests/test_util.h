@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "anvil/core/error.h"
 #include "anvil/core/rng.h"
 #include "anvil/core/tensor.h"
 
@@ -40,6 +41,16 @@ inline CommandOutput run_anvil(const std::string& args, const std::string& prefi
 // going on at the same time (two builds, ctest -j) never share files.
 // It is removed when the test program ends (checkpoints make a full run
 // several GB), unless ANVIL_KEEP_TEST_FILES is set, to look at after a failure.
+// The message of the anvil::Error `f` throws; empty when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 inline std::filesystem::path scratch_root() {
   struct Root {
     std::filesystem::path path;
