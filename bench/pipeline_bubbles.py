@@ -13,7 +13,9 @@ the mean over ranks and the worst rank beside the closed form ((P-1)/(m+P-1)
 for GPipe and 1F1B, (P-1)/(V*m+P-1) for Interleaved1F1B with V = 2 stages per
 rank), the same program's bubble in Anvil's unit-cost simulation (F = I = W =
 1, B = 2; `anvil pipeline-schedule` prints it) — both assume equal stages — and
-the program simulated again with this run's measured action times (what the
+the program the ranks ran (read from their traces; ZBVZeroBubble's is planned
+with the stages' estimated costs) simulated with this run's measured action
+times (what the
 schedule gives these unequal stages with instant messages; the last column says
 how unequal the ranks' work was, busiest over idlest), and writes one SVG per schedule (P = 4,
 m = 8): every rank's F/B/I/W actions, its receive waits and a line per message
@@ -106,15 +108,11 @@ def bubble(s, ranks):
     return 1 - busy(s) / (p1 - p0)
 
 
-def anvil_schedule(schedule, P, m, fmt):
-    r = subprocess.run(["build/anvil", "pipeline-schedule", "--schedule", schedule, "--ranks", str(P),
-                        "--micro-batches", str(m), "--format", fmt], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, check=True)
-    return r.stdout
-
-
 def simulated(schedule, P, m):
-    found = re.search(r"simulated bubble: mean ([0-9.]+)", anvil_schedule(schedule, P, m, "table"))
+    r = subprocess.run(["build/anvil", "pipeline-schedule", "--schedule", schedule, "--ranks", str(P),
+                        "--micro-batches", str(m)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       check=True)
+    found = re.search(r"simulated bubble: mean ([0-9.]+)", r.stdout)
     return float(found.group(1)) if found else None
 
 
@@ -128,10 +126,15 @@ def compute_times(ranks):
     return out
 
 
-def simulated_with(program, times):
+def program_of(ranks):
+    """What each rank ran, in order, read from its trace."""
+    return [[name[len("pipeline."):] for _, _, name in sorted(s["actions"])]
+            for s in sorted(ranks, key=lambda s: s["rank"])]
+
+
+def simulated_with(rows, times):
     """The program run with these action times and instant messages (as the
     unit-cost simulator, with this run's costs): each rank's bubble."""
-    rows = [[c.strip() for c in line.split(",") if c.strip()] for line in program.strip().splitlines()]
     stages = 1 + max(int(ACTION.match("pipeline." + c).group(1)) for row in rows for c in row)
     done, free, nxt = {}, [0.0] * len(rows), [0] * len(rows)
 
@@ -261,7 +264,7 @@ def main():
                 measured = [bubble(s, ranks) for s in ranks]
                 work = [busy(s) for s in ranks]
                 cf, sim = closed_form(schedule, P, m), simulated(schedule, P, m)
-                sim_measured = simulated_with(anvil_schedule(schedule, P, m, "csv"), compute_times(ranks))
+                sim_measured = simulated_with(program_of(ranks), compute_times(ranks))
                 print(f"| {schedule} | {P} | {m} | {'' if cf is None else f'{cf:.3f}'} | "
                       f"{'' if sim is None else f'{sim:.3f}'} | {statistics.mean(sim_measured):.3f} | "
                       f"{statistics.mean(measured):.3f} | {max(measured):.3f} | {max(work) / min(work):.2f} |",

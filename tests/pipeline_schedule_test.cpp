@@ -449,3 +449,26 @@ TEST(PipelineScheduleCsv, ReadsAFileAndNamesAMissingOne) {
               has(e, "parallelism.pipeline_parallel_schedule_csv"))
       << e;
 }
+
+// ZB-V planned with the stages' costs: with costs in the proportions measured
+// on llama3/25M at P = 2 (docs/pipeline.md: the outer stages hold one block,
+// the inner two, and the last stage's I carries the fused head, about 6 times
+// a block's pass), the program planned for those costs finishes sooner, run
+// with those costs, than the one planned for equal costs, and still holds at
+// most 2P micro-batch-stages per rank.
+TEST(PipelineSchedule, ZbvPlannedWithTheStagesCostsBeatsTheEqualCostPlan) {
+  for (int P : {2, 4})
+    for (int m : {4, 8, 16}) {
+      std::vector<PipeCosts> costs(static_cast<size_t>(2 * P), PipeCosts{2, 2.2, 2});
+      costs.front() = {1, 1.1, 1};
+      costs.back() = {1, 6.2, 1};
+      const PipeSchedule equal = make_pipeline_schedule("ZBVZeroBubble", P, 2, m);
+      const PipeSchedule planned = make_pipeline_schedule("ZBVZeroBubble", P, 2, m, costs);
+      const double t_equal = simulate_pipeline_schedule(equal, costs).makespan;
+      const double t_planned = simulate_pipeline_schedule(planned, costs).makespan;
+      EXPECT_LT(t_planned, t_equal) << "P " << P << " m " << m;
+      std::printf("ZB-V P %d m %2d, measured-like costs: makespan %.0f planned for them, %.0f for equal costs\n",
+                  P, m, t_planned, t_equal);
+      for (const std::vector<PipeAction>& row : planned.program) EXPECT_LE(max_in_flight(row), 2 * P);
+    }
+}

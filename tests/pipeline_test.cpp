@@ -105,11 +105,11 @@ TEST(PipelineMemory, InterleavedAndZeroBubbleSchedulesDoNotGrowWithMicroBatches)
 // and head each outweigh the debug model's 4 blocks together (V·D = 32.8M
 // weights against 0.8M a block), so on 2 stages the head stands alone.
 TEST(PipelineStages, TheAutomaticSplitBalancesComputeAndMemory) {
-  const std::vector<ModuleCost> equal(6, ModuleCost{1, 1, 0});
+  const std::vector<ModuleCost> equal(6, ModuleCost{.forward = 1, .weight_bytes = 1});
   EXPECT_EQ(balanced_pipeline_cut(equal, {1, 1, 1}), (std::vector<int>{0, 2, 4}));
   // Activations count times the micro-batches a stage holds: the first stage
   // under 1F1B holds more, so it takes fewer modules.
-  const std::vector<ModuleCost> activation_heavy(6, ModuleCost{0, 0, 1});
+  const std::vector<ModuleCost> activation_heavy(6, ModuleCost{.activation_bytes = 1});
   EXPECT_EQ(balanced_pipeline_cut(activation_heavy, {2, 1}), (std::vector<int>{0, 2}));
   const ModelArgs big_vocab = model_flavor("llama3", "debugmodel_128k");  // 4 blocks
   const TrainShape shape{1, 512, DType::bf16, AcPolicy{AcMode::full, 1}};

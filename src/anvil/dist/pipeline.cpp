@@ -51,7 +51,8 @@ std::vector<int> pipeline_stage_in_flight(const PipeSchedule& schedule) {
   return most;
 }
 
-std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split) {
+std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split,
+                                     const PipePlacement* placement) {
   const int n = static_cast<int>(args.n_layers);
   std::string out;
   for (int s = 0; s < split.stages; ++s) {
@@ -62,7 +63,9 @@ std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit&
     if (b1 - b0 == 1) parts.push_back(detail::concat("block ", b0));
     if (b1 - b0 > 1) parts.push_back(detail::concat("blocks ", b0, "-", b1 - 1));
     if (end == n + 2) parts.push_back("head");
-    out += detail::concat(s ? "; " : "", "stage ", s, ":");
+    out += detail::concat(s ? "; " : "", "stage ", s);
+    if (placement) out += detail::concat(" on rank ", placement->rank_of(s));
+    out += ":";
     for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : " ") + parts[i];
   }
   return out;

@@ -51,8 +51,10 @@ std::vector<ModuleRange> pipeline_rank_modules(const ModelArgs& args, const Pipe
 // The most micro-batches each stage holds at once (from its forward to the
 // end of its backward) under the schedule: what its activations cost.
 std::vector<int> pipeline_stage_in_flight(const PipeSchedule& schedule);
-// "stage 0: embedding, blocks 0-3; stage 1: blocks 4-5, head", for the banner.
-std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split);
+// "stage 0: embedding, blocks 0-3; stage 1: blocks 4-5, head", for the banner;
+// with a placement, each stage's rank too ("stage 0 on rank 0: ...").
+std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split,
+                                     const PipePlacement* placement = nullptr);
 
 // The whole model's flat fp32 buffer of a per-parameter state (master weights
 // or an AdamW moment), laid out as a ParamStore of llama_param_specs(args), on

@@ -166,27 +166,35 @@ PipeProgram looped_bfs(int P, int V, int m) {
 
 // ---- ZB-V ------------------------------------------------------------------
 
-// ZB-V built by a greedy list scheduler over a unit-cost run (F = I = W = 1,
-// messages instant): at each time step every idle rank takes, among the
-// actions whose inputs have arrived, first an I (another rank waits for it),
-// then an F (the up leg of the V before the down leg, since it leads to the
-// loss), then the oldest pending W (nobody waits for it, so it fills what
-// would be idle time). A new micro-batch enters a rank's down leg only while
-// the rank holds, counting the up-leg stage each started micro-batch will
-// still need, fewer than 2P micro-batch-stages (F run, W not yet): P
-// micro-batches' worth of the rank's layers, 1F1B's bound on rank 0. What
-// the simulated ranks ran, in order, is the program.
-PipeProgram zbv_zero_bubble(int P, int m) {
+// ZB-V built by a greedy list scheduler over a run with the stages' costs
+// (unit costs when none are given; messages instant): whenever a rank is free
+// it takes, among the actions whose inputs have arrived, first an I (another
+// rank waits for it), then an F (the up leg of the V before the down leg,
+// since it leads to the loss), then the oldest pending W (nobody waits for it,
+// so it fills what would be idle time); with nothing to take it waits for the
+// next action anywhere to finish. A new micro-batch enters a rank's down leg
+// only while the rank holds, counting the up-leg stage each started
+// micro-batch will still need, fewer than 2P micro-batch-stages (F run, W not
+// yet): P micro-batches' worth of the rank's layers, 1F1B's bound on rank 0.
+// What the simulated ranks ran, in order, is the program. Costs matter: the
+// stage holding the head runs the head's whole fused pass in its I, and a
+// program built for equal costs puts that long I on every micro-batch's path.
+PipeProgram zbv_zero_bubble(int P, int m, const std::vector<PipeCosts>& costs) {
   const int S = 2 * P, cap = 2 * P;
   auto at = [m](int s, int i) { return static_cast<size_t>(s * m + i); };
-  std::vector<int> f_end(static_cast<size_t>(S * m), -1), i_end(f_end);  // finish times; -1: not run
-  std::vector<int> next_f(static_cast<size_t>(S), 0), next_i(next_f);    // per stage, in micro-batch order
+  auto cost = [&](PipeOp op, int s) {
+    const PipeCosts& c = costs[static_cast<size_t>(s)];
+    return op == PipeOp::forward ? c.forward : op == PipeOp::backward_input ? c.backward_input : c.backward_weight;
+  };
+  std::vector<double> f_end(static_cast<size_t>(S * m), -1), i_end(f_end);  // finish times; -1: not run
+  std::vector<int> next_f(static_cast<size_t>(S), 0), next_i(next_f);       // per stage, in micro-batch order
   std::vector<int> in_flight(static_cast<size_t>(P), 0);
+  std::vector<double> free_at(static_cast<size_t>(P), 0);
   std::vector<std::deque<PipeAction>> pending_w(static_cast<size_t>(P));
   PipeProgram program(static_cast<size_t>(P));
-  for (int t = 0, left = P * 6 * m; left > 0; ++t) {
-    ANVIL_ASSERT(t <= 6 * m * P + 4 * P, "the ZB-V list scheduler made no progress");
-    auto done_by = [t](int end) { return end >= 0 && end <= t; };
+  // Rank r, free at time t, takes an action if it has one; false if not.
+  auto try_act = [&](int r, double t) {
+    auto done_by = [t](double end) { return end >= 0 && end <= t; };
     auto input_ready = [&](int s) {
       const int i = next_i[static_cast<size_t>(s)];
       return i < m && done_by(f_end[at(s, i)]) && (s == S - 1 || done_by(i_end[at(s + 1, i)]));
@@ -195,37 +203,57 @@ PipeProgram zbv_zero_bubble(int P, int m) {
       const int i = next_f[static_cast<size_t>(s)];
       return i < m && (s == 0 || done_by(f_end[at(s - 1, i)]));
     };
-    for (int r = 0; r < P; ++r) {
-      const int down = r, up = S - 1 - r;
-      int& held = in_flight[static_cast<size_t>(r)];
-      std::deque<PipeAction>& w = pending_w[static_cast<size_t>(r)];
-      auto run = [&](PipeOp op, int s) {
-        const bool fwd = op == PipeOp::forward;
-        const PipeAction act{op, s, (fwd ? next_f : next_i)[static_cast<size_t>(s)]++};
-        (fwd ? f_end : i_end)[at(s, act.micro_batch)] = t + 1;
-        if (fwd) ++held;
-        if (!fwd) w.push_back({PipeOp::backward_weight, s, act.micro_batch});
-        row(program, r).push_back(act);
-      };
-      // Micro-batches in the down leg whose up-leg forward is still to come.
-      const int reserved = next_f[static_cast<size_t>(down)] - next_f[static_cast<size_t>(up)];
-      const bool up_i = input_ready(up), down_i = input_ready(down);
-      if (up_i || down_i) {  // the oldest micro-batch first, the up leg on a tie
-        const bool pick_up = up_i && (!down_i || next_i[static_cast<size_t>(up)] <= next_i[static_cast<size_t>(down)]);
-        run(PipeOp::backward_input, pick_up ? up : down);
-      } else if (forward_ready(up)) {
-        run(PipeOp::forward, up);
-      } else if (forward_ready(down) && held + reserved < cap) {
-        run(PipeOp::forward, down);
-      } else if (!w.empty()) {
-        row(program, r).push_back(w.front());
-        w.pop_front();
-        --held;
-      } else {
-        continue;  // idle this step
-      }
-      --left;
+    const int down = r, up = S - 1 - r;
+    int& held = in_flight[static_cast<size_t>(r)];
+    std::deque<PipeAction>& w = pending_w[static_cast<size_t>(r)];
+    auto run = [&](PipeOp op, int s) {
+      const bool fwd = op == PipeOp::forward;
+      const PipeAction act{op, s, (fwd ? next_f : next_i)[static_cast<size_t>(s)]++};
+      free_at[static_cast<size_t>(r)] = t + cost(op, s);
+      (fwd ? f_end : i_end)[at(s, act.micro_batch)] = t + cost(op, s);
+      if (fwd) ++held;
+      if (!fwd) w.push_back({PipeOp::backward_weight, s, act.micro_batch});
+      row(program, r).push_back(act);
+    };
+    // Micro-batches in the down leg whose up-leg forward is still to come.
+    const int reserved = next_f[static_cast<size_t>(down)] - next_f[static_cast<size_t>(up)];
+    const bool up_i = input_ready(up), down_i = input_ready(down);
+    if (up_i || down_i) {  // the oldest micro-batch first, the up leg on a tie
+      const bool pick_up = up_i && (!down_i || next_i[static_cast<size_t>(up)] <= next_i[static_cast<size_t>(down)]);
+      run(PipeOp::backward_input, pick_up ? up : down);
+    } else if (forward_ready(up)) {
+      run(PipeOp::forward, up);
+    } else if (forward_ready(down) && held + reserved + 2 <= cap) {  // its down and its up stage
+      run(PipeOp::forward, down);
+    } else if (!w.empty()) {
+      const PipeAction act = w.front();
+      w.pop_front();
+      free_at[static_cast<size_t>(r)] = t + cost(PipeOp::backward_weight, act.stage);
+      row(program, r).push_back(act);
+      --held;
+    } else {
+      return false;
     }
+    return true;
+  };
+  for (int left = P * 6 * m; left > 0;) {
+    // The ranks free first decide next, the lowest first; when none of them
+    // can act they wait for the next action anywhere to finish.
+    const double t = *std::min_element(free_at.begin(), free_at.end());
+    bool acted = false;
+    for (int r = 0; r < P && !acted; ++r)
+      if (free_at[static_cast<size_t>(r)] == t) acted = try_act(r, t);
+    if (acted) {
+      --left;
+      continue;
+    }
+    double next = -1;
+    for (const std::vector<double>* ends : {&f_end, &i_end, &free_at})
+      for (double end : *ends)
+        if (end > t && (next < 0 || end < next)) next = end;
+    ANVIL_ASSERT(next > t, "the ZB-V list scheduler made no progress");
+    for (double& f : free_at)
+      if (f == t) f = next;
   }
   return program;
 }
@@ -406,7 +434,8 @@ int schedule_stages_per_rank(const std::string& name, int requested) {
                              "parallelism.pipeline_parallel_schedule_csv)"));
 }
 
-PipeSchedule make_pipeline_schedule(const std::string& name, int ranks, int stages_per_rank, int micro_batches) {
+PipeSchedule make_pipeline_schedule(const std::string& name, int ranks, int stages_per_rank, int micro_batches,
+                                    const std::vector<PipeCosts>& stage_costs) {
   const int P = ranks, V = schedule_stages_per_rank(name, stages_per_rank), m = micro_batches;
   ANVIL_CHECK(P >= 1 && m >= 1, "a pipeline needs at least one rank and one micro-batch, not ", P, " and ", m);
   auto need_at_least = [&](int needed, const std::string& why) {
@@ -438,7 +467,9 @@ PipeSchedule make_pipeline_schedule(const std::string& name, int ranks, int stag
   } else {  // ZBVZeroBubble (schedule_stages_per_rank refused any other name)
     need_at_least(P, ", one per rank");
     s.placement = v_placement(P);
-    s.program = zbv_zero_bubble(P, m);
+    ANVIL_ASSERT(stage_costs.empty() || static_cast<int>(stage_costs.size()) == 2 * P, stage_costs.size(),
+                 " stage costs for ", 2 * P, " stages");
+    s.program = zbv_zero_bubble(P, m, stage_costs.empty() ? std::vector<PipeCosts>(2 * P) : stage_costs);
   }
   check_schedule(s, m, program_positions());
   return s;
@@ -535,6 +566,10 @@ std::string format_pipeline_csv(const PipeProgram& program) {
 }
 
 PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const PipeCosts& costs) {
+  return simulate_pipeline_schedule(schedule, std::vector<PipeCosts>(static_cast<size_t>(schedule.placement.stages()), costs));
+}
+
+PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const std::vector<PipeCosts>& stage_costs) {
   const PipeProgram& program = schedule.program;
   const int P = static_cast<int>(program.size()), S = schedule.placement.stages();
   int m = 0;
@@ -546,7 +581,8 @@ PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const Pipe
   const size_t slots = static_cast<size_t>(S * m);
   std::vector<double> f_end(slots, -1), back_end(slots, -1);
   auto slot = [&](const PipeAction& a) { return static_cast<size_t>(a.stage * m + a.micro_batch); };
-  auto cost = [&](PipeOp op) {
+  auto cost = [&](PipeOp op, int stage) {
+    const PipeCosts& costs = stage_costs[static_cast<size_t>(stage)];
     switch (op) {
       case PipeOp::forward:
         return costs.forward;
@@ -580,8 +616,8 @@ PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const Pipe
         const double ready = input_time(a);
         if (ready < 0) break;
         double& free = free_at[static_cast<size_t>(r)];
-        free = std::max(free, ready) + cost(a.op);
-        t.busy[static_cast<size_t>(r)] += cost(a.op);
+        free = std::max(free, ready) + cost(a.op, a.stage);
+        t.busy[static_cast<size_t>(r)] += cost(a.op, a.stage);
         if (a.op == PipeOp::forward) f_end[slot(a)] = free;
         if (a.op == PipeOp::backward || a.op == PipeOp::backward_input) back_end[slot(a)] = free;
         t.makespan = std::max(t.makespan, free);

@@ -25,7 +25,8 @@
 //                          then the backwards in reverse stage order
 //   InterleavedZeroBubble  Interleaved1F1B with B split into I and W, W deferred
 //                          into the cooldown's bubbles (ZB-H1)
-//   ZBVZeroBubble          ZB-V: V placement, I and W split
+//   ZBVZeroBubble          ZB-V: V placement, I and W split, planned by a list
+//                          scheduler over the stages' estimated costs
 //   a CSV file             parallelism.pipeline_parallel_schedule_csv: one row per
 //                          rank, one cell per action, "<stage><op><micro-batch>"
 //                          as torchtitan writes them ("0F3", "1I0", "1W0")
@@ -72,11 +73,19 @@ struct PipeSchedule {
 // requested count the schedule cannot run.
 int schedule_stages_per_rank(const std::string& name, int requested);
 
+// What an action costs (any unit: a time, FLOPs), per stage: B costs I + W.
+struct PipeCosts {
+  double forward = 1, backward_input = 1, backward_weight = 1;
+};
+
 // The named schedule over `ranks` ranks with stages_per_rank stages each (as
 // schedule_stages_per_rank resolves it) and m micro-batches, checked. Throws
 // anvil::Error for an unknown name, or too few (or a count the schedule cannot
 // divide) micro-batches, saying how many it needs and which keys set them.
-PipeSchedule make_pipeline_schedule(const std::string& name, int ranks, int stages_per_rank, int micro_batches);
+// stage_costs (one per stage, or empty for equal ones): what ZBVZeroBubble's
+// list scheduler plans with; the other schedules are fixed orders.
+PipeSchedule make_pipeline_schedule(const std::string& name, int ranks, int stages_per_rank, int micro_batches,
+                                    const std::vector<PipeCosts>& stage_costs = {});
 
 // A schedule from CSV text (torchtitan's format: row r is rank r's actions,
 // cells separated by commas, blank cells and surrounding spaces ignored),
@@ -101,14 +110,13 @@ std::string action_name(const PipeAction& a);
 
 // The schedule run with fixed costs per action and instant messages: when
 // each rank is busy. The bubble fraction of rank r is 1 − busy[r] / makespan.
-struct PipeCosts {
-  double forward = 1, backward_input = 1, backward_weight = 1;  // B costs I + W
-};
 struct PipeTimeline {
   std::vector<double> busy;  // per rank
   double makespan = 0;       // when the last rank finishes
   double bubble_fraction(int rank) const { return 1 - busy[static_cast<size_t>(rank)] / makespan; }
 };
 PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const PipeCosts& costs = {});
+// The same with each stage's own costs (one per stage).
+PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const std::vector<PipeCosts>& stage_costs);
 
 }  // namespace anvil

@@ -13,19 +13,24 @@ std::vector<ModuleCost> pipeline_module_costs(const ModelArgs& args, const Train
   // Per parameter: fp32 master, gradient and two AdamW moments, and a bf16 compute copy.
   const double state = 16 + (shape.compute_dtype == DType::bf16 ? 2 : 0);
   std::vector<ModuleCost> out;
-  out.push_back({6 * M * D, V * D * state, 0});  // the embedding: a gather and a scatter-add of M rows
+  out.push_back({2 * M * D, 0, 4 * M * D, V * D * state, 0});  // the embedding: a gather, a scatter-add of M rows
   const double block_params = static_cast<double>(args.params_per_layer());
   // The matrix products 6 FLOPs per weight per token, attention's scores and
   // weighted sum 12·heads·head_dim·seq per token (as plan/flops.h counts them).
   const double attention = 12.0 * static_cast<double>(args.n_heads * args.head_dim() * shape.seq_len);
   for (int l = 0; l < args.n_layers; ++l) {
-    double flops = M * (6 * block_params + attention);
-    if (shape.ac.recomputes_whole_block(l)) flops *= 4.0 / 3.0;  // the forward again before the backward
-    out.push_back({flops, block_params * state, static_cast<double>(block_saved_bytes(args, shape, l))});
+    // A third each: the forward, the input gradient (attention's backward is
+    // counted there), the weight gradient; full checkpointing runs the forward
+    // again before the input gradient.
+    const double third = M * (6 * block_params + attention) / 3;
+    const double recompute = shape.ac.recomputes_whole_block(l) ? third : 0;
+    out.push_back({third, third + recompute, third, block_params * state,
+                   static_cast<double>(block_saved_bytes(args, shape, l))});
   }
-  // The head: output projection forward and backward, and it keeps its input.
+  // The head: the output projection's forward and both gradients, all in its
+  // fused pass (I); it keeps its input from the forward.
   const double head_params = D + (args.tie_embeddings ? 0 : V * D);
-  out.push_back({6 * M * V * D, head_params * state, M * D * e});
+  out.push_back({0, 6 * M * V * D, 0, head_params * state, M * D * e});
   return out;
 }
 
@@ -34,11 +39,11 @@ std::vector<int> balanced_pipeline_cut(const std::vector<ModuleCost>& costs, con
   ANVIL_CHECK(S >= 1 && S <= n, "the model's ", n, " modules cannot fill ", S, " pipeline stages");
   double flops = 0, bytes = 0, mean_in_flight = 0;
   for (int k : in_flight) mean_in_flight += static_cast<double>(k) / S;
-  for (const ModuleCost& c : costs) flops += c.flops, bytes += c.weight_bytes + c.activation_bytes * mean_in_flight;
+  for (const ModuleCost& c : costs) flops += c.flops(), bytes += c.weight_bytes + c.activation_bytes * mean_in_flight;
   // Prefix sums, so a stage's totals are two subtractions.
   std::vector<double> pf(n + 1, 0), pw(n + 1, 0), pa(n + 1, 0);
   for (int i = 0; i < n; ++i) {
-    pf[i + 1] = pf[i] + costs[i].flops;
+    pf[i + 1] = pf[i] + costs[i].flops();
     pw[i + 1] = pw[i] + costs[i].weight_bytes;
     pa[i + 1] = pa[i] + costs[i].activation_bytes;
   }

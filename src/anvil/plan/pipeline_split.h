@@ -18,9 +18,14 @@
 namespace anvil {
 
 struct ModuleCost {
-  double flops = 0;         // forward + backward (+ recomputation) per micro-batch
-  double weight_bytes = 0;  // weights, gradients, optimizer state
+  // FLOPs per micro-batch of the forward pass, the input-gradient pass (with
+  // any recomputed forward) and the weight-gradient pass — the pipeline's F,
+  // I and W; the head runs its whole fused pass in I, the embedding's
+  // backward is all W.
+  double forward = 0, backward_input = 0, backward_weight = 0;
+  double weight_bytes = 0;      // weights, gradients, optimizer state
   double activation_bytes = 0;  // kept from forward to backward, per micro-batch in flight
+  double flops() const { return forward + backward_input + backward_weight; }
 };
 
 // The modules' costs in module order (embedding, blocks, head) for micro-batches of `shape`.

@@ -44,6 +44,75 @@ std::vector<double> Parallel::gather_world(double value) const {
   return out;
 }
 
+namespace {
+
+// A pipeline micro-batch as the estimators see it.
+TrainShape micro_batch_shape(const JobConfig& cfg) {
+  return {cfg.parallelism.pipeline_parallel_microbatch_size, cfg.training.seq_len, compute_dtype(cfg),
+          activation_checkpoint_policy(cfg)};
+}
+
+// Each stage's estimated F, I and W FLOPs per micro-batch: its modules' sums.
+std::vector<PipeCosts> stage_costs(const ModelArgs& args, const PipelineSplit& split, const TrainShape& shape) {
+  const std::vector<ModuleCost> modules = pipeline_module_costs(args, shape);
+  std::vector<PipeCosts> out(static_cast<size_t>(split.stages), PipeCosts{0, 0, 0});
+  for (int s = 0; s < split.stages; ++s) {
+    const auto [first, end] = pipeline_stage_modules(args, split, s);
+    PipeCosts& c = out[static_cast<size_t>(s)];
+    for (int k = first; k < end; ++k) {
+      const ModuleCost& module = modules[static_cast<size_t>(k)];
+      c.forward += module.forward;
+      c.backward_input += module.backward_input;
+      c.backward_weight += module.backward_weight;
+    }
+  }
+  return out;
+}
+
+// The pipeline's schedule and cut (par.pp_schedule, par.pp_split), read and
+// checked on every rank with the same message before any work: the schedule
+// fixes the stage count, the keys (or the automatic split) the cut.
+void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, Parallel& par) {
+  const auto& p = cfg.parallelism;
+  const int m = static_cast<int>(par.pp_micro_batches);
+  const int64_t units = args.n_layers + p.pipeline_parallel_first_stage_less_layers +
+                        p.pipeline_parallel_last_stage_less_layers;
+  const int64_t per_stage = p.pipeline_parallel_layers_per_stage;
+  if (!p.pipeline_parallel_schedule_csv.empty()) {
+    par.pp_schedule = read_pipeline_schedule_csv(p.pipeline_parallel_schedule_csv, P, m);
+  } else {
+    int V = schedule_stages_per_rank(p.pipeline_parallel_schedule, 0);
+    if (per_stage > 0) {
+      ANVIL_CHECK(units % per_stage == 0 && (units / per_stage) % P == 0,
+                  "parallelism.pipeline_parallel_layers_per_stage ", per_stage, ": ", args.name, "/", args.flavor,
+                  "'s ", args.n_layers, " blocks plus the embedding and head counted as ",
+                  p.pipeline_parallel_first_stage_less_layers, " and ", p.pipeline_parallel_last_stage_less_layers,
+                  " make ", units, " units, which must split into stages of exactly that many, a multiple of "
+                  "pipeline_parallel_degree ", P, " of them");
+      V = schedule_stages_per_rank(p.pipeline_parallel_schedule, static_cast<int>(units / per_stage / P));
+    }
+    par.pp_schedule = make_pipeline_schedule(p.pipeline_parallel_schedule, P, V, m);
+  }
+  const int S = par.pp_schedule.placement.stages();
+  ANVIL_CHECK(per_stage <= 0 || units == per_stage * S, "parallelism.pipeline_parallel_layers_per_stage ", per_stage,
+              " makes ", units / per_stage, " stages of ", args.name, "/", args.flavor, ", but the schedule in ",
+              p.pipeline_parallel_schedule_csv, " runs ", S);
+  par.pp_split = {S, static_cast<int>(p.pipeline_parallel_first_stage_less_layers),
+                  static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
+  if (p.pipeline_parallel_auto_split)
+    par.pp_split.first_modules = balanced_pipeline_cut(pipeline_module_costs(args, micro_batch_shape(cfg)),
+                                                       pipeline_stage_in_flight(par.pp_schedule));
+  for (int s = 0; s < S; ++s) pipeline_stage_modules(args, par.pp_split, s);  // every stage is valid
+  // ZBVZeroBubble plans its order with the stages' estimated costs (the
+  // head's stage's I carries the head's whole fused pass), so it is planned
+  // again now that the cut is known.
+  if (p.pipeline_parallel_schedule_csv.empty() && p.pipeline_parallel_schedule == "ZBVZeroBubble")
+    par.pp_schedule = make_pipeline_schedule(p.pipeline_parallel_schedule, P, 2, m,
+                                             stage_costs(args, par.pp_split, micro_batch_shape(cfg)));
+}
+
+}  // namespace
+
 Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   Parallel par;
   const auto& p = cfg.parallelism;
@@ -62,40 +131,7 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
     par.pp_micro_batches = local / mb;
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
                 " ties its embedding and output weights, which pipeline stages cannot split; pick an untied flavour");
-    // The schedule is read and checked here, on every rank with the same
-    // message, before any work; the stage count follows from it.
-    const int P = layout.pp(), m = static_cast<int>(par.pp_micro_batches);
-    const int64_t units = args.n_layers + p.pipeline_parallel_first_stage_less_layers +
-                          p.pipeline_parallel_last_stage_less_layers;
-    const int64_t per_stage = p.pipeline_parallel_layers_per_stage;
-    if (!p.pipeline_parallel_schedule_csv.empty()) {
-      par.pp_schedule = read_pipeline_schedule_csv(p.pipeline_parallel_schedule_csv, P, m);
-    } else {
-      int V = schedule_stages_per_rank(p.pipeline_parallel_schedule, 0);
-      if (per_stage > 0) {
-        ANVIL_CHECK(units % per_stage == 0 && (units / per_stage) % P == 0,
-                    "parallelism.pipeline_parallel_layers_per_stage ", per_stage, ": ", args.name, "/", args.flavor,
-                    "'s ", args.n_layers, " blocks plus the embedding and head counted as ",
-                    p.pipeline_parallel_first_stage_less_layers, " and ", p.pipeline_parallel_last_stage_less_layers,
-                    " make ", units, " units, which must split into stages of exactly that many, a multiple of "
-                    "pipeline_parallel_degree ", P, " of them");
-        V = schedule_stages_per_rank(p.pipeline_parallel_schedule, static_cast<int>(units / per_stage / P));
-      }
-      par.pp_schedule = make_pipeline_schedule(p.pipeline_parallel_schedule, P, V, m);
-    }
-    const int S = par.pp_schedule.placement.stages();
-    ANVIL_CHECK(per_stage <= 0 || units == per_stage * S, "parallelism.pipeline_parallel_layers_per_stage ", per_stage,
-                " makes ", units / per_stage, " stages of ", args.name, "/", args.flavor, ", but the schedule in ",
-                p.pipeline_parallel_schedule_csv, " runs ", S);
-    par.pp_split = {S, static_cast<int>(p.pipeline_parallel_first_stage_less_layers),
-                    static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
-    if (p.pipeline_parallel_auto_split) {
-      const TrainShape shape{p.pipeline_parallel_microbatch_size, cfg.training.seq_len, compute_dtype(cfg),
-                             activation_checkpoint_policy(cfg)};
-      par.pp_split.first_modules =
-          balanced_pipeline_cut(pipeline_module_costs(args, shape), pipeline_stage_in_flight(par.pp_schedule));
-    }
-    for (int s = 0; s < S; ++s) pipeline_stage_modules(args, par.pp_split, s);  // every stage is valid
+    setup_pipeline(cfg, args, layout.pp(), par);
   }
   if (layout.tp() > 1) {
     check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
@@ -141,7 +177,9 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   }
   if (layout.pp() > 1) {
     const std::string pp = detail::concat(
-        "PP ", layout.pp(), " ranks, ", par.pp_split.stages, " stages (", describe_pipeline_stages(args, par.pp_split),
+        "PP ", layout.pp(), " ranks, ", par.pp_split.stages, " stages (", describe_pipeline_stages(args, par.pp_split,
+                                                  par.pp_split.stages > layout.pp() ? &par.pp_schedule.placement
+                                                                                    : nullptr),
         "), ", par.pp_schedule.name, ", ", par.pp_micro_batches, " micro-batches of ",
         p.pipeline_parallel_microbatch_size);
     par.description = par.description == "single process" ? pp : par.description + " x " + pp;
