@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -289,4 +290,32 @@ TEST(Pipeline, ADeadlockedScheduleFileIsRefusedBeforeTheFirstStep) {
             std::string::npos)
       << out.text;
   EXPECT_FALSE(std::regex_search(out.text, std::regex("step +1 \\|"))) << "a step ran: " << out.text;
+}
+
+// Under pipeline parallelism every rank traces the profiled steps, so the
+// bubbles can be read from all of them on one timeline: rank 1's trace has
+// the pass, its actions and the clock origin that aligns it with rank 0's.
+TEST(Pipeline, EveryRankTracesItsActions) {
+  auto& r = anvil::testing::runs();
+  const std::string dump = "pp_traces";
+  std::filesystem::remove_all(r.dir() / dump);
+  const anvil::testing::CommandOutput out =
+      r.run(anvil::testing::layout("pp2_zero_bubble"), dump,
+            anvil::testing::batch_flags(2, 2) + " --training.steps 1 --profiling.enable_profiling true");
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  for (const char* file : {"step-1.trace.json", "step-1.rank-1.trace.json"}) {
+    std::ifstream in(r.dir() / dump / "profile_traces" / file);
+    ASSERT_TRUE(in.good()) << "no " << file;
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    EXPECT_GT(trace.at("otherData").at("clock_origin_us").get<double>(), 0) << file;
+    std::set<std::string> names;
+    for (const nlohmann::json& e : trace.at("traceEvents"))
+      if (e.value("ph", "") == "X") names.insert(e.at("name").get<std::string>());
+    const int rank = trace.at("otherData").at("rank").get<int>();
+    EXPECT_EQ(rank, std::string(file) == "step-1.trace.json" ? 0 : 1);
+    // Looped over 2 ranks: rank 0 holds stages 0 and 2, rank 1 stages 1 and 3.
+    for (const char* action : {"F0", "I1", "W1"})
+      EXPECT_TRUE(names.count("pipeline." + std::to_string(rank) + action)) << file << " lacks " << action;
+    EXPECT_TRUE(names.count("pipeline.pass")) << file;
+  }
 }
