@@ -146,6 +146,10 @@ inline const std::vector<Layout>& layouts() {
       {"pp2_tp2", 4, 1, 2, kPipeline + "2 --parallelism.tensor_parallel_degree 2",
        {{"", {"none"}}, {"Interleaved1F1B", {"none"}, 1, "--parallelism.pipeline_parallel_schedule Interleaved1F1B"}},
        2, 2, 1e-6},
+      // HSDP under PP: each stage's shards reduced over 2 shards, then over 2 replicas (8 ranks).
+      {"pp2_hsdp2x2", 8, 4, 1,
+       kPipeline + "2 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2",
+       {{"", {"none"}}}, 2, 2, 1e-6},
       // 3-D: 8 ranks on this 2-core machine (oversubscribed; tiny model).
       {"pp2_fsdp2_tp2", 8, 2, 2,
        kPipeline + "2 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2",
