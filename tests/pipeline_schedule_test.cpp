@@ -33,17 +33,6 @@ std::string row_of(const std::vector<PipeAction>& row) {
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// The most micro-batch-stages a rank holds between their forward and the end
-// of their backward (B, or W under a zero-bubble split): what its memory holds.
-int max_in_flight(const std::vector<PipeAction>& row) {
-  int now = 0, most = 0;
-  for (const PipeAction& a : row) {
-    if (a.op == PipeOp::forward) ++now;
-    if (a.op == PipeOp::backward || a.op == PipeOp::backward_weight) --now;
-    most = std::max(most, now);
-  }
-  return most;
-}
 
 PipeSchedule schedule(const char* name, int P, int V, int m) { return make_pipeline_schedule(name, P, V, m); }
 
@@ -154,6 +143,19 @@ TEST(PipelineSchedule, ZbvRunsTheVWithSplitBackwards) {
 
 // Every schedule, every shape the issue lists: the constructor checks, and
 // the check passes again from outside; every rank holds its share of stages.
+// What a row holds at once: a micro-batch-stage from its F to its B, or to
+// its W when split (its I frees nothing the W needs).
+TEST(PipelineSchedule, InFlightCountsFromForwardToTheEndOfTheBackward) {
+  using Op = PipeOp;
+  EXPECT_EQ(max_in_flight({{Op::forward, 0, 0}, {Op::forward, 0, 1}, {Op::backward, 0, 0}, {Op::backward, 0, 1}}), 2);
+  EXPECT_EQ(max_in_flight({{Op::forward, 0, 0}, {Op::backward_input, 0, 0}, {Op::forward, 0, 1},
+                           {Op::backward_weight, 0, 0}, {Op::backward_input, 0, 1}, {Op::backward_weight, 0, 1}}),
+            2);
+  EXPECT_EQ(max_in_flight({{Op::forward, 0, 0}, {Op::backward, 0, 0}, {Op::forward, 0, 1}, {Op::backward, 0, 1}}), 1);
+  // Per stage over the program: 1F1B on 2 ranks holds 2 on stage 0, 1 on stage 1.
+  EXPECT_EQ(stage_in_flight(schedule("1F1B", 2, 1, 4)), (std::vector<int>{2, 1}));
+}
+
 TEST(PipelineSchedule, EveryScheduleIsValid) {
   for (const char* name : kAll)
     for (int P : {2, 4})
@@ -413,21 +415,27 @@ TEST(PipelineScheduleCsv, BadFilesAreRefusedNamingTheCell) {
                   "rank 1 runs 1F1 (s.csv row 2, column 2) waits for 0F1, which rank 0 runs later (s.csv row 1, "
                   "column 3)"))
       << e;
-  // Rows: one per rank.
-  e = error_of([] { parse_pipeline_schedule_csv("0F0,0B0\n", "s.csv", 2, 1); });
-  EXPECT_TRUE(has(e, "s.csv has 1 rows, but the pipeline has 2 ranks")) << e;
-  e = error_of([] { parse_pipeline_schedule_csv("0F0,0B0\n1F0,1B0\n2F0,2B0\n", "s.csv", 2, 1); });
-  EXPECT_TRUE(has(e, "s.csv has 3 rows, but the pipeline has 2 ranks")) << e;
-  // Stages without gaps, the same number on every rank.
-  e = error_of([] { parse_pipeline_schedule_csv("0F0,0B0\n2F0,2B0\n", "s.csv", 2, 1); });
-  EXPECT_TRUE(has(e, "no row runs stage 1")) << e;
-  e = error_of([] { parse_pipeline_schedule_csv("0F0,2F0,2B0,0B0\n1F0,1B0\n", "s.csv", 2, 1); });
-  EXPECT_TRUE(has(e, "s.csv runs 3 stages, which 2 ranks cannot share evenly")) << e;
-  e = error_of([] { parse_pipeline_schedule_csv("0F0,2F0,3F0,3B0,2B0,0B0\n1F0,1B0\n", "s.csv", 2, 1); });
-  EXPECT_TRUE(has(e, "s.csv row 1 (rank 0) runs 3 stages, but 4 stages over 2 ranks means 2 on every rank")) << e;
-  // Micro-batches beyond the step's.
-  e = error_of([] { parse_pipeline_schedule_csv("0F0,0B0\n1F0,1B0,1F1\n", "s.csv", 2, 1); });
-  EXPECT_TRUE(has(e, "rank 1 runs 1F1 (s.csv row 2, column 3), but the step has micro-batches 0 to 0")) << e;
+  // Files whose shape is wrong, each over 2 ranks and 1 micro-batch.
+  struct Refusal {
+    const char* text;
+    const char* message;
+  };
+  const Refusal refusals[] = {
+      // Rows: one per rank.
+      {"0F0,0B0\n", "s.csv has 1 rows, but the pipeline has 2 ranks"},
+      {"0F0,0B0\n1F0,1B0\n2F0,2B0\n", "s.csv has 3 rows, but the pipeline has 2 ranks"},
+      // Stages without gaps, the same number on every rank.
+      {"0F0,0B0\n2F0,2B0\n", "no row runs stage 1"},
+      {"0F0,2F0,2B0,0B0\n1F0,1B0\n", "s.csv runs 3 stages, which 2 ranks cannot share evenly"},
+      {"0F0,2F0,3F0,3B0,2B0,0B0\n1F0,1B0\n",
+       "s.csv row 1 (rank 0) runs 3 stages, but 4 stages over 2 ranks means 2 on every rank"},
+      // Micro-batches beyond the step's.
+      {"0F0,0B0\n1F0,1B0,1F1\n", "rank 1 runs 1F1 (s.csv row 2, column 3), but the step has micro-batches 0 to 0"},
+  };
+  for (const Refusal& r : refusals) {
+    e = error_of([&] { parse_pipeline_schedule_csv(r.text, "s.csv", 2, 1); });
+    EXPECT_TRUE(has(e, r.message)) << r.text << " gave: " << e;
+  }
 }
 
 TEST(PipelineScheduleCsv, ReadsAFileAndNamesAMissingOne) {

@@ -29,17 +29,6 @@ int parse_int(const std::string& flag, const std::string& v) {
   return out;
 }
 
-// The most (stage, micro-batch) states a row holds between their forward and
-// the end of their backward (B, or W when split).
-int max_in_flight(const std::vector<PipeAction>& row) {
-  int now = 0, most = 0;
-  for (const PipeAction& a : row) {
-    if (a.op == PipeOp::forward) most = std::max(most, ++now);
-    if (a.op == PipeOp::backward || a.op == PipeOp::backward_weight) --now;
-  }
-  return most;
-}
-
 }  // namespace
 
 int pipeline_schedule_command(const std::vector<std::string>& args) {

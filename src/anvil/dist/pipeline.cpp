@@ -40,17 +40,6 @@ std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const Pipeline
   return {first, end};
 }
 
-std::vector<int> pipeline_stage_in_flight(const PipeSchedule& schedule) {
-  std::vector<int> now(static_cast<size_t>(schedule.placement.stages()), 0), most = now;
-  for (const std::vector<PipeAction>& row : schedule.program)
-    for (const PipeAction& a : row) {
-      int& n = now[static_cast<size_t>(a.stage)];
-      if (a.op == PipeOp::forward) most[static_cast<size_t>(a.stage)] = std::max(most[static_cast<size_t>(a.stage)], ++n);
-      if (a.op == PipeOp::backward || a.op == PipeOp::backward_weight) --n;
-    }
-  return most;
-}
-
 std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split,
                                      const PipePlacement* placement) {
   const int n = static_cast<int>(args.n_layers);
@@ -112,7 +101,8 @@ Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const Pip
 }
 
 namespace {
-// Trace labels ("pipeline.1F3") must outlive the spans that point at them.
+// Trace labels ("pipeline.1F3") must outlive the spans that point at them:
+// interned once, when a stage is built.
 const char* action_label(const PipeAction& a) {
   static std::mutex mutex;
   static std::set<std::string> labels;
@@ -121,17 +111,19 @@ const char* action_label(const PipeAction& a) {
 }
 }  // namespace
 
-PipelineStage::PipelineStage(Llama& model, Communicator& pp, const PipePlacement& placement, bool keep_outputs)
+PipelineStage::PipelineStage(Llama& model, Communicator& pp, const PipeSchedule& schedule, bool keep_outputs)
     : model_(model),
       pp_(pp),
-      placement_(placement),
+      placement_(schedule.placement),
       rank_(pp.rank()),
-      stages_(placement.stages_of(pp.rank())),
+      stages_(schedule.placement.stages_of(pp.rank())),
+      actions_(schedule.program[static_cast<size_t>(pp.rank())]),
       keep_outputs_(keep_outputs) {
-  ANVIL_ASSERT(placement.ranks == pp.size() && model.num_stages() == static_cast<int>(stages_.size()),
+  ANVIL_ASSERT(placement_.ranks == pp.size() && model.num_stages() == static_cast<int>(stages_.size()),
                "pp rank ", rank_, " holds ", model.num_stages(), " stages; the placement gives it ", stages_.size());
-  const int S = placement.stages();
+  const int S = placement_.stages();
   ANVIL_ASSERT(model.has_embedding() == on_this_rank(0) && model.has_head() == on_this_rank(S - 1));
+  for (const PipeAction& a : actions_) labels_.push_back(action_label(a));
 }
 
 int PipelineStage::local(int stage) const {
@@ -217,64 +209,75 @@ CrossEntropyResult PipelineStage::evaluate(const Tensor& tokens, const Tensor& t
   return result;
 }
 
-PipelineResult PipelineStage::run(const std::vector<PipeAction>& actions, const std::vector<Tensor>& tokens,
-                                  const std::vector<Tensor>& targets, float grad_scale, const AcPolicy& policy,
-                                  const std::function<void(int)>& before_backward) {
-  const int S = placement_.stages();
-  // The traces' pass and action spans are what bench/pipeline_bubbles.py
-  // measures bubbles from: idle = the pass − its actions + their waits.
-  const ScopedPhase pass(SpanCategory::step, "pipeline.pass");
+// What one pass carries from action to action.
+struct PipelineStage::Pass {
+  const std::vector<Tensor>& tokens;
+  const std::vector<Tensor>& targets;
+  float grad_scale;
+  const AcPolicy& policy;
+  const std::function<void(int)>& before_backward;
   PipelineResult result;
   // (stage, micro-batch) → its saved state, from its forward to its backward (its W pass when split).
   std::map<std::pair<int, int>, StageSaved> in_flight;
   std::vector<Tensor> kept_outputs;  // the keep-outputs diagnostic's, freed at the step's end
-  auto run_action = [&](const PipeAction& a) {
-    const int i = a.micro_batch, l = local(a.stage);
-    const Tensor& x = tokens[static_cast<size_t>(i)];
-    const int64_t B = x.size(0), T = x.size(1);
-    const ScopedPhase span(SpanCategory::step, action_label(a));
-    if (a.op == PipeOp::forward) {
-      const Tensor input = a.stage == 0 ? x : take_input(Flow::activation, a.stage, i, B, T);
-      StageSaved& saved = in_flight[{a.stage, i}];
-      Tensor out = model_.forward(l, input, B, T, policy, saved);
-      if (a.stage < S - 1) hand_over(out, Flow::activation, a.stage + 1, i);
-      else if (keep_outputs_) kept_outputs.push_back(model_.logits(saved));
-      return;
-    }
-    auto saved = in_flight.find({a.stage, i});
-    ANVIL_ASSERT(saved != in_flight.end(), action_name(a), " before its forward");
-    if (before_backward) before_backward(i);
-    if (a.op == PipeOp::backward_weight) {
-      model_.backward_weight(l, saved->second);
-      in_flight.erase(saved);  // nothing of this micro-batch outlives its W pass
-      return;
-    }
-    const auto part = a.op == PipeOp::backward_input ? Llama::BackwardPart::input : Llama::BackwardPart::whole;
-    Tensor d_input;
-    if (a.stage == S - 1) {
-      const CrossEntropyResult loss =
-          model_.backward_from_loss(l, saved->second, targets[static_cast<size_t>(i)], grad_scale, &d_input, part);
-      result.loss_sum += loss.loss_sum;
-      result.loss_tokens += loss.num_tokens;
-    } else {
-      d_input = model_.backward(l, saved->second, take_input(Flow::gradient, a.stage, i, B, T), part);
-    }
-    if (a.op == PipeOp::backward) in_flight.erase(saved);  // nothing of this micro-batch outlives its backward
-    if (a.stage > 0) hand_over(d_input, Flow::gradient, a.stage - 1, i);
-  };
+};
+
+PipelineResult PipelineStage::run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
+                                  float grad_scale, const AcPolicy& policy,
+                                  const std::function<void(int)>& before_backward) {
+  // The traces' pass and action spans are what bench/pipeline_bubbles.py
+  // measures bubbles from: idle = the pass − its actions + their waits.
+  const ScopedPhase span(SpanCategory::step, "pipeline.pass");
+  Pass pass{tokens, targets, grad_scale, policy, before_backward, {}, {}, {}};
   // The receive an action needs is posted when the action before it is done
   // (its temporaries freed), so the tensor can arrive while this rank sends
   // and while it would otherwise wait; earlier, its buffer would add to the
-  // peak of the action before.
-  for (size_t k = 0; k < actions.size(); ++k) {
-    post_receive_for(actions[k], tokens);
-    run_action(actions[k]);
-    if (k + 1 < actions.size()) post_receive_for(actions[k + 1], tokens);
+  // peak of the action before. (The first action's is posted as it starts.)
+  for (size_t k = 0; k < actions_.size(); ++k) {
+    run_action(k, pass);
+    if (k + 1 < actions_.size()) post_receive_for(actions_[k + 1], tokens);
   }
-  ANVIL_ASSERT(in_flight.empty(), "a micro-batch ran forward without its whole backward");
+  ANVIL_ASSERT(pass.in_flight.empty(), "a micro-batch ran forward without its whole backward");
   ANVIL_ASSERT(inbox_.empty(), "a boundary tensor was received and never used");
   complete_sends(/*wait=*/true);
-  return result;
+  return pass.result;
+}
+
+void PipelineStage::run_action(size_t k, Pass& pass) {
+  const PipeAction& a = actions_[k];
+  const int S = placement_.stages();
+  const int i = a.micro_batch, l = local(a.stage);
+  const Tensor& x = pass.tokens[static_cast<size_t>(i)];
+  const int64_t B = x.size(0), T = x.size(1);
+  const ScopedPhase span(SpanCategory::step, labels_[k]);
+  if (a.op == PipeOp::forward) {
+    const Tensor input = a.stage == 0 ? x : take_input(Flow::activation, a.stage, i, B, T);
+    StageSaved& saved = pass.in_flight[{a.stage, i}];
+    Tensor out = model_.forward(l, input, B, T, pass.policy, saved);
+    if (a.stage < S - 1) hand_over(out, Flow::activation, a.stage + 1, i);
+    else if (keep_outputs_) pass.kept_outputs.push_back(model_.logits(saved));
+    return;
+  }
+  auto saved = pass.in_flight.find({a.stage, i});
+  ANVIL_ASSERT(saved != pass.in_flight.end(), action_name(a), " before its forward");
+  if (pass.before_backward) pass.before_backward(i);
+  if (a.op == PipeOp::backward_weight) {
+    model_.backward_weight(l, saved->second);
+    pass.in_flight.erase(saved);  // nothing of this micro-batch outlives its W pass
+    return;
+  }
+  const auto part = a.op == PipeOp::backward_input ? Llama::BackwardPart::input : Llama::BackwardPart::whole;
+  Tensor d_input;
+  if (a.stage == S - 1) {
+    const CrossEntropyResult loss = model_.backward_from_loss(l, saved->second, pass.targets[static_cast<size_t>(i)],
+                                                              pass.grad_scale, &d_input, part);
+    pass.result.loss_sum += loss.loss_sum;
+    pass.result.loss_tokens += loss.num_tokens;
+  } else {
+    d_input = model_.backward(l, saved->second, take_input(Flow::gradient, a.stage, i, B, T), part);
+  }
+  if (a.op == PipeOp::backward) pass.in_flight.erase(saved);  // nothing of this micro-batch outlives its backward
+  if (a.stage > 0) hand_over(d_input, Flow::gradient, a.stage - 1, i);
 }
 
 }  // namespace anvil

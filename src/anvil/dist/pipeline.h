@@ -48,9 +48,6 @@ std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const Pipeline
 // order a Llama numbers its stages).
 std::vector<ModuleRange> pipeline_rank_modules(const ModelArgs& args, const PipelineSplit& split,
                                                const PipePlacement& placement, int rank);
-// The most micro-batches each stage holds at once (from its forward to the
-// end of its backward) under the schedule: what its activations cost.
-std::vector<int> pipeline_stage_in_flight(const PipeSchedule& schedule);
 // "stage 0: embedding, blocks 0-3; stage 1: blocks 4-5, head", for the banner;
 // with a placement, each stage's rank too ("stage 0 on rank 0: ...").
 std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split,
@@ -71,21 +68,21 @@ struct PipelineResult {
 
 class PipelineStage {
  public:
-  // model: this rank's stages (not owned), those the placement puts on pp
-  // rank pp.rank(), in ascending order.
+  // model: this rank's stages (not owned), those the schedule's placement
+  // puts on pp rank pp.rank(), in ascending order; the rank runs its row of
+  // the schedule's program each pass.
   // keep_outputs: the head's stage keeps every micro-batch's logits until the
   // step ends — torchtitan's behaviour before PyTorch #159251 (seed 000), a
   // diagnostic that shows what the fix saves.
-  PipelineStage(Llama& model, Communicator& pp, const PipePlacement& placement, bool keep_outputs = false);
+  PipelineStage(Llama& model, Communicator& pp, const PipeSchedule& schedule, bool keep_outputs = false);
 
-  // Runs this rank's actions for one step. tokens[i], targets[i]: micro-batch
+  // Runs this rank's actions for one pass. tokens[i], targets[i]: micro-batch
   // i, (b, T) i32 (the first stage reads the tokens, the last the targets).
   // before_backward(i) runs before each of micro-batch i's backward actions
   // (B, I and W: DDP's sync switch). Parameter gradients accumulate into the
   // model's.
-  PipelineResult run(const std::vector<PipeAction>& actions, const std::vector<Tensor>& tokens,
-                     const std::vector<Tensor>& targets, float grad_scale, const AcPolicy& policy,
-                     const std::function<void(int)>& before_backward = {});
+  PipelineResult run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets, float grad_scale,
+                     const AcPolicy& policy, const std::function<void(int)>& before_backward = {});
   // Evaluation: tokens, targets (b, T) through the stages as one micro-batch,
   // forward only, nothing kept. The loss on the head's rank, zero elsewhere.
   CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
@@ -103,12 +100,17 @@ class PipelineStage {
   void complete_sends(bool wait);
   // Posts the receive action `a` needs, if any and not yet posted.
   void post_receive_for(const PipeAction& a, const std::vector<Tensor>& tokens);
+  // One action of a pass (run's loop body).
+  struct Pass;
+  void run_action(size_t k, Pass& pass);
 
   Llama& model_;
   Communicator& pp_;
   PipePlacement placement_;
   int rank_;
   std::vector<int> stages_;  // the global stages this rank holds, ascending
+  std::vector<PipeAction> actions_;   // this rank's row of the program
+  std::vector<const char*> labels_;   // each action's trace span name ("pipeline.1F3")
   bool keep_outputs_;
   std::vector<Work> sends_;
   struct Inbox {

@@ -565,6 +565,27 @@ std::string format_pipeline_csv(const PipeProgram& program) {
   return out;
 }
 
+int max_in_flight(const std::vector<PipeAction>& row) {
+  int now = 0, most = 0;
+  for (const PipeAction& a : row) {
+    if (a.op == PipeOp::forward) most = std::max(most, ++now);
+    if (a.op == PipeOp::backward || a.op == PipeOp::backward_weight) --now;
+  }
+  return most;
+}
+
+std::vector<int> stage_in_flight(const PipeSchedule& schedule) {
+  std::vector<int> now(static_cast<size_t>(schedule.placement.stages()), 0), most = now;
+  for (const std::vector<PipeAction>& row : schedule.program)
+    for (const PipeAction& a : row) {
+      int& n = now[static_cast<size_t>(a.stage)];
+      int& m = most[static_cast<size_t>(a.stage)];
+      if (a.op == PipeOp::forward) m = std::max(m, ++n);
+      if (a.op == PipeOp::backward || a.op == PipeOp::backward_weight) --n;
+    }
+  return most;
+}
+
 PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const PipeCosts& costs) {
   return simulate_pipeline_schedule(schedule, std::vector<PipeCosts>(static_cast<size_t>(schedule.placement.stages()), costs));
 }

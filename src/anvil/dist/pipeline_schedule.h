@@ -105,6 +105,12 @@ std::string format_pipeline_csv(const PipeProgram& program);
 // rank's row, and the action) as parse_pipeline_schedule_csv describes.
 void check_pipeline_schedule(const PipeSchedule& schedule, int micro_batches);
 
+// The most (stage, micro-batch) states a rank's row holds at once, each from
+// its forward to the end of its backward (B, or W when split): what the
+// rank's activations cost. And the same per stage, over the whole program.
+int max_in_flight(const std::vector<PipeAction>& row);
+std::vector<int> stage_in_flight(const PipeSchedule& schedule);
+
 // "1F0" style, for messages, CSV and traces: stage, op, micro-batch.
 std::string action_name(const PipeAction& a);
 

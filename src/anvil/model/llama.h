@@ -91,7 +91,6 @@ class Llama {
   DType compute_dtype() const { return params_.compute_dtype(); }
   // The stages this rank holds, numbered 0.. here (the pipeline numbers them globally).
   int num_stages() const { return static_cast<int>(stages_.size()); }
-  ModuleRange stage_modules(int stage) const { return stages_[static_cast<size_t>(stage)].modules; }
   bool has_embedding() const { return embedding_ != nullptr; }
   bool has_head() const { return head_ != nullptr; }
   // The hooks' group number of module `module` of the whole model (which this

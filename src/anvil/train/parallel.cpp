@@ -101,7 +101,7 @@ void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, Parallel
                   static_cast<int>(p.pipeline_parallel_last_stage_less_layers)};
   if (p.pipeline_parallel_auto_split)
     par.pp_split.first_modules = balanced_pipeline_cut(pipeline_module_costs(args, micro_batch_shape(cfg)),
-                                                       pipeline_stage_in_flight(par.pp_schedule));
+                                                       stage_in_flight(par.pp_schedule));
   for (int s = 0; s < S; ++s) pipeline_stage_modules(args, par.pp_split, s);  // every stage is valid
   // ZBVZeroBubble plans its order with the stages' estimated costs (the
   // head's stage's I carries the head's whole fused pass), so it is planned

@@ -116,9 +116,8 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
   if (par.pp_size > 1) {
-    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp(), par.pp_schedule.placement,
+    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp(), par.pp_schedule,
                                                 cfg.parallelism.pipeline_parallel_keep_outputs);
-    program_ = par.pp_schedule.program[static_cast<size_t>(par.pp_rank)];
   }
   // The global model's initialisation, of which each rank keeps its part.
   if (fsdp_) {
@@ -252,7 +251,7 @@ ScheduleResult ParallelizedModel::run_step(const MicroBatches& batches, float gr
     const auto sync = [&](int j) {
       if (ddp_) ddp_->set_sync(i == n - 1 && j == m - 1);
     };
-    const PipelineResult r = pipeline_->run(program_, mb_tokens, mb_targets, grad_scale, policy, sync);
+    const PipelineResult r = pipeline_->run(mb_tokens, mb_targets, grad_scale, policy, sync);
     result.loss_sum += r.loss_sum;
     result.loss_tokens += r.loss_tokens;
     if (hooks.stop_requested && hooks.stop_requested()) {

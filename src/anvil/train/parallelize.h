@@ -19,7 +19,6 @@
 #include "anvil/train/config.h"
 #include "anvil/train/parallel.h"
 #include "anvil/train/schedule.h"
-#include "anvil/dist/pipeline_schedule.h"
 
 namespace anvil {
 
@@ -110,7 +109,6 @@ class ParallelizedModel {
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;
   std::unique_ptr<PipelineStage> pipeline_;  // null without pipeline parallelism
-  std::vector<PipeAction> program_;          // this rank's actions per pipeline pass
   double comm_closed_form_ = 0;
   bool hold_gathered_ = false;  // FSDP keeps the gathered weights for the step (under PP)
   // Checkpoints hold global tensors; under tensor parallelism they are
