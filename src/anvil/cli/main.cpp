@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "anvil/cli/convert_cmd.h"
+#include "anvil/cli/estimate_cmd.h"
 #include "anvil/cli/pipeline_schedule_cmd.h"
 #include "anvil/cli/report_cmd.h"
 #include "anvil/cli/tokenize_cmd.h"
@@ -31,7 +32,7 @@ void usage() {
       "usage: anvil <command> [options]\n\n"
       "commands:\n"
       "  train [CONFIG.toml] [--section.key value ...]   train a model (anvil train --help lists every key)\n"
-      "  estimate [CONFIG.toml] [--section.key value ...] predicted peak memory per category, FLOPs per token\n"
+      "  estimate [CONFIG.toml] [--section.key value ...] every rank's predicted peak memory per category (--help)\n"
       "  tokenizer encode|decode --tokenizer PATH        UTF-8 text on stdin -> ids on stdout, or back\n"
       "  tokenizer train --vocab-size N --output PATH    train a byte-level BPE tokenizer (--help for inputs)\n"
       "  tokenize --input PATH... --output-dir DIR       text or JSON Lines (.gz) -> token shards (--help)\n"
@@ -50,26 +51,6 @@ bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
-int estimate(const anvil::JobConfig& cfg) {
-  using namespace anvil;
-  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
-  const DType dt = compute_dtype(cfg);
-  const AcPolicy ac = activation_checkpoint_policy(cfg);
-  // As one process runs it: a step holds all its micro-batches' tokens at once.
-  const int64_t micro_batches = gradient_accumulation_steps(cfg.training.local_batch_size,
-                                                            cfg.training.global_batch_size, MeshLayout(1, 1, 1, 1));
-  const MemoryEstimate est =
-      estimate_memory(args, {cfg.training.local_batch_size, cfg.training.seq_len, dt, ac, micro_batches});
-  std::printf("%s/%s: %lld parameters, %.4g FLOP per token at seq_len %lld\n", args.name.c_str(),
-              args.flavor.c_str(), static_cast<long long>(args.num_params()),
-              flops_per_token(args, cfg.training.seq_len), static_cast<long long>(cfg.training.seq_len));
-  for (int c = 0; c < kNumMemCategories; ++c)
-    std::printf("  %-16s %s\n", category_name(static_cast<MemCategory>(c)), human_bytes(est.peak[c]).c_str());
-  std::printf("  %-16s %s (available: %s)\n", "peak total", human_bytes(est.peak_total).c_str(),
-              human_bytes(available_memory_bytes()).c_str());
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,13 +61,21 @@ int main(int argc, char** argv) {
       usage();
       return 0;
     }
+    if (cmd == "estimate" && !wants_help(rest)) return anvil::estimate_command(rest);
     if (cmd == "train" || cmd == "estimate") {
       if (wants_help(rest)) {
+        if (cmd == "estimate")
+          std::printf("anvil estimate CONFIG.toml [--section.key value ...] [--ranks N] [--json]\n"
+                      "  every rank's predicted peak memory per category under the configured layout, FLOPs per\n"
+                      "  token and communication per step; --ranks: the world size (default: the product of the\n"
+                      "  degrees, data_parallel_shard_degree -1 counting as 1)\n"
+                      "anvil estimate CONFIG.toml --hardware H --gpus N [--json]\n"
+                      "  the GPU-cluster planner's per-GPU memory, step time, tokens/s and MFU\n\n"
+                      "configuration keys:\n");
         std::printf("%s", anvil::config_help().c_str());
         return 0;
       }
       const anvil::JobConfig cfg = anvil::parse_config(rest);
-      if (cmd == "estimate") return estimate(cfg);
       // Under mpirun or srun every rank runs this; a single process needs no MPI.
       std::unique_ptr<anvil::MpiRuntime> mpi;
       if (anvil::launched_by_mpi_launcher()) mpi = std::make_unique<anvil::MpiRuntime>(argc, argv);

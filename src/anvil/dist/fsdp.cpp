@@ -131,12 +131,11 @@ void FsdpParams::progress() {
       tracker_.done(gather_id_[g]);
       gather_id_[g] = -1;
     }
-  // Finished reductions are folded into the shard at once, so their full
-  // gradient buffers do not pile up over the backward.
-  while (!reducing_.empty() && reducing_.front().work.test()) {
-    complete(reducing_.front());
-    reducing_.erase(reducing_.begin());
-  }
+  // Reductions in flight are only tested here (MPI progresses them inside
+  // the call); they are folded into the shard when a third is queued or at
+  // finish(), never earlier, so the full-gradient buffers live a fixed span
+  // whatever the network's timing and the estimator can name the peak.
+  for (Pending& p : reducing_) (void)p.work.test();
 }
 
 void FsdpParams::before_forward(int group) {

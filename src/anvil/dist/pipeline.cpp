@@ -172,7 +172,13 @@ void PipelineStage::hand_over(const Tensor& t, Flow flow, int to, int micro_batc
     inbox_[tag(flow, to, micro_batch)] = Inbox{t, Work()};
     return;
   }
-  sends_.push_back(pp_.isend(t, placement_.rank_of(to), tag(flow, to, micro_batch)));
+  // The send reads a copy in a communication buffer: the activation (or its
+  // gradient) is free at once, as on the receiving side's schedule, and only
+  // the copy waits for MPI to finish with it, however long that takes.
+  Tensor buf = Tensor::empty(t.shape(), t.dtype(), MemCategory::communication,
+                             flow == Flow::activation ? "pipeline.send_activation" : "pipeline.send_gradient");
+  buf.copy_from(t);
+  sends_.push_back(pp_.isend(buf, placement_.rank_of(to), tag(flow, to, micro_batch)));
   complete_sends(/*wait=*/false);
 }
 

@@ -44,7 +44,10 @@ TensorParallelPlan::TensorParallelPlan(Communicator& tp, const ModelArgs& args, 
 }
 
 std::vector<ParamSpec> TensorParallelPlan::shard_params(std::vector<ParamSpec> specs) const {
-  const int T = size();
+  return tensor_parallel_param_specs(std::move(specs), size(), rank());
+}
+
+std::vector<ParamSpec> tensor_parallel_param_specs(std::vector<ParamSpec> specs, int T, int rank) {
   if (T == 1) return specs;
   auto ends_with = [](const std::string& name, const char* suffix) {
     const std::string s = suffix;
@@ -64,7 +67,7 @@ std::vector<ParamSpec> TensorParallelPlan::shard_params(std::vector<ParamSpec> s
     ANVIL_ASSERT(padded % T == 0, s.name, ": ", global, " over ", T, " ranks");  // the constructor checked the heads
     const int64_t extent = padded / T;
     s.shape[static_cast<size_t>(dim)] = extent;
-    s.slice = GlobalSlice{dim, rank() * extent, global};
+    s.slice = GlobalSlice{dim, rank * extent, global};
   }
   return specs;
 }

@@ -89,6 +89,11 @@ class TensorParallelPlan : public ParallelPlan {
 // the real rows) and are dropped from checkpoints.
 int64_t padded_vocab_size(int64_t vocab_size, int tp);
 
+// Tensor-parallel rank `rank`'s parameters of `tp`, from the global list:
+// column-parallel weights split by rows, row-parallel ones by columns, the
+// embedding and output head by (padded) vocabulary rows, the norms replicated.
+std::vector<ParamSpec> tensor_parallel_param_specs(std::vector<ParamSpec> specs, int tp, int rank);
+
 // For tensor parallelism's checkpoints, which hold global tensors by name.
 // local (spec.shape) ← this rank's slice of global (spec.global_shape()); padding zeroed.
 void copy_global_to_local(const ParamSpec& spec, const Tensor& global, const Tensor& local);

@@ -8,18 +8,11 @@
 #include "anvil/model/params.h"
 #include "anvil/ops/attention.h"
 #include "anvil/ops/cross_entropy.h"
+#include "anvil/plan/memory_sim.h"
 
 namespace anvil {
 
 namespace {
-
-// Tracks live and peak bytes of one category through a replay of the
-// allocation order of Llama::forward_backward.
-struct Counter {
-  size_t live = 0, peak = 0;
-  void alloc(size_t b) { live += b, peak = std::max(peak, live); }
-  void free(size_t b) { live -= b; }
-};
 
 struct Dims {
   size_t M, D, Dq, Dkv, F, lse, e;  // e: bytes per activation element
@@ -53,82 +46,44 @@ size_t block_saved_bytes(const ModelArgs& args, const TrainShape& shape, int lay
   return block_all_bytes(d);
 }
 
-MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
-  MemoryEstimate est;
-  // Parameters live in flat buffers padded per tensor (ParamStore).
-  const size_t P = static_cast<size_t>(padded_numel(llama_param_specs(args)));
-  const bool bf16 = shape.compute_dtype == DType::bf16;
-  est.peak[static_cast<int>(MemCategory::parameters)] = P * 4 + (bf16 ? P * 2 : 0);
-  est.peak[static_cast<int>(MemCategory::gradients)] = P * 4;
-  est.peak[static_cast<int>(MemCategory::optimizer_state)] = P * 8;
-
-  // Activations: replay forward_backward's allocation order.
-  const Dims d = dims_of(args, shape);
-  const size_t act_D = d.M * d.D * d.e, act_Dq = d.M * d.Dq * d.e, act_Dkv = d.M * d.Dkv * d.e;
-  const size_t act_F = d.M * d.F * d.e, rstd = d.M * 4;
-  const int L = static_cast<int>(args.n_layers);
-  Counter c;
-  c.alloc(act_D);  // embedding output = block 0's input
-  for (int l = 0; l < L; ++l) {
-    // block_forward allocates everything but x (already live), then its output.
-    c.alloc(block_all_bytes(d) - act_D);
-    c.alloc(act_D);  // output: the next block's input
-    c.free(block_all_bytes(d) - block_saved_bytes(args, shape, l));  // drop_unkept
-  }
-  // Loss head: dh, final-norm output and rstd, its gradient; then the first frees.
-  c.alloc(act_D);               // grad.residual
-  c.alloc(act_D + rstd);        // final_norm.out, final_norm.rstd
-  c.alloc(act_D);               // final_norm.dout
-  c.free(act_D);                // final_norm.out
-  c.free(act_D + rstd + act_D); // rstd, dout (end of scope), last block output
-  for (int l = L - 1; l >= 0; --l) {
-    // recompute: back to everything block_forward makes (x stays live as it was)
-    c.alloc(block_all_bytes(d) - block_saved_bytes(args, shape, l));
-    if (shape.ac.recomputes_whole_block(l)) {
-      c.alloc(act_D);  // the recomputed block output, dropped at once
-      c.free(act_D);
-    }
-    c.alloc(act_F);   // ds
-    c.free(act_F);    // s
-    c.free(act_F);    // ds, after swiglu_backward
-    c.alloc(act_D);   // dh2
-    c.free(act_F * 2 + act_D);  // g, u, h2
-    c.free(act_D);              // dh2 (scope end)
-    c.free(act_D + rstd);       // x2, rstd2
-    c.alloc(act_Dq);            // dO
-    c.alloc(act_Dq + 2 * act_Dkv);  // dq, dk, dv
-    c.free(act_Dq);                 // dO
-    c.free(2 * act_Dq + 2 * act_Dkv + d.lse);  // q, k, v, o, lse
-    c.alloc(act_D);                 // dh1
-    c.free(act_D);                  // h1
-    c.free(act_D + act_Dq + 2 * act_Dkv + rstd);  // dh1, dq, dk, dv, rstd1 at scope end
-    c.free(act_D);  // x (saved record cleared; the previous block's output)
-  }
-  est.peak[static_cast<int>(MemCategory::activations)] = c.peak;
-
-  // Workspace: what stays allocated through the step (the RoPE table, the
-  // step's token and target batches) plus the largest of the per-op scratch
-  // buffers, which are never live at the same time. Each term follows the
-  // allocations of the op named; oneDNN's own GEMM scratchpad
-  // ("gemm.scratchpad", grown per thread to the largest primitive run) is its
-  // implementation's choice and is not included. docs/memory.md lists the terms.
+size_t step_workspace_bytes(const ModelArgs& args, const TrainShape& shape) {
+  // What stays allocated through a step: the RoPE table, cos and sin of
+  // (T, head_dim/2) f32 (the model is built for seq_len), and every
+  // micro-batch's token and target batches (i32).
   const size_t T = static_cast<size_t>(shape.seq_len), B = static_cast<size_t>(shape.local_batch_size);
+  const size_t rope = T * static_cast<size_t>(args.head_dim()) * 4;
+  return rope + static_cast<size_t>(std::max<int64_t>(1, shape.micro_batches)) * B * T * 4 * 2;
+}
+
+size_t op_scratch_bytes(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel) {
+  // The largest of the per-op scratch buffers, which are never live at the
+  // same time. Each term follows the allocations of the op named; oneDNN's
+  // own GEMM scratchpad ("gemm.scratchpad", grown per thread to the largest
+  // primitive run) is its implementation's choice and is not included.
+  // docs/memory.md lists the terms. Under tensor parallelism each rank runs
+  // its heads, feed-forward columns and vocabulary rows.
+  const Dims d = dims_of(args, shape);
+  const bool bf16 = shape.compute_dtype == DType::bf16;
+  const size_t T = static_cast<size_t>(shape.seq_len), B = static_cast<size_t>(shape.local_batch_size);
+  const auto t = static_cast<size_t>(tp);
   const size_t hd = static_cast<size_t>(args.head_dim()), group = static_cast<size_t>(args.n_heads / args.n_kv_heads);
-  const size_t rope = T * hd * 4;  // cos and sin, (T, head_dim/2) f32 each (the model is built for seq_len)
-  const size_t batches = static_cast<size_t>(std::max<int64_t>(1, shape.micro_batches)) * B * T * 4 * 2;
+  const size_t Dq = d.Dq / t, F = d.F / t;
   // Loss head (ops/cross_entropy.cpp): f32 logits of one row block × vocabulary
   // chunk and 4 f32 stats per row; in bf16 also the bf16 dlogits and an f32 dx
-  // accumulator of the row block.
+  // accumulator of the row block. Loss parallel adds 5 f32 per row (stats, max, lse).
+  const size_t vocab = tp > 1 && loss_parallel ? (static_cast<size_t>(args.vocab_size) + t - 1) / t
+                                               : static_cast<size_t>(args.vocab_size);
   const size_t row_block = std::min<size_t>(d.M, kCrossEntropyRowBlock);
-  const size_t vocab_chunk = std::min<size_t>(static_cast<size_t>(args.vocab_size), kCrossEntropyVocabChunk);
+  const size_t vocab_chunk = std::min<size_t>(vocab, kCrossEntropyVocabChunk);
   const size_t ce = row_block * vocab_chunk * 4 + 4 * row_block * 4 +
-                    (bf16 ? row_block * vocab_chunk * 2 + row_block * d.D * 4 : 0);
+                    (bf16 ? row_block * vocab_chunk * 2 + row_block * d.D * 4 : 0) +
+                    (tp > 1 && loss_parallel ? 5 * d.M * 4 : 0);
   // Attention (ops/attention.cpp): scratch per thread, each thread of the
   // parallel loop allocating its own; in the backward with several splits per
   // (batch, kv head), an f32 dQ partial of the whole output per split.
   const AttentionTiles tiles;
   const auto diagonal_tile = [&](int64_t tile) { return static_cast<size_t>(attention_diagonal_tile(tile, shape.seq_len)); };
-  const size_t owners = B * static_cast<size_t>(args.n_kv_heads);
+  const size_t owners = B * static_cast<size_t>(args.n_kv_heads) / t;
   const size_t threads = static_cast<size_t>(shape.threads > 0 ? shape.threads : num_threads());
   const auto splits_for = [&](size_t tiles_along_t) {  // tiles go in causal-balanced pairs
     return static_cast<size_t>(attention_task_splits(static_cast<int64_t>(owners),
@@ -144,15 +99,37 @@ MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
                                  2 * bk * bq * (4 + d.e) + 2 * bk * hd * 4;
   const size_t bwd_splits = splits_for((T + bk - 1) / bk);
   const size_t attn_bwd = std::min(threads, owners * bwd_splits) * attn_bwd_thread +
-                          (bwd_splits > 1 ? bwd_splits * d.M * d.Dq * 4 : 0);
+                          (bwd_splits > 1 ? bwd_splits * d.M * Dq * 4 : 0);
   // A weight gradient's f32 partial (ops/matmul.cpp, bf16 only): the largest
   // block weight, w1/w2/w3 (F × D) or wq/wo (Dq × D).
-  const size_t weight_grad = bf16 ? std::max(d.F, d.Dq) * d.D * 4 : 0;
+  const size_t weight_grad = bf16 ? std::max(F, Dq) * d.D * 4 : 0;
   // RMSNorm's weight gradient (ops/rmsnorm.cpp): one f32 row per chunk of rows.
+  // (M rows at most: sequence parallelism gives each rank M / tp.)
   const size_t norm_rows = std::max<size_t>(16, (size_t{1} << 19) / d.D);
   const size_t norm = (d.M + norm_rows - 1) / norm_rows * d.D * 4;
-  est.peak[static_cast<int>(MemCategory::workspace)] =
-      rope + batches + std::max({ce, attn_fwd, attn_bwd, weight_grad, norm});
+  return std::max({ce, attn_fwd, attn_bwd, weight_grad, norm});
+}
+
+MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
+  MemoryEstimate est;
+  // Parameters live in flat buffers padded per tensor (ParamStore).
+  const size_t P = static_cast<size_t>(padded_numel(llama_param_specs(args)));
+  const bool bf16 = shape.compute_dtype == DType::bf16;
+  est.peak[static_cast<int>(MemCategory::parameters)] = P * 4 + (bf16 ? P * 2 : 0);
+  est.peak[static_cast<int>(MemCategory::gradients)] = P * 4;
+  est.peak[static_cast<int>(MemCategory::optimizer_state)] = P * 8;
+
+  // Activations: a replay of forward_backward's allocations (memory_sim.h).
+  {
+    MemSim sim;
+    ModelSim model(sim, {args, shape.local_batch_size, shape.seq_len, shape.compute_dtype, shape.ac},
+                   {{0, llama_num_modules(args)}}, nullptr, [] {});
+    SimStageSaved saved;
+    (void)model.forward(0, nullptr, saved);
+    (void)model.backward_from_loss(0, saved, /*split=*/false);
+    est.peak[static_cast<int>(MemCategory::activations)] = sim.peak(MemCategory::activations);
+  }
+  est.peak[static_cast<int>(MemCategory::workspace)] = step_workspace_bytes(args, shape) + op_scratch_bytes(args, shape);
 
   for (size_t b : est.peak) est.peak_total += b;
   return est;

@@ -30,6 +30,13 @@ struct TrainShape {
 
 MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape);
 
+// Workspace kept through a step: the RoPE table and the step's token batches.
+size_t step_workspace_bytes(const ModelArgs& args, const TrainShape& shape);
+// The largest per-op scratch of a micro-batch (loss head, attention, a weight
+// gradient's f32 partial, RMSNorm's weight gradient), for a tensor-parallel
+// rank of `tp` when tp > 1.
+size_t op_scratch_bytes(const ModelArgs& args, const TrainShape& shape, int tp = 1, bool loss_parallel = true);
+
 // Activation bytes one block keeps between forward and backward under `policy`
 // (layer index matters for selective-layer checkpointing).
 size_t block_saved_bytes(const ModelArgs& args, const TrainShape& shape, int layer);

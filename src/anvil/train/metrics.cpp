@@ -70,6 +70,14 @@ void MetricsLog::log(const StepLog& s) {
     j["peak_mib_by_rank"] = s.peak_mib_by_rank;
     j["activation_peak_mib_by_rank"] = s.activation_peak_mib_by_rank;
     j["peak_rss_mib_by_rank"] = s.peak_rss_mib_by_rank;
+    nlohmann::ordered_json by_rank = nlohmann::ordered_json::array();
+    for (const auto& peaks : s.peak_by_rank_by_category) {
+      nlohmann::ordered_json r;
+      for (int c = 0; c < kNumMemCategories; ++c)
+        r[category_name(static_cast<MemCategory>(c))] = static_cast<uint64_t>(peaks[static_cast<size_t>(c)]);
+      by_rank.push_back(r);
+    }
+    j["max_active_bytes_by_rank_by_category"] = by_rank;
     j["comm_bytes_per_step"] = s.comm_bytes_per_step;
     j["comm_bytes_closed_form"] = s.comm_bytes_closed_form;
     j["tp_comm_bytes_per_step"] = s.tp_comm_bytes_per_step;

@@ -2,6 +2,7 @@
 // throughput and MFU as torchtitan defines them (FLOPs per token is predicted in
 // plan/flops.h, the CPU's peak FLOP rate is in core/cpu_peak.h).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -29,6 +30,8 @@ struct StepLog {
   std::vector<double> tokens_per_s_by_rank, peak_mib_by_rank;  // distributed runs, by world rank
   std::vector<double> activation_peak_mib_by_rank;              // the activations category's peak, likewise
   std::vector<double> peak_rss_mib_by_rank;                     // each process's peak resident set so far
+  // Every rank's peak bytes per category over the interval (as f32: 7 digits).
+  std::vector<std::array<double, kNumMemCategories>> peak_by_rank_by_category;
   // Data-parallel communication per step on this rank (distributed runs).
   double comm_bytes_per_step = 0, comm_in_flight_s = 0, comm_blocked_s = 0, comm_hidden_pct = 0;
   double comm_bytes_closed_form = 0;

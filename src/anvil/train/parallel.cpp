@@ -32,16 +32,17 @@ int Parallel::max_over_world(int value) const {
   return static_cast<int>(t.data<float>()[0]);
 }
 
-std::vector<double> Parallel::gather_world(double value) const {
-  if (!mesh || world_size == 1) return {value};
-  Tensor mine = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.gather");
-  Tensor all = Tensor::empty({world_size}, DType::f32, MemCategory::communication, "world.gather");
-  mine.data<float>()[0] = static_cast<float>(value);
+std::vector<double> Parallel::gather_world(double value) const { return gather_world(std::vector<double>{value}); }
+
+std::vector<double> Parallel::gather_world(const std::vector<double>& values) const {
+  if (!mesh || world_size == 1) return values;
+  const auto n = static_cast<int64_t>(values.size());
+  Tensor mine = Tensor::empty({n}, DType::f32, MemCategory::communication, "world.gather");
+  Tensor all = Tensor::empty({world_size * n}, DType::f32, MemCategory::communication, "world.gather");
+  for (int64_t i = 0; i < n; ++i) mine.data<float>()[i] = static_cast<float>(values[static_cast<size_t>(i)]);
   Communicator world = Communicator::world();
   world.all_gather(mine, all);
-  std::vector<double> out(static_cast<size_t>(world_size));
-  for (int i = 0; i < world_size; ++i) out[static_cast<size_t>(i)] = all.data<float>()[i];
-  return out;
+  return std::vector<double>(all.data<float>(), all.data<float>() + world_size * n);
 }
 
 namespace {
@@ -113,15 +114,11 @@ void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, Parallel
 
 }  // namespace
 
-Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
+Parallel resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
   Parallel par;
   const auto& p = cfg.parallelism;
   const ParallelDegrees degrees{p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
                                 p.data_parallel_shard_degree, p.tensor_parallel_degree};
-  const bool mpi = MpiRuntime::active();
-  Communicator world = mpi ? Communicator::world() : Communicator();
-  const int world_size = mpi ? world.size() : 1;
-  if (mpi && world_size > 1) check_same_config(world, config_to_toml(cfg));
   const MeshLayout layout = MeshLayout::resolve(degrees, world_size);
   if (layout.pp() > 1) {
     const int64_t mb = p.pipeline_parallel_microbatch_size, local = cfg.training.local_batch_size;
@@ -151,8 +148,8 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   par.accum_steps = gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size, layout);
   if (world_size == 1) return par;
 
-  par.mesh = std::make_unique<DeviceMesh>(world, layout);
-  par.rank = world.rank();
+  par.layout = layout;
+  par.rank = rank;
   par.world_size = world_size;
   par.dp_rank = layout.group_rank(par.rank, MeshGroup::dp);
   par.dp_size = layout.dp();
@@ -185,6 +182,16 @@ Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
     par.description = par.description == "single process" ? pp : par.description + " x " + pp;
   }
   par.description += " (" + layout.str() + ")";
+  return par;
+}
+
+Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
+  const bool mpi = MpiRuntime::active();
+  Communicator world = mpi ? Communicator::world() : Communicator();
+  const int world_size = mpi ? world.size() : 1;
+  if (mpi && world_size > 1) check_same_config(world, config_to_toml(cfg));
+  Parallel par = resolve_parallel(cfg, args, world_size, mpi ? world.rank() : 0);
+  if (world_size > 1) par.mesh = std::make_unique<DeviceMesh>(world, par.layout);
   return par;
 }
 

@@ -28,7 +28,8 @@ enum class DataParallelMode { single, ddp, fsdp };
 
 struct Parallel {
   DataParallelMode mode = DataParallelMode::single;
-  std::unique_ptr<DeviceMesh> mesh;  // null for a single process
+  std::unique_ptr<DeviceMesh> mesh;  // null for a single process, and when only resolved
+  MeshLayout layout{1, 1, 1, 1};     // the degrees, resolved against the world size
   int rank = 0, world_size = 1;
   int dp_rank = 0, dp_size = 1;
   int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data
@@ -44,7 +45,7 @@ struct Parallel {
   int64_t accum_steps = 1;
   std::string description = "single process";
 
-  bool distributed() const { return mesh != nullptr; }
+  bool distributed() const { return world_size > 1; }
   bool rank0() const { return rank == 0; }
   // Sums `values` over the data-parallel ranks (a no-op for one process).
   void sum_over_dp(float* values, int n) const;
@@ -53,6 +54,8 @@ struct Parallel {
   int max_over_world(int value) const;
   // Every rank's `value`, by world rank (collective; as f32, enough for rates and MiB).
   std::vector<double> gather_world(double value) const;
+  // Every rank's `values` (each rank the same count), rank after rank.
+  std::vector<double> gather_world(const std::vector<double>& values) const;
 };
 
 // Resolves and checks the [parallelism] degrees against the world and the
@@ -60,5 +63,9 @@ struct Parallel {
 // (accum_steps); checks that every rank has the same configuration. Requires
 // MPI to be running when launched by MPI.
 Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args);
+
+// The same resolution and checks for rank `rank` of `world_size` ranks,
+// without MPI (no mesh, no communicators): what the estimator plans with.
+Parallel resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank);
 
 }  // namespace anvil

@@ -106,6 +106,15 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     log.peak_rss_mib_by_rank = par_.gather_world(static_cast<double>(usage.ru_maxrss) / 1024);  // ru_maxrss: KiB
+    // Each category's peak on every rank: what the per-rank estimate is held against.
+    const std::vector<double> mine(log.memory.peak.begin(), log.memory.peak.end());
+    const std::vector<double> all = par_.gather_world(mine);
+    for (int r = 0; r < par_.world_size; ++r) {
+      std::array<double, kNumMemCategories> peaks{};
+      for (int c = 0; c < kNumMemCategories; ++c)
+        peaks[static_cast<size_t>(c)] = all[static_cast<size_t>(r * kNumMemCategories + c)];
+      log.peak_by_rank_by_category.push_back(peaks);
+    }
     log.max_memory_over_ranks = log.memory.peak_total;
     for (double m : mib)
       log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));

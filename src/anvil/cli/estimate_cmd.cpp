@@ -1,0 +1,155 @@
+#include "anvil/cli/estimate_cmd.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "anvil/core/error.h"
+#include "anvil/train/config.h"
+#include "anvil/train/console.h"
+
+namespace anvil {
+
+EstimateOptions parse_estimate_args(const std::vector<std::string>& args) {
+  EstimateOptions o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ANVIL_CHECK(i + 1 < args.size(), "anvil estimate: ", a, " needs a value");
+      return args[++i];
+    };
+    auto positive = [&](const std::string& v) {
+      int64_t n = 0;
+      try {
+        size_t used = 0;
+        n = std::stoll(v, &used);
+        if (used != v.size()) n = 0;
+      } catch (const std::exception&) {
+        n = 0;
+      }
+      ANVIL_CHECK(n > 0, "anvil estimate: ", a, " takes a positive integer, not '", v, "'");
+      return n;
+    };
+    if (a == "--json") o.json = true;
+    else if (a == "--ranks") o.ranks = static_cast<int>(positive(value()));
+    else if (a == "--hardware") o.hardware = value();
+    else if (a == "--gpus") o.gpus = positive(value());
+    else o.config_args.push_back(a);
+  }
+  ANVIL_CHECK(o.hardware.empty() == (o.gpus == 0),
+              "anvil estimate: --hardware and --gpus go together (the GPU planner: --hardware a100-80g --gpus 64)");
+  ANVIL_CHECK(o.hardware.empty() || o.ranks == 0, "anvil estimate: --ranks is for Anvil's own ranks; with --hardware "
+              "give --gpus");
+  return o;
+}
+
+int implied_world_size(const JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  return static_cast<int>(p.pipeline_parallel_degree * p.data_parallel_replicate_degree *
+                          std::max<int64_t>(1, p.data_parallel_shard_degree) * p.tensor_parallel_degree);
+}
+
+std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& args, int64_t seq_len) {
+  nlohmann::ordered_json j;
+  j["model"] = args.name + "/" + args.flavor;
+  j["parameters"] = args.num_params();
+  j["seq_len"] = seq_len;
+  j["world_size"] = est.par.world_size;
+  j["layout"] = est.par.description;
+  j["accumulation_steps"] = est.par.accum_steps;
+  j["pipeline_micro_batches"] = est.par.pp_micro_batches;
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  double dp = 0, pp = 0;
+  for (const RankEstimate& r : est.ranks) {
+    nlohmann::ordered_json rank;
+    rank["rank"] = r.rank;
+    rank["pp_rank"] = r.pp_rank;
+    rank["pp_stage"] = r.stages.front();
+    rank["pp_stages"] = r.stages;
+    rank["peak_bytes"] = r.memory.peak_total;
+    nlohmann::ordered_json cats;
+    for (int c = 0; c < kNumMemCategories; ++c) cats[category_name(static_cast<MemCategory>(c))] = r.memory.peak[c];
+    rank["by_category"] = cats;
+    rank["comm_bytes_per_step"] = {{"data_parallel", r.data_parallel_bytes}, {"pipeline", r.pipeline_bytes}};
+    ranks.push_back(rank);
+    dp = std::max(dp, r.data_parallel_bytes);
+    pp = std::max(pp, r.pipeline_bytes);
+  }
+  j["ranks"] = ranks;
+  j["flops_per_token"] = est.flops_per_token;
+  j["comm_bytes_per_step"] = {{"data_parallel", dp}, {"pipeline", pp}, {"note", "the largest of any rank's, sent and received"}};
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+// "0-63", "0, 2", "1, 3, 5-7": the world ranks of a role.
+std::string rank_list(const LayoutEstimate& est, const RankEstimate& role) {
+  std::vector<int> ranks;
+  for (const RankEstimate& r : est.ranks)
+    if (r.pp_rank == role.pp_rank && r.memory.peak == role.memory.peak) ranks.push_back(r.rank);
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out.append("-").append(std::to_string(ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConfig& cfg) {
+  std::printf("%s/%s: %s parameters, %.4g FLOP per token at seq_len %lld\n", args.name.c_str(), args.flavor.c_str(),
+              with_commas(args.num_params()).c_str(), est.flops_per_token,
+              static_cast<long long>(cfg.training.seq_len));
+  std::printf("layout: %s; %lld micro-batch(es) per step\n", est.par.description.c_str(),
+              static_cast<long long>(est.par.accum_steps));
+  // One column per distinct role: each pipeline rank, and rank 0 when it differs.
+  std::vector<const RankEstimate*> roles;
+  for (const RankEstimate& r : est.ranks)
+    if (std::none_of(roles.begin(), roles.end(), [&](const RankEstimate* o) {
+          return o->pp_rank == r.pp_rank && o->memory.peak == r.memory.peak;
+        }))
+      roles.push_back(&r);
+  std::printf("predicted peak memory per rank:\n  %-16s", "");
+  for (const RankEstimate* r : roles) {
+    std::string head = "ranks ";
+    head += rank_list(est, *r);
+    if (est.par.pp_size > 1) {
+      head += " (stage";
+      for (size_t i = 0; i < r->stages.size(); ++i) head.append(i ? ", " : " ").append(std::to_string(r->stages[i]));
+      head += ")";
+    }
+    std::printf(" %22s", head.c_str());
+  }
+  std::printf("\n");
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    std::printf("  %-16s", category_name(static_cast<MemCategory>(c)));
+    for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak[c]).c_str());
+    std::printf("\n");
+  }
+  std::printf("  %-16s", "peak total");
+  for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_total).c_str());
+  std::printf("\n  (available on this machine: %s)\n", human_bytes(available_memory_bytes()).c_str());
+  double dp = 0, pp = 0;
+  for (const RankEstimate& r : est.ranks) dp = std::max(dp, r.data_parallel_bytes), pp = std::max(pp, r.pipeline_bytes);
+  if (dp > 0 || pp > 0)
+    std::printf("communication per rank per step: data parallel %s, pipeline %s (sent and received)\n",
+                human_bytes(static_cast<size_t>(dp)).c_str(), human_bytes(static_cast<size_t>(pp)).c_str());
+}
+
+}  // namespace
+
+int estimate_command(const std::vector<std::string>& args) {
+  const EstimateOptions o = parse_estimate_args(args);
+  const JobConfig cfg = parse_config(o.config_args);
+  const ModelArgs model = model_flavor(cfg.model.name, cfg.model.flavor);
+  const int ranks = o.ranks > 0 ? o.ranks : implied_world_size(cfg);
+  const LayoutEstimate est = estimate_layout(cfg, model, ranks);
+  if (o.json) std::printf("%s", layout_estimate_json(est, model, cfg.training.seq_len).c_str());
+  else print_table(est, model, cfg);
+  return 0;
+}
+
+}  // namespace anvil
