@@ -9,6 +9,7 @@
 #include "anvil/cli/convert_cmd.h"
 #include "anvil/cli/estimate_cmd.h"
 #include "anvil/cli/pipeline_schedule_cmd.h"
+#include "anvil/cli/plan_cmd.h"
 #include "anvil/cli/report_cmd.h"
 #include "anvil/cli/tokenize_cmd.h"
 #include "anvil/cli/tokenizer_cmd.h"
@@ -37,6 +38,7 @@ void usage() {
       "  tokenizer train --vocab-size N --output PATH    train a byte-level BPE tokenizer (--help for inputs)\n"
       "  tokenize --input PATH... --output-dir DIR       text or JSON Lines (.gz) -> token shards (--help)\n"
       "  report DUMP_FOLDER [--output PATH]              one HTML page of a run: loss, throughput, memory (--help)\n"
+      "  plan CONFIG.toml --hardware H --gpus N          GPU layouts that fit, ranked by predicted tokens/s (--help)\n"
       "  pipeline-schedule --schedule NAME --ranks P --micro-batches M\n"
       "                                                  a pipeline schedule's actions, in-flight counts, bubble (--help)\n"
       "  convert export STEP_DIR OUT_DIR [--dtype D]     checkpoint -> Hugging Face Llama folder (--help)\n"
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "tokenize") return anvil::tokenize_command(rest);
     if (cmd == "report") return anvil::report_command(rest);
+    if (cmd == "plan") return anvil::plan_command(rest);
     if (cmd == "pipeline-schedule") return anvil::pipeline_schedule_command(rest);
     if (cmd == "convert") return anvil::convert_command(rest);
     if (cmd == "config-docs") {

@@ -1,0 +1,302 @@
+#include "anvil/cli/plan_cmd.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "anvil/core/error.h"
+#include "anvil/plan/gpu_estimate.h"
+#include "anvil/plan/gpu_hardware.h"
+#include "anvil/plan/gpu_seeds.h"
+
+namespace anvil {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+constexpr const char* kUsage =
+    "usage: anvil plan CONFIG.toml [--section.key value ...] --hardware H --gpus N [--json] [--top K]\n"
+    "       anvil plan --seeds\n"
+    "  Searches torchtitan-style layouts (FSDP/HSDP, TP, PP degrees whose product is N, activation\n"
+    "  checkpointing, local and micro-batch size) for the configuration's model and sequence length on N\n"
+    "  GPUs, keeps those whose predicted per-GPU memory (torch's max reserved) fits, and ranks them by\n"
+    "  predicted tokens/s per GPU (a roofline per op; docs/estimator.md).\n"
+    "  --hardware  h100-80g, a100-80g, a100-40g or h200\n"
+    "  --gpus      how many GPUs\n"
+    "  --top       rows to print (default 10)\n"
+    "  --json      print the rows as JSON\n"
+    "  --seeds     the predictions against seeds 000 and 001, as markdown tables with each row's error\n";
+
+int64_t parse_count(const std::string& flag, const std::string& v) {
+  int64_t out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  ANVIL_CHECK(ec == std::errc() && end == v.data() + v.size() && out >= 1, "anvil: ", flag, " '", v,
+              "' is not a positive count");
+  return out;
+}
+
+// The model, sequence, batch and AC mode of the configuration; the layout is left at its defaults.
+GpuRunSpec model_spec(const JobConfig& cfg) {
+  ANVIL_CHECK(cfg.training.mixed_precision_param == "bfloat16", "training.mixed_precision_param = \"",
+              cfg.training.mixed_precision_param, "\": the GPU planner models bf16 compute under FSDP2");
+  GpuRunSpec s;
+  s.model = model_flavor(cfg.model.name, cfg.model.flavor);
+  s.seq_len = cfg.training.seq_len;
+  s.local_batch = cfg.training.local_batch_size;
+  s.ac = activation_checkpoint_policy(cfg);
+  return s;
+}
+
+GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus) {
+  GpuRunSpec s = model_spec(cfg);
+  const auto& p = cfg.parallelism;
+  s.dp_replicate = p.data_parallel_replicate_degree;
+  s.tp = p.tensor_parallel_degree;
+  s.pp = p.pipeline_parallel_degree;
+  const int64_t others = s.dp_replicate * s.tp * s.pp;
+  ANVIL_CHECK(others >= 1 && gpus % others == 0, "--gpus ", gpus, " is not a multiple of data_parallel_replicate ",
+              s.dp_replicate, " x tensor_parallel ", s.tp, " x pipeline_parallel ", s.pp);
+  s.dp_shard = p.data_parallel_shard_degree == -1 ? gpus / others : p.data_parallel_shard_degree;
+  ANVIL_CHECK(s.gpus() == gpus, "the layout's degrees multiply to ", s.gpus(), " GPUs, not --gpus ", gpus,
+              " (parallelism.data_parallel_shard_degree -1 takes what the others leave)");
+  ANVIL_CHECK(cfg.training.global_batch_size == -1 ||
+                  cfg.training.global_batch_size == cfg.training.local_batch_size * s.dp_shard * s.dp_replicate,
+              "training.global_batch_size ", cfg.training.global_batch_size,
+              " asks for gradient accumulation, which the GPU planner does not model; leave it at -1");
+  s.pp_schedule = p.pipeline_parallel_schedule;
+  s.microbatch_size = p.pipeline_parallel_microbatch_size;
+  s.keep_pp_outputs = p.pipeline_parallel_keep_outputs;
+  return s;
+}
+
+std::string gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", bytes / kGiB);
+  return b;
+}
+
+nlohmann::json stage_json(const GpuStageMemory& m) {
+  return {{"pp_stage", m.stage},
+          {"layers", m.layers},
+          {"in_flight_micro_batches", m.in_flight},
+          {"peak_at", m.peak_at},
+          {"reserved_bytes", m.reserved},
+          {"peak_allocated_bytes", m.peak_allocated},
+          {"by_category",
+           {{"parameters", m.parameters},
+            {"optimizer", m.optimizer},
+            {"gradients", m.gradients},
+            {"gradient_accumulators", m.grad_accumulators},
+            {"gathered_parameters", m.gathered_params},
+            {"activations", m.activations},
+            {"working", m.working},
+            {"loss_buffers", m.loss_buffers},
+            {"kept_outputs", m.kept_outputs},
+            {"merged_outputs", m.merged_outputs},
+            {"pp_buffers", m.pp_buffers},
+            {"allgather_pool", m.allgather_pool},
+            {"reduce_scatter_input_pool", m.reduce_pool_extra}}}};
+}
+
+std::string layout_flags(const GpuRunSpec& s) {
+  std::string f = "--parallelism.data_parallel_shard_degree " + std::to_string(s.dp_shard);
+  if (s.dp_replicate > 1) f += " --parallelism.data_parallel_replicate_degree " + std::to_string(s.dp_replicate);
+  if (s.tp > 1) f += " --parallelism.tensor_parallel_degree " + std::to_string(s.tp);
+  if (s.pp > 1)
+    f += " --parallelism.pipeline_parallel_degree " + std::to_string(s.pp) +
+         " --parallelism.pipeline_parallel_microbatch_size " + std::to_string(s.microbatch_size);
+  switch (s.ac.mode) {
+    case AcMode::none: f += " --activation_checkpoint.mode none"; break;
+    case AcMode::full: f += " --activation_checkpoint.mode full"; break;
+    case AcMode::selective_op:
+      f += " --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op";
+      break;
+    case AcMode::selective_layer:
+      f += " --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option " +
+           std::to_string(s.ac.every);
+      break;
+  }
+  f += " --training.local_batch_size " + std::to_string(s.local_batch);
+  return f;
+}
+
+}  // namespace
+
+int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json) {
+  const GpuHardware& hw = gpu_hardware(hardware);
+  const GpuRunSpec spec = spec_from_config(cfg, gpus);
+  const GpuStepEstimate e = estimate_gpu_run(spec, hw);
+  if (json) {
+    nlohmann::json j;
+    j["hardware"] = hw.name;
+    j["gpus"] = gpus;
+    j["model"] = spec.model.name + "/" + spec.model.flavor;
+    j["stages"] = nlohmann::json::array();
+    for (const GpuStageMemory& m : e.stages) j["stages"].push_back(stage_json(m));
+    j["max_reserved_bytes"] = e.max_reserved;
+    j["fits"] = e.fits;
+    j["step_seconds"] = e.step_seconds;
+    j["compute_seconds"] = e.compute_seconds;
+    j["fsdp_comm_seconds"] = e.fsdp_comm_seconds;
+    j["tp_comm_seconds"] = e.tp_comm_seconds;
+    j["exposed_comm_seconds"] = e.exposed_comm_seconds;
+    j["optimizer_seconds"] = e.optimizer_seconds;
+    j["bubble_fraction"] = e.bubble_fraction;
+    j["tokens_per_second_per_gpu"] = e.tokens_per_second_per_gpu;
+    j["flops_per_token"] = e.flops_per_token;
+    j["mfu"] = e.mfu;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s/%s on %lld x %s (%s): FSDP %lld", spec.model.name.c_str(), spec.model.flavor.c_str(),
+              static_cast<long long>(gpus), hw.name.c_str(), hw.description.c_str(),
+              static_cast<long long>(spec.dp_shard));
+  if (spec.dp_replicate > 1) std::printf(" x replicate %lld", static_cast<long long>(spec.dp_replicate));
+  if (spec.tp > 1) std::printf(" x TP %lld", static_cast<long long>(spec.tp));
+  if (spec.pp > 1)
+    std::printf(" x PP %lld (%s, %lld micro-batches)", static_cast<long long>(spec.pp), spec.pp_schedule.c_str(),
+                static_cast<long long>(spec.micro_batches()));
+  std::printf(", AC %s, local batch %lld x seq %lld\n\n", ac_mode_name(spec.ac.mode),
+              static_cast<long long>(spec.local_batch), static_cast<long long>(spec.seq_len));
+  std::printf("per GPU, GiB       ");
+  for (const GpuStageMemory& m : e.stages) std::printf(" | stage %-3d", m.stage);
+  std::printf("\n");
+  auto row = [&](const char* name, double GpuStageMemory::*f) {
+    std::printf("%-19s", name);
+    for (const GpuStageMemory& m : e.stages) std::printf(" | %9s", gib(m.*f).c_str());
+    std::printf("\n");
+  };
+  row("parameters (fp32)", &GpuStageMemory::parameters);
+  row("optimizer (AdamW)", &GpuStageMemory::optimizer);
+  row("gradients (fp32)", &GpuStageMemory::gradients);
+  row("grad accumulators", &GpuStageMemory::grad_accumulators);
+  row("gathered (bf16)", &GpuStageMemory::gathered_params);
+  row("activations", &GpuStageMemory::activations);
+  row("working set", &GpuStageMemory::working);
+  row("loss buffers", &GpuStageMemory::loss_buffers);
+  row("kept outputs", &GpuStageMemory::kept_outputs);
+  row("merged outputs", &GpuStageMemory::merged_outputs);
+  row("pp buffers", &GpuStageMemory::pp_buffers);
+  row("all-gather pool", &GpuStageMemory::allgather_pool);
+  row("reduce-scatter pool", &GpuStageMemory::reduce_pool_extra);
+  row("peak allocated", &GpuStageMemory::peak_allocated);
+  row("max reserved", &GpuStageMemory::reserved);
+  std::printf("%-19s", "peak at");
+  for (const GpuStageMemory& m : e.stages) std::printf(" | %s", m.peak_at.c_str());
+  std::printf("\n\nmemory: max reserved %s GiB of %s GiB (%s)\n", gib(e.max_reserved).c_str(),
+              gib(hw.hbm_bytes).c_str(), e.fits ? "fits" : "does NOT fit");
+  std::printf("step: %.3f s (compute %.3f s, FSDP communication %.3f s of which exposed %.3f s, TP %.3f s, "
+              "optimizer %.3f s, pipeline bubble %.1f%%)\n",
+              e.step_seconds, e.compute_seconds, e.fsdp_comm_seconds, e.exposed_comm_seconds, e.tp_comm_seconds,
+              e.optimizer_seconds, 100 * e.bubble_fraction);
+  std::printf("tokens/s per GPU: %.0f   MFU: %.1f%% (%.4g FLOPs per token, %.0f TFLOP/s peak)\n",
+              e.tokens_per_second_per_gpu, 100 * e.mfu, e.flops_per_token, hw.peak_bf16_flops / 1e12);
+  std::printf("(a roofline: GEMMs at peak, attention at the published FlashAttention efficiency; an upper bound "
+              "on speed, see docs/estimator.md)\n");
+  return 0;
+}
+
+int plan_command(const std::vector<std::string>& args) {
+  std::string hardware;
+  int64_t gpus = 0, top = 10;
+  bool json = false, seeds = false;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    auto value = [&]() -> const std::string& {
+      ANVIL_CHECK(i + 1 < args.size(), "anvil plan: ", a, " needs a value\n", kUsage);
+      return args[++i];
+    };
+    if (a == "--hardware") hardware = value();
+    else if (a == "--gpus") gpus = parse_count(a, value());
+    else if (a == "--top") top = parse_count(a, value());
+    else if (a == "--json") json = true;
+    else if (a == "--seeds") seeds = true;
+    else rest.push_back(a);
+  }
+  if (seeds) {
+    std::printf("%s", seed_tables_markdown().c_str());
+    return 0;
+  }
+  ANVIL_CHECK(!hardware.empty() && gpus > 0, "anvil plan: --hardware and --gpus are needed\n", kUsage);
+  const GpuHardware& hw = gpu_hardware(hardware);
+  const JobConfig cfg = parse_config(rest);
+  const GpuRunSpec base = model_spec(cfg);
+
+  struct Row {
+    GpuRunSpec spec;
+    GpuStepEstimate est;
+  };
+  std::vector<Row> rows;
+  int64_t tried = 0;
+  const std::vector<AcPolicy> acs = {{AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2},
+                                     {AcMode::full, 2}};
+  for (int64_t tp = 1; tp <= hw.gpus_per_node && tp <= gpus; tp *= 2) {
+    if (gpus % tp || base.model.n_heads % tp || base.model.n_kv_heads % tp) continue;
+    for (int64_t pp = 1; pp <= gpus / tp && pp <= base.model.n_layers / 2; pp *= 2) {
+      if ((gpus / tp) % pp) continue;
+      if (pp > 1 && base.model.tie_embeddings) continue;
+      const int64_t dp = gpus / tp / pp;
+      for (int64_t rep = 1; rep <= dp / 2; rep *= 2) {
+        if (dp % rep || dp / rep < 2) continue;
+        for (const AcPolicy& ac : acs)
+          for (int64_t lb = 1; lb <= 16; lb *= 2)
+            for (int64_t mbs = 1; mbs <= (pp > 1 ? lb : 1); mbs *= 2) {
+              if (pp > 1 && lb / mbs < pp) continue;
+              GpuRunSpec s = base;
+              s.tp = tp;
+              s.pp = pp;
+              s.dp_replicate = rep;
+              s.dp_shard = dp / rep;
+              s.ac = ac;
+              s.local_batch = lb;
+              s.microbatch_size = pp > 1 ? mbs : 1;
+              s.pp_schedule = "1F1B";
+              s.keep_pp_outputs = false;
+              ++tried;
+              const GpuStepEstimate e = estimate_gpu_run(s, hw);
+              if (e.fits) rows.push_back({s, e});
+            }
+      }
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) {
+    return x.est.tokens_per_second_per_gpu > y.est.tokens_per_second_per_gpu;
+  });
+  if (static_cast<int64_t>(rows.size()) > top) rows.resize(static_cast<size_t>(top));
+  if (json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const Row& r : rows)
+      j.push_back({{"tokens_per_second_per_gpu", r.est.tokens_per_second_per_gpu},
+                   {"mfu", r.est.mfu},
+                   {"step_seconds", r.est.step_seconds},
+                   {"max_reserved_bytes", r.est.max_reserved},
+                   {"global_batch", r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate},
+                   {"flags", layout_flags(r.spec)}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s/%s, seq %lld, on %lld x %s: %lld layouts tried, %zu shown that fit in %s GiB, ranked by "
+              "predicted tokens/s per GPU\n\n",
+              base.model.name.c_str(), base.model.flavor.c_str(), static_cast<long long>(base.seq_len),
+              static_cast<long long>(gpus), hw.name.c_str(), static_cast<long long>(tried), rows.size(),
+              gib(hw.hbm_bytes).c_str());
+  std::printf("| # | tokens/s/GPU | MFU | step (s) | max reserved (GiB) | global batch | flags |\n"
+              "|---|---|---|---|---|---|---|\n");
+  int n = 0;
+  for (const Row& r : rows)
+    std::printf("| %d | %.0f | %.1f%% | %.2f | %s | %lld | %s |\n", ++n, r.est.tokens_per_second_per_gpu,
+                100 * r.est.mfu, r.est.step_seconds, gib(r.est.max_reserved).c_str(),
+                static_cast<long long>(r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate),
+                layout_flags(r.spec).c_str());
+  if (rows.empty()) std::printf("(no layout fits: more GPUs, a shorter sequence or a smaller model)\n");
+  return 0;
+}
+
+}  // namespace anvil

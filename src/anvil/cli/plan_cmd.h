@@ -1,0 +1,23 @@
+// The GPU-cluster planner's commands (plan/gpu_estimate.h): `anvil estimate
+// CFG --hardware H --gpus N` (one layout) and `anvil plan CFG --hardware H
+// --gpus N` (search the layouts that fit, ranked by predicted tokens/s per
+// GPU); `anvil plan --seeds` prints the checks against seeds 000 and 001.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "anvil/train/config.h"
+
+namespace anvil {
+
+// The configuration's layout as torchtitan would run it on `gpus` GPUs of
+// `hardware`: per-stage memory per GPU and step time, tokens/s per GPU, MFU;
+// a table, or JSON with `json`. Returns the exit code.
+int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json);
+
+// anvil plan CFG [--section.key value ...] --hardware H --gpus N [--json] [--top K]
+// anvil plan --seeds
+int plan_command(const std::vector<std::string>& args);
+
+}  // namespace anvil

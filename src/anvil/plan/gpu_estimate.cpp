@@ -1,0 +1,470 @@
+#include "anvil/plan/gpu_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "anvil/core/error.h"
+#include "anvil/dist/pipeline_schedule.h"
+#include "anvil/plan/flops.h"
+
+namespace anvil {
+
+namespace {
+
+constexpr double kBf16 = 2;  // bytes of a bf16 value (parameters as computed, activations, logits in v0_1_0)
+constexpr double kF32 = 4;   // bytes of an fp32 value (master weights, AdamW state, reduced gradients)
+
+// AdamW (torch.optim, foreach) per fp32 parameter shard, bytes of HBM traffic:
+// lerp_(m, g) 12, mul_(v) 8, addcmul_(v, g, g) 12, sqrt(v) 8, div_ 8, add_(eps)
+// 8, addcdiv_(p, m, denom) 16, weight decay mul_(p) 8; gradient clipping reads
+// each gradient for the norm (4) and scales it (8).
+constexpr double kOptimizerBytesPerParam = 80 + 12;
+
+// What one pipeline stage holds (pp == 1: the whole model).
+struct StageShape {
+  int64_t first_layer = 0, layers = 0;
+  bool embedding = false, head = false;
+};
+
+// torchtitan's split (distributed/pipeline.py generate_split_points): the
+// embedding and the head count as one layer each, num_layers + 2 units are
+// spread evenly over the stages, the remainder going to the earliest ones.
+std::vector<StageShape> split_stages(int64_t n_layers, int64_t pp) {
+  if (pp == 1) return {{0, n_layers, true, true}};
+  const int64_t units = n_layers + 2, per = units / pp, extra = units % pp;
+  std::vector<StageShape> out;
+  int64_t layer = 0;
+  for (int64_t s = 0; s < pp; ++s) {
+    const int64_t size = per + (s < extra ? 1 : 0);
+    StageShape st;
+    st.embedding = s == 0;
+    st.head = s == pp - 1;
+    st.first_layer = layer;
+    st.layers = size - (st.embedding ? 1 : 0) - (st.head ? 1 : 0);
+    ANVIL_CHECK(st.layers >= 0 && (st.layers > 0 || st.embedding || st.head),
+                "parallelism.pipeline_parallel_degree ", pp, " leaves stage ", s, " without a layer (", n_layers,
+                " layers + embedding + head); use fewer pipeline stages");
+    layer += st.layers;
+    out.push_back(st);
+  }
+  return out;
+}
+
+// Model dimensions per GPU under tensor parallelism t.
+struct Dims {
+  double D, Dq, Dkv, F, H, V, t;
+};
+
+// Bytes per token one block keeps for its backward under torchtitan's eager
+// Llama (flash SDPA, fused or composite RMSNorm, RoPE in fp32 cast back to
+// bf16, repeat_kv materialising GQA's keys and values), by AC treatment:
+//   none: x, h1, x2, h2 (norm inputs and outputs; under sequence parallel the
+//     residual stream is sharded and the norm outputs are gathered), q, the
+//     repeated k and v, SDPA's output and its contiguous transpose (5·Dq),
+//     w1 and w3 outputs, silu(w1), their product (4·F), fp32 log-sum-exp per
+//     head, two fp32 rstd;
+//   selective op: torchtitan's policy saves the outputs of mm (all but every
+//     second one: wq, wv, w1, w2 of the seven) and of SDPA, plus the block's
+//     input; the rest is recomputed;
+//   full (and the checkpointed layers of selective layer): the input.
+enum class BlockAc { none, op, full };
+double saved_per_token(const Dims& d, BlockAc ac) {
+  switch (ac) {
+    case BlockAc::none:
+      return kBf16 * (2 * d.D / d.t + 2 * d.D + 5 * d.Dq / d.t + 4 * d.F / d.t) + kF32 * d.H / d.t + 2 * kF32;
+    case BlockAc::op:
+      return kBf16 * (d.D / d.t + d.Dq / d.t + d.Dkv / d.t + d.Dq / d.t + d.F / d.t + d.D) + kF32 * d.H / d.t;
+    case BlockAc::full:
+      return kBf16 * d.D / d.t;
+  }
+  return 0;
+}
+
+BlockAc block_ac(const AcPolicy& ac, int64_t layer) {
+  switch (ac.mode) {
+    case AcMode::none: return BlockAc::none;
+    case AcMode::selective_op: return BlockAc::op;
+    case AcMode::full: return BlockAc::full;
+    case AcMode::selective_layer:
+      // torchtitan wraps module number c (counted from 1) when c % k == 0.
+      return (layer + 1) % ac.every == 0 ? BlockAc::full : BlockAc::none;
+  }
+  return BlockAc::none;
+}
+
+// Gradients alive at once inside a block's backward beyond the recomputed
+// tensors: three of the FFN's hidden width and two of the model width.
+double backward_temps_per_token(const Dims& d) { return kBf16 * (3 * d.F / d.t + 2 * d.D); }
+
+// Element-wise (memory-bound) HBM bytes per token of one block's forward in
+// eager mode: two RMSNorms (read x, write y), RoPE on q and k in fp32 (cast
+// up, complex multiply, cast down: 20 bytes per element), repeat_kv's copies
+// (GQA only), the transpose back to contiguous, two residual adds, silu and
+// the SwiGLU product. The backward moves about twice as much (each op reads
+// the incoming gradient and its saved inputs and writes one gradient).
+double elementwise_fwd_bytes_per_token(const Dims& d, bool gqa) {
+  const double norms = 2 * 2 * kBf16 * d.D / d.t;
+  const double rope = 20 * (d.Dq + d.Dkv) / d.t;
+  const double repeat = gqa ? 2 * kBf16 * (d.Dkv + d.Dq) / d.t : 0;
+  const double transpose = 2 * kBf16 * d.Dq / d.t;
+  const double residual = 2 * 3 * kBf16 * d.D / d.t;
+  const double swiglu = (2 + 3) * kBf16 * d.F / d.t;
+  return norms + rope + repeat + transpose + residual + swiglu;
+}
+
+// Cross-entropy over fp32 logits, HBM bytes per logit: the cast to fp32 (read
+// 2, write 4), log_softmax (read 4, write 4); backward: nll's zero-filled
+// gradient (4), log_softmax's backward (read 8, write 4), the cast back (read 4,
+// write 2).
+constexpr double kLossBytesPerLogit = 6 + 8 + 4 + 12 + 6;
+
+struct Roofline {
+  double peak, bw, attn_eff;
+  double gemm(double M, double K, double N) const {
+    return std::max(2 * M * K * N / peak, kBf16 * (M * K + K * N + M * N) / bw);
+  }
+  double mem(double bytes) const { return bytes / bw; }
+};
+
+// Ring collective bus bandwidth of a group of n GPUs whose members are
+// `stride` ranks apart (torchtitan's mesh is pp × dp_replicate × dp_shard × tp,
+// tp innermost, ranks filling nodes in order): NVLink inside a node; across
+// nodes each node's members send through their own NICs in parallel (NCCL
+// runs one ring per NIC), so the ring moves internode × members-per-node,
+// capped by NVLink.
+double bus_bandwidth(const GpuHardware& hw, int64_t n, int64_t stride) {
+  const int64_t gpn = hw.gpus_per_node;
+  const int64_t per_node = stride >= gpn ? 1 : std::min<int64_t>(n, gpn / stride);
+  if (n <= per_node) return hw.nvlink_bandwidth;
+  return std::min(hw.nvlink_bandwidth, hw.internode_bandwidth * static_cast<double>(per_node));
+}
+
+// All-gather or reduce-scatter of `bytes` (the unsharded size) over n ranks.
+double ring_seconds(double bytes, int64_t n, double busbw) {
+  return n <= 1 ? 0 : bytes * static_cast<double>(n - 1) / static_cast<double>(n) / busbw;
+}
+
+struct Candidate {
+  double total = 0;
+  GpuStageMemory parts;  // the categories that make it up
+};
+
+}  // namespace
+
+double torchtitan_flops_per_token(const ModelArgs& a, int64_t seq_len, TorchtitanEra era) {
+  if (era == TorchtitanEra::v0_1_0) return flops_per_token(a, seq_len);
+  return 6.0 * static_cast<double>(a.num_params()) +
+         12.0 * static_cast<double>(a.n_layers * a.n_heads * a.head_dim() * seq_len);
+}
+
+GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
+  const ModelArgs& a = sp.model;
+  ANVIL_CHECK(sp.dp_shard >= 2, "parallelism.data_parallel_shard_degree is ", sp.dp_shard,
+              ": the GPU planner models FSDP2 with bf16 compute, and torchtitan without FSDP trains in fp32; "
+              "use a shard degree of 2 or more");
+  ANVIL_CHECK(sp.dp_replicate >= 1 && sp.tp >= 1 && sp.pp >= 1, "parallel degrees must be positive");
+  ANVIL_CHECK(a.n_heads % sp.tp == 0 && a.n_kv_heads % sp.tp == 0, "parallelism.tensor_parallel_degree ", sp.tp,
+              " does not divide ", a.name, "/", a.flavor, "'s ", a.n_heads, " heads and ", a.n_kv_heads,
+              " KV heads");
+  ANVIL_CHECK(sp.seq_len >= 1 && sp.local_batch >= 1, "training.seq_len and training.local_batch_size must be positive");
+  ANVIL_CHECK(!a.tie_embeddings || sp.pp == 1, a.name, "/", a.flavor,
+              " ties its embedding to its head, which pipeline stages cannot share");
+  const int64_t m = sp.micro_batches();
+  if (sp.pp > 1) {
+    ANVIL_CHECK(sp.microbatch_size >= 1 && sp.local_batch % sp.microbatch_size == 0,
+                "training.local_batch_size ", sp.local_batch, " is not a multiple of ",
+                "parallelism.pipeline_parallel_microbatch_size ", sp.microbatch_size);
+    ANVIL_CHECK(sp.pp_schedule == "1F1B" || sp.pp_schedule == "GPipe", "parallelism.pipeline_parallel_schedule ",
+                sp.pp_schedule, ": the GPU planner models GPipe and 1F1B (one stage per rank)");
+  }
+
+  const double t = static_cast<double>(sp.tp);
+  const Dims d{static_cast<double>(a.dim),
+               static_cast<double>(a.n_heads * a.head_dim()),
+               static_cast<double>(a.n_kv_heads * a.head_dim()),
+               static_cast<double>(a.ffn_hidden_dim()),
+               static_cast<double>(a.n_heads),
+               static_cast<double>(a.vocab_size),
+               t};
+  const bool gqa = a.n_kv_heads < a.n_heads;
+  const bool v010 = sp.era == TorchtitanEra::v0_1_0;
+  const double N = static_cast<double>(sp.dp_shard);
+  const double s = static_cast<double>(sp.seq_len);
+  const double T = static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch) * s;  // tokens per micro-batch
+  const double Vt = d.V / t;
+
+  // Parameters per GPU (after TP): the block's matrices are split, its norms replicated.
+  const double layer_params = static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D;
+  const double emb_params = d.D * Vt;
+  const double head_params = d.D * Vt + d.D;
+
+  const Roofline rf{hw.peak_bf16_flops, hw.hbm_bandwidth, hw.attention_efficiency};
+  const double bw_shard = bus_bandwidth(hw, sp.dp_shard, sp.tp);
+  const double bw_rep = bus_bandwidth(hw, sp.dp_replicate, sp.tp * sp.dp_shard);
+  const double bw_tp = bus_bandwidth(hw, sp.tp, 1);
+  const int64_t pp_stride = sp.dp_replicate * sp.dp_shard * sp.tp;
+  const double bw_pp = pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth : hw.internode_bandwidth;
+
+  const std::vector<StageShape> shapes = split_stages(a.n_layers, sp.pp);
+  std::vector<int> in_flight(shapes.size(), 1);
+  PipeSchedule schedule;
+  if (sp.pp > 1) {
+    schedule = make_pipeline_schedule(sp.pp_schedule, static_cast<int>(sp.pp), 1, static_cast<int>(m));
+    in_flight = stage_in_flight(schedule);
+  }
+
+  GpuStepEstimate out;
+  std::vector<PipeCosts> stage_costs;
+  double worst_stage_tail = 0, first_gather = 0, tp_comm_total = 0;
+  double non_pp_compute = 0, non_pp_fsdp = 0, non_pp_exposed = 0, non_pp_optimizer = 0;
+
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const StageShape& st = shapes[si];
+    const double L = static_cast<double>(st.layers);
+    const double root = (st.embedding ? emb_params : 0) + (st.head ? head_params : 0);
+    const double psi = L * layer_params + root;
+
+    GpuStageMemory mem;
+    mem.stage = static_cast<int>(si);
+    mem.layers = st.layers;
+    mem.has_embedding = st.embedding;
+    mem.has_head = st.head;
+    mem.in_flight = in_flight[si];
+    mem.parameters = kF32 * psi / N;
+    mem.optimizer = 2 * kF32 * psi / N;
+    mem.gradients = kF32 * psi / N;
+    // The all-gather stream's pool: at most two all-gathers in flight (FSDP2),
+    // so the two largest groups' flat bf16 buffers stay cached.
+    std::vector<double> groups(static_cast<size_t>(st.layers), layer_params);
+    if (root > 0) groups.push_back(root);
+    std::sort(groups.rbegin(), groups.rend());
+    const double largest_group = groups.empty() ? 0 : groups[0];
+    mem.allgather_pool = kBf16 * (largest_group + (groups.size() > 1 ? groups[1] : 0));
+    mem.reduce_pool_extra = v010 ? 0 : kF32 * largest_group;
+
+    // Activations of one micro-batch on this stage, and the largest block transient.
+    double acts = 0, block_transient = 0;
+    for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
+      const BlockAc ac = block_ac(sp.ac, l);
+      acts += saved_per_token(d, ac) * T;
+      const double recomputed = (saved_per_token(d, BlockAc::none) - saved_per_token(d, ac)) * T;
+      double transient = recomputed + backward_temps_per_token(d) * T + kBf16 * layer_params;
+      if (sp.pp == 1 && v010)  // the block's bf16 gradients and the fp32 reduce-scatter input it copies them into
+        transient = std::max(transient, (kBf16 + kF32) * layer_params);
+      block_transient = std::max(block_transient, transient);
+    }
+    if (st.head) acts += 2 * kBf16 * d.D / t * T;  // the final norm's input and output
+
+    const double pp_buffer_each = kBf16 * T * d.D / t;
+    mem.pp_buffers = sp.pp > 1 ? pp_buffer_each * static_cast<double>(m) *
+                                     ((st.embedding ? 0 : 1) + (st.head ? 0 : 1))
+                               : 0;
+    const double logits = T * Vt;  // per micro-batch
+    const double out_elem = v010 ? kBf16 : kF32;
+    const bool keep = sp.keep_pp_outputs && sp.pp > 1 && st.head;
+    const double kept_all = keep ? out_elem * logits * static_cast<double>(m) : 0;
+
+    double gathered = 0, accum = 0, root_grads = 0;
+    if (sp.pp > 1) {
+      // Under PP torchtitan keeps every group gathered (reshard_after_forward
+      // False) and PyTorch's stage runs backward with gradient sync off, so
+      // FSDP accumulates unsharded fp32 gradients until the last micro-batch.
+      gathered = kBf16 * psi;
+      accum = kF32 * psi;
+    } else {
+      // The root group (embedding, final norm, output) stays gathered from
+      // forward to backward (FSDP2's root is not resharded after forward); a
+      // block is gathered while it runs and the next one is prefetched.
+      gathered = kBf16 * (root + 2 * (st.layers > 0 ? layer_params : 0));
+      root_grads = kBf16 * root;  // the root's bf16 gradients live from the head's backward to the end
+    }
+    const double base = mem.parameters + mem.optimizer + gathered + accum + mem.pp_buffers;
+    const double inflight_acts = acts * static_cast<double>(in_flight[si]);
+
+    std::vector<Candidate> cands;
+    {
+      Candidate c;  // a block's backward with the stage's in-flight micro-batches alive
+      c.parts.activations = inflight_acts;
+      c.parts.working = block_transient + root_grads;
+      c.parts.kept_outputs = kept_all;
+      c.parts.peak_at = "block backward";
+      c.total = base + inflight_acts + block_transient + root_grads + kept_all;
+      cands.push_back(c);
+    }
+    if (st.head) {
+      // The loss's backward: log_softmax's fp32 output (saved), nll's fp32
+      // gradient and log_softmax's fp32 gradient, plus the model output while
+      // something holds it: the pipeline stage's cache (its bf16 output) in
+      // v0_1_0 with PP, train.py's `pred` (fp32) in apr2024.
+      double per_logit = 3 * kF32;
+      if (!v010) per_logit += kF32;
+      else if (sp.pp > 1) per_logit += kBf16;
+      Candidate c;
+      c.parts.activations = inflight_acts;
+      c.parts.loss_buffers = per_logit * logits;
+      // The current micro-batch's output is in the loss buffers; the others are kept.
+      c.parts.kept_outputs = keep ? out_elem * logits * static_cast<double>(m - 1) : 0;
+      c.parts.peak_at = "loss backward";
+      c.total = base + inflight_acts + c.parts.loss_buffers + c.parts.kept_outputs;
+      cands.push_back(c);
+    }
+    if (sp.pp > 1 && v010) {
+      // After the last backward every group reduce-scatters: the first input
+      // joins the still-gathered weights and the accumulators.
+      Candidate c;
+      c.parts.working = kF32 * largest_group;
+      c.parts.kept_outputs = kept_all;
+      c.parts.peak_at = "end-of-step reduce-scatter";
+      c.total = base + c.parts.working + kept_all;
+      cands.push_back(c);
+    }
+    if (sp.pp == 1 && v010 && root > 0) {
+      Candidate c;  // the root group's reduce-scatter, last in the backward
+      c.parts.working = (kBf16 + kF32) * root;
+      c.parts.peak_at = "root reduce-scatter";
+      c.total = mem.parameters + mem.optimizer + kBf16 * root + c.parts.working;
+      cands.push_back(c);
+    }
+    {
+      Candidate c;  // AdamW's step: sqrt(exp_avg_sq) is one fp32 temporary the size of the shards
+      c.parts.working = kF32 * psi / N;
+      c.parts.kept_outputs = kept_all;
+      c.parts.peak_at = "optimizer step";
+      c.total = mem.parameters + mem.optimizer + mem.pp_buffers + c.parts.working + kept_all;
+      cands.push_back(c);
+    }
+    const auto best = std::max_element(cands.begin(), cands.end(),
+                                       [](const Candidate& x, const Candidate& y) { return x.total < y.total; });
+    double compute_reserved = best->total;
+    // Seed 000's end of step: torch.cat of the kept outputs, alive beside them.
+    // The caching allocator cuts it from a cached block when one is large
+    // enough; otherwise it maps a new segment on top of what it already holds.
+    if (keep) {
+      mem.merged_outputs = kept_all;
+      const double largest_cached = std::max({kF32 * logits, kF32 * largest_group, block_transient});
+      const double merge_moment = mem.parameters + mem.optimizer + mem.pp_buffers + 2 * kept_all;
+      if (kept_all > largest_cached) compute_reserved += kept_all;
+      compute_reserved = std::max(compute_reserved, merge_moment);
+    }
+    mem.gathered_params = gathered;
+    mem.grad_accumulators = accum;
+    mem.activations = best->parts.activations;
+    mem.working = best->parts.working;
+    mem.loss_buffers = best->parts.loss_buffers;
+    mem.kept_outputs = best->parts.kept_outputs;
+    mem.peak_at = best->parts.peak_at;
+    if (best->parts.peak_at == "optimizer step" || best->parts.peak_at == "end-of-step reduce-scatter") {
+      mem.gathered_params = best->parts.peak_at == "optimizer step" ? 0 : gathered;
+      mem.grad_accumulators = best->parts.peak_at == "optimizer step" ? 0 : accum;
+    }
+    // Gradients (the reduce-scatter outputs) are allocated on the
+    // reduce-scatter stream; in the previous step's optimizer they were alive
+    // and their blocks stay cached in that pool.
+    mem.peak_allocated = best->total + (mem.peak_at == "optimizer step" ? mem.gradients : 0);
+    mem.reserved = compute_reserved + mem.gradients + mem.reduce_pool_extra + mem.allgather_pool;
+    out.max_reserved = std::max(out.max_reserved, mem.reserved);
+    out.stages.push_back(mem);
+
+    // ---- time of one micro-batch on this stage ----
+    double fwd = 0, bwd = 0, tp_fwd = 0, tp_bwd = 0;
+    const double attn_fwd_flops = 2 * T * s * d.Dq / t;  // 4·T·s·Dq, halved by the causal mask
+    const double ew_fwd = rf.mem(elementwise_fwd_bytes_per_token(d, gqa) * T);
+    const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, bw_tp) : 0;
+    for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
+      const double wq = rf.gemm(T, d.D, d.Dq / t), wkv = rf.gemm(T, d.D, d.Dkv / t), wo = rf.gemm(T, d.Dq / t, d.D);
+      const double w13 = rf.gemm(T, d.D, d.F / t), w2 = rf.gemm(T, d.F / t, d.D);
+      const double gemms = wq + 2 * wkv + wo + 2 * w13 + w2;
+      const double attn = attn_fwd_flops / (rf.peak * rf.attn_eff);
+      fwd += gemms + attn + ew_fwd;
+      bwd += 2 * gemms + 2.5 * attn + 2 * ew_fwd;  // dX and dW per GEMM; FlashAttention's backward is 2.5 forwards
+      tp_fwd += 4 * tp_coll;                      // sequence parallel: all-gather and reduce-scatter around both halves
+      tp_bwd += 4 * tp_coll;
+      switch (block_ac(sp.ac, l)) {
+        case BlockAc::none: break;
+        case BlockAc::op: bwd += wkv + wo + w13 + ew_fwd; tp_bwd += 2 * tp_coll; break;  // every second mm
+        case BlockAc::full: bwd += gemms + attn + ew_fwd; tp_bwd += 4 * tp_coll; break;
+      }
+    }
+    if (st.embedding) {
+      fwd += rf.mem(2 * kBf16 * T * d.D / t);
+      bwd += rf.mem(2 * kBf16 * d.V * d.D / t + kBf16 * T * d.D / t);  // a dense gradient of the table
+    }
+    if (st.head) {
+      const double out_proj = rf.gemm(T, d.D, Vt);
+      fwd += out_proj + rf.mem(2 * kBf16 * T * d.D / t);
+      bwd += 2 * out_proj + rf.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
+    }
+    // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter copy-in.
+    const double gathers = sp.pp > 1 ? 1 : 2;
+    const double fsdp_mem = rf.mem(gathers * 2 * kBf16 * psi +
+                                   (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) +
+                                                    2 * kF32 * psi
+                                              : (kBf16 + kF32) * psi));
+    const double optimizer = rf.mem(kOptimizerBytesPerParam * psi / N);
+    // FSDP traffic per step: gathers of bf16 weights (forward, and again in
+    // backward after resharding, except the root and the last block), a
+    // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards.
+    const double ag_bytes = kBf16 * (sp.pp > 1 ? psi : psi + (psi - root - (st.layers > 0 ? layer_params : 0)));
+    const double rs = ring_seconds(kF32 * psi, sp.dp_shard, bw_shard);
+    const double ar = 2 * ring_seconds(kF32 * psi / N, sp.dp_replicate, bw_rep);
+    const double fsdp_comm = ring_seconds(ag_bytes, sp.dp_shard, bw_shard) + rs + ar;
+    const double first_group_ag = ring_seconds(kBf16 * (st.embedding && root > 0 ? root : layer_params),
+                                               sp.dp_shard, bw_shard);
+
+    if (sp.pp == 1) {
+      const double compute = fwd + bwd + fsdp_mem;
+      tp_comm_total = tp_fwd + tp_bwd;
+      // Overlap: FSDP's collectives run beside compute, except the first
+      // all-gather (nothing to hide it) and the root's reduce-scatter and
+      // all-reduce (the backward's last).
+      const double last_rs = ring_seconds(kF32 * root, sp.dp_shard, bw_shard) +
+                             2 * ring_seconds(kF32 * root / N, sp.dp_replicate, bw_rep);
+      const double exposed = first_group_ag + last_rs;
+      const double hidden = std::max(0.0, fsdp_comm - exposed);
+      const double body = std::max(compute + tp_comm_total, hidden);
+      non_pp_compute = compute;
+      non_pp_fsdp = fsdp_comm;
+      non_pp_exposed = exposed + std::max(0.0, hidden - (compute + tp_comm_total));
+      non_pp_optimizer = optimizer;
+      out.step_seconds = first_group_ag + body + last_rs + optimizer;
+    } else {
+      const double p2p = pp_buffer_each / bw_pp;  // the boundary tensor sent on, or its gradient back
+      const double f = fwd + tp_fwd + (st.head ? 0 : p2p) + fsdp_mem / (2 * static_cast<double>(m));
+      const double b = bwd + tp_bwd + (st.embedding ? 0 : p2p) + fsdp_mem / (2 * static_cast<double>(m));
+      stage_costs.push_back(PipeCosts{f, b / 2, b / 2});
+      tp_comm_total = std::max(tp_comm_total, (tp_fwd + tp_bwd) * static_cast<double>(m));
+      // Under PP the gradients are reduced only after the last micro-batch
+      // (nothing left to overlap), then the optimizer steps.
+      worst_stage_tail = std::max(worst_stage_tail, rs + ar + optimizer);
+      first_gather = std::max(first_gather, first_group_ag);
+      out.fsdp_comm_seconds = std::max(out.fsdp_comm_seconds, fsdp_comm);
+      out.optimizer_seconds = std::max(out.optimizer_seconds, optimizer);
+      out.compute_seconds = std::max(out.compute_seconds, (f + b) * static_cast<double>(m));
+    }
+  }
+
+  if (sp.pp == 1) {
+    out.compute_seconds = non_pp_compute;
+    out.fsdp_comm_seconds = non_pp_fsdp;
+    out.exposed_comm_seconds = non_pp_exposed;
+    out.optimizer_seconds = non_pp_optimizer;
+    out.tp_comm_seconds = tp_comm_total;
+  } else {
+    const PipeTimeline tl = simulate_pipeline_schedule(schedule, stage_costs);
+    double busiest = 0;
+    for (double b : tl.busy) busiest = std::max(busiest, b);
+    out.bubble_fraction = 1 - busiest / tl.makespan;
+    out.tp_comm_seconds = tp_comm_total;
+    out.exposed_comm_seconds = first_gather + worst_stage_tail - out.optimizer_seconds;
+    out.step_seconds = first_gather + tl.makespan + worst_stage_tail;
+  }
+
+  const double local_tokens = static_cast<double>(sp.local_batch) * s;
+  out.tokens_per_second_per_gpu = local_tokens / out.step_seconds / static_cast<double>(sp.tp * sp.pp);
+  out.flops_per_token = torchtitan_flops_per_token(a, sp.seq_len, sp.era);
+  out.mfu = out.flops_per_token * out.tokens_per_second_per_gpu / hw.peak_bf16_flops;
+  out.fits = out.max_reserved <= hw.hbm_bytes;
+  return out;
+}
+
+}  // namespace anvil

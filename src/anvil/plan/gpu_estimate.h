@@ -1,0 +1,102 @@
+// The GPU-cluster planner's model: what a torchtitan-style run (PyTorch eager,
+// FSDP2 with bf16 parameters gathered and fp32 gradients reduced, optional TP
+// with sequence parallel and PP, the CUDA caching allocator) holds per GPU and
+// how fast it steps, from published hardware figures (plan/gpu_hardware.h).
+// Nothing in it is fitted to a measurement; docs/estimator.md derives each
+// term and states the assumptions. This models torchtitan on GPUs, not
+// Anvil's own CPU runs (plan/memory.h does those).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "anvil/model/activation_checkpoint.h"
+#include "anvil/model/args.h"
+#include "anvil/plan/gpu_hardware.h"
+
+namespace anvil {
+
+// The torchtitan/PyTorch version being modelled, where they differ in a way
+// that changes the figures (read from torchtitan's source at those commits):
+//   apr2024  torchtitan 395a526 / 1ea476e (April 2024, seed 001's table): the
+//            model returns output(h).float(), fp32 logits; the FSDP2 of then
+//            allocated the reduce-scatter input on the reduce-scatter stream;
+//            MFU counted 6·N with the embedding (utils.get_num_flop_per_token).
+//   v0_1_0   torchtitan v0.1.0 (July 2025, seed 000): bf16 logits, the loss
+//            upcasts them (cross_entropy(pred.float())); reduce-scatter input
+//            on the compute stream; MFU counts 6·(N − embedding)
+//            (plan/flops.h's flops_per_token).
+enum class TorchtitanEra { apr2024, v0_1_0 };
+
+struct GpuRunSpec {
+  ModelArgs model;
+  int64_t seq_len = 2048;
+  int64_t local_batch = 1;  // sequences per data-parallel rank per step
+  AcPolicy ac;
+  int64_t dp_shard = 2;      // FSDP shard degree (>= 2: torchtitan trains without FSDP in fp32 below that)
+  int64_t dp_replicate = 1;  // HSDP replicas
+  int64_t tp = 1;            // tensor parallel, with sequence parallel and loss parallel
+  int64_t pp = 1;
+  std::string pp_schedule = "1F1B";  // GPipe or 1F1B: one stage per rank
+  int64_t microbatch_size = 1;       // under PP: local_batch / microbatch_size micro-batches
+  // Seed 000's bug (PyTorch before PR #165822): the last stage appends every
+  // micro-batch's output to output_chunks and concatenates them when the step ends.
+  bool keep_pp_outputs = false;
+  TorchtitanEra era = TorchtitanEra::v0_1_0;
+
+  int64_t gpus() const { return dp_shard * dp_replicate * tp * pp; }
+  int64_t micro_batches() const { return pp > 1 ? local_batch / microbatch_size : 1; }
+};
+
+// One pipeline stage's memory per GPU, in bytes. The caching allocator is
+// modelled as pools per CUDA stream (blocks freed on one stream are reused
+// only by that stream, and cached memory is never returned while it fits):
+// "reserved" = the compute stream's peak + the reduce-scatter stream's pool
+// + the all-gather stream's pool (+ a fresh segment for a tensor larger than
+// any cached block). docs/estimator.md states it in full.
+struct GpuStageMemory {
+  int stage = 0;
+  int64_t layers = 0;
+  bool has_embedding = false, has_head = false;
+  int in_flight = 1;           // micro-batches whose activations the stage holds at once
+  double parameters = 0;       // fp32 shards of the parameters (FSDP)
+  double optimizer = 0;        // AdamW exp_avg and exp_avg_sq, fp32 shards
+  double gradients = 0;        // fp32 gradient shards (reduce-scatter outputs: the reduce-scatter stream's pool)
+  double grad_accumulators = 0;  // unsharded fp32 gradients FSDP accumulates while gradient sync is off (PP)
+  double gathered_params = 0;  // bf16 unsharded parameters held at the peak
+  double activations = 0;      // what the in-flight micro-batches keep for backward, at the peak
+  double working = 0;          // the peak's transient: a block's recompute and backward, or a reduce-scatter input
+  double loss_buffers = 0;     // logits and cross-entropy buffers, when the peak is the loss's backward
+  double kept_outputs = 0;     // seed 000: every micro-batch's output kept until the step ends
+  double merged_outputs = 0;   // ... and their concatenation, a new segment when no cached block holds it
+  double pp_buffers = 0;       // receive buffers, one per micro-batch per stage boundary
+  double allgather_pool = 0;   // the all-gather stream's cached flat buffers
+  double reduce_pool_extra = 0;  // the reduce-scatter input when allocated on that stream (apr2024)
+  double peak_allocated = 0;   // the most bytes allocated at once over all pools
+  double reserved = 0;         // the prediction of torch.cuda.max_memory_reserved()
+  std::string peak_at;         // which moment of the step the compute stream peaks in
+};
+
+struct GpuStepEstimate {
+  std::vector<GpuStageMemory> stages;  // one per pipeline stage (one when pp == 1)
+  double max_reserved = 0;
+  bool fits = false;  // every stage's reserved <= the GPU's memory
+  double compute_seconds = 0;    // per rank: the roofline's sum over ops (the slowest stage under PP)
+  double fsdp_comm_seconds = 0;  // all-gathers, reduce-scatters (and HSDP all-reduce) per step
+  double tp_comm_seconds = 0;    // TP's collectives (not overlapped)
+  double exposed_comm_seconds = 0;  // communication that compute does not hide
+  double optimizer_seconds = 0;
+  double bubble_fraction = 0;    // PP: idle / step of the busiest stage under the schedule's simulation
+  double step_seconds = 0;
+  double tokens_per_second_per_gpu = 0;  // torchtitan's definition: local tokens / step / (tp · pp)
+  double flops_per_token = 0;            // the numerator MFU uses, per the era's definition
+  double mfu = 0;                        // flops_per_token · tokens/s per GPU / peak
+};
+
+// Throws anvil::Error for a layout it does not model (naming the key).
+GpuStepEstimate estimate_gpu_run(const GpuRunSpec& spec, const GpuHardware& hw);
+
+// The FLOPs per token torchtitan's MFU uses in that era (see TorchtitanEra).
+double torchtitan_flops_per_token(const ModelArgs& args, int64_t seq_len, TorchtitanEra era);
+
+}  // namespace anvil

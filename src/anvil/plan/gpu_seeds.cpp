@@ -1,0 +1,124 @@
+#include "anvil/plan/gpu_seeds.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace anvil {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+GpuRunSpec seed000_spec(int m, bool keep) {
+  GpuRunSpec s;
+  s.model = model_flavor("llama3", "8B");
+  s.model.n_layers = 16;  // "llama3-8b (pruned, 16 layers)"
+  s.seq_len = 4096;
+  s.local_batch = m;
+  s.microbatch_size = 1;
+  s.ac.mode = AcMode::full;
+  s.dp_shard = 2;
+  s.pp = 2;
+  s.pp_schedule = "1F1B";
+  s.keep_pp_outputs = keep;
+  s.era = TorchtitanEra::v0_1_0;
+  return s;
+}
+
+GpuRunSpec seed001_spec(const std::string& name, const std::string& flavor, int batch, AcMode mode) {
+  GpuRunSpec s;
+  s.model = model_flavor(name, flavor);
+  s.seq_len = name == "llama3" ? 8192 : 4096;  // torchtitan's defaults then: Llama 3 8192, Llama 2 4096
+  s.local_batch = batch;
+  s.ac.mode = mode;
+  s.ac.every = 2;  // selective_ac_option's default, '2'
+  s.dp_shard = 64;
+  s.era = TorchtitanEra::apr2024;
+  return s;
+}
+
+std::string pct(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%+.1f%%", 100 * x);
+  return b;
+}
+
+}  // namespace
+
+double relative_error(double predicted, double published) { return (predicted - published) / published; }
+
+std::vector<Seed000Row> seed000_rows() {
+  std::vector<Seed000Row> rows;
+  const int ms[] = {2, 4, 8, 16};
+  const double kept0[] = {35.75, 35.80, 35.94, 36.20}, kept_last[] = {40.30, 42.27, 48.27, 65.47};
+  const double fix0[] = {35.75, 35.80, 35.94, 36.20}, fix_last[] = {40.30, 40.38, 40.41, 41.64};
+  for (int i = 0; i < 4; ++i) rows.push_back({true, ms[i], kept0[i], kept_last[i], seed000_spec(ms[i], true)});
+  for (int i = 0; i < 4; ++i) rows.push_back({false, ms[i], fix0[i], fix_last[i], seed000_spec(ms[i], false)});
+  return rows;
+}
+
+std::vector<Seed001Row> seed001_rows() {
+  return {
+      {"llama3/8B", 1, "selective layer", 2904, 56.8, seed001_spec("llama3", "8B", 1, AcMode::selective_layer)},
+      {"llama3/8B", 1, "selective op", 2973, 58.2, seed001_spec("llama3", "8B", 1, AcMode::selective_op)},
+      {"llama3/70B", 1, "full", 331, 51.7, seed001_spec("llama3", "70B", 1, AcMode::full)},
+      {"llama2/13B", 2, "no", 2162, 61.1, seed001_spec("llama2", "13B", 2, AcMode::none)},
+      {"llama2/13B", 2, "selective layer", 1914, 54.1, seed001_spec("llama2", "13B", 2, AcMode::selective_layer)},
+      {"llama2/13B", 2, "selective op", 1904, 53.8, seed001_spec("llama2", "13B", 2, AcMode::selective_op)},
+      {"llama2/70B", 1, "selective op", 355, 50.8, seed001_spec("llama2", "70B", 1, AcMode::selective_op)},
+      {"llama2/70B", 2, "full", 353, 50.5, seed001_spec("llama2", "70B", 2, AcMode::full)},
+  };
+}
+
+std::vector<FootnoteRow> seed001_footnote_rows() {
+  return {
+      {2, "selective layer", false, seed001_spec("llama2", "70B", 2, AcMode::selective_layer)},
+      {2, "selective op", false, seed001_spec("llama2", "70B", 2, AcMode::selective_op)},
+      {1, "selective op", true, seed001_spec("llama2", "70B", 1, AcMode::selective_op)},
+      {2, "full", true, seed001_spec("llama2", "70B", 2, AcMode::full)},
+  };
+}
+
+std::string seed_tables_markdown() {
+  std::string out;
+  char b[512];
+  const GpuHardware& h100 = gpu_hardware("h100-80g");
+  out += "### Seed 000: FSDP 2 x PP 2, 1F1B, Llama 3 8B pruned to 16 layers, seq 4096, AC full "
+         "(max reserved, GiB)\n\n";
+  out += "| keep outputs | micro-batches | stage 0 predicted | stage 0 published | error | last stage predicted | "
+         "last stage published | error | last stage peak at |\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const Seed000Row& r : seed000_rows()) {
+    const GpuStepEstimate e = estimate_gpu_run(r.spec, h100);
+    const double p0 = e.stages.front().reserved / kGiB, pl = e.stages.back().reserved / kGiB;
+    std::snprintf(b, sizeof b, "| %s | %d | %.2f | %.2f | %s | %.2f | %.2f | %s | %s |\n",
+                  r.keep_outputs ? "yes" : "no", r.micro_batches, p0, r.stage0_gib,
+                  pct(relative_error(p0, r.stage0_gib)).c_str(), pl, r.last_gib,
+                  pct(relative_error(pl, r.last_gib)).c_str(), e.stages.back().peak_at.c_str());
+    out += b;
+  }
+  const GpuHardware& a100 = gpu_hardware("a100-80g");
+  out += "\n### Seed 001: FSDP2 on 64 A100-80GB (tokens/s per GPU and MFU)\n\n";
+  out += "| model | local batch | AC | WPS predicted | WPS published | error | MFU predicted | MFU published | "
+         "error | step (s) | compute (s) | FSDP comm (s) | max reserved (GiB) |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const Seed001Row& r : seed001_rows()) {
+    const GpuStepEstimate e = estimate_gpu_run(r.spec, a100);
+    std::snprintf(b, sizeof b, "| %s | %d | %s | %.0f | %.0f | %s | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.2f | %.1f |\n",
+                  r.model.c_str(), r.batch, r.ac.c_str(), e.tokens_per_second_per_gpu, r.wps,
+                  pct(relative_error(e.tokens_per_second_per_gpu, r.wps)).c_str(), 100 * e.mfu, r.mfu_pct,
+                  pct(relative_error(100 * e.mfu, r.mfu_pct)).c_str(), e.step_seconds, e.compute_seconds,
+                  e.fsdp_comm_seconds, e.max_reserved / kGiB);
+    out += b;
+  }
+  out += "\n### Seed 001's footnote: Llama 2 70B on 64 A100-80GB (80 GB = 74.5 GiB)\n\n";
+  out += "| local batch | AC | predicted max reserved (GiB) | predicted | published |\n|---|---|---|---|---|\n";
+  for (const FootnoteRow& r : seed001_footnote_rows()) {
+    const GpuStepEstimate e = estimate_gpu_run(r.spec, a100);
+    std::snprintf(b, sizeof b, "| %d | %s | %.1f | %s | %s |\n", r.batch, r.ac.c_str(), e.max_reserved / kGiB,
+                  e.fits ? "fits" : "out of memory", r.ran ? "ran" : "out of memory");
+    out += b;
+  }
+  return out;
+}
+
+}  // namespace anvil
