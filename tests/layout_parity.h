@@ -15,6 +15,11 @@
 // slice, a missed reduction or a token seen twice moves the loss by orders of
 // magnitude more.
 //
+// Each run is also held against the memory estimate (train/layout_estimate.h)
+// of its flags: on every rank, the estimate's parameters, gradients, optimizer
+// state and activations within 1% of the allocator's measured peaks, and its
+// peak total within 3% (expect_estimate_matches_allocator).
+//
 // A new layout (pp2_1f1b) is one row of layouts(): its cases then run in
 // distributed_test, or in tensor_parallel_test when it has a tp degree.
 #pragma once
@@ -29,9 +34,14 @@
 #include <functional>
 #include <map>
 #include <ostream>
+#include <sstream>
+#include <array>
 #include <string>
 #include <vector>
 
+#include "anvil/model/args.h"
+#include "anvil/train/config.h"
+#include "anvil/train/layout_estimate.h"
 #include "mpi_test_util.h"
 #include "test_util.h"
 
@@ -263,6 +273,68 @@ inline TrainRuns& runs() {
   return r;
 }
 
+// The estimate of a run held against what the tracking allocator measured on
+// each of its ranks (the largest of every logged step's peaks, which cover
+// two checkpoint saves): parameters, gradients, optimizer state and
+// activations within 1%, the peak total within 3%. The estimate is computed
+// here, in-process, from the run's own flags (`train_args`, as given to anvil
+// train), for its world size. Returns the worst relative error of the four
+// categories and of the total.
+struct EstimateCheck {
+  double categories = 0, total = 0;
+};
+inline EstimateCheck expect_estimate_matches_allocator(const std::filesystem::path& dump, const std::string& train_args,
+                                                       int ranks) {
+  std::vector<std::string> words;
+  std::istringstream in(train_args);
+  for (std::string w; in >> w;)
+    if (w != "train") words.push_back(w);
+  const JobConfig cfg = parse_config(words);
+  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const LayoutEstimate est = estimate_layout(cfg, args, ranks);
+  // Measured: per rank, the largest of each category's peak and of the total over the logged steps.
+  std::vector<std::array<double, kNumMemCategories>> measured(static_cast<size_t>(ranks));
+  std::vector<double> total(static_cast<size_t>(ranks), 0);
+  std::ifstream metrics(dump / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    ++steps;
+    for (int r = 0; r < ranks; ++r) {
+      const nlohmann::json& cats =
+          ranks == 1 ? j["max_active_bytes_by_category"] : j["max_active_bytes_by_rank_by_category"][r];
+      for (int c = 0; c < kNumMemCategories; ++c) {
+        double& m = measured[static_cast<size_t>(r)][static_cast<size_t>(c)];
+        m = std::max(m, cats[category_name(static_cast<MemCategory>(c))].get<double>());
+      }
+      const double t = ranks == 1 ? j["max_active_bytes"].get<double>()
+                                  : j["peak_mib_by_rank"][r].get<double>() * (1 << 20);
+      total[static_cast<size_t>(r)] = std::max(total[static_cast<size_t>(r)], t);
+    }
+  }
+  EXPECT_GT(steps, 0) << "no step lines in " << (dump / "metrics.jsonl");
+  EstimateCheck worst;
+  for (int r = 0; r < ranks && steps > 0; ++r) {
+    const RankEstimate& e = est.ranks[static_cast<size_t>(r)];
+    for (MemCategory c : {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer_state,
+                          MemCategory::activations}) {
+      const double m = measured[static_cast<size_t>(r)][static_cast<size_t>(c)];
+      const double p = static_cast<double>(e.memory.bytes(c));
+      const double err = m > 0 ? std::abs(p - m) / m : (p > 0 ? 1 : 0);
+      worst.categories = std::max(worst.categories, err);
+      EXPECT_LE(err, 0.01) << "rank " << r << " (pp rank " << e.pp_rank << ") " << category_name(c) << ": estimate "
+                           << p << " bytes, measured " << m;
+    }
+    const double m = total[static_cast<size_t>(r)], p = static_cast<double>(e.memory.peak_total);
+    const double err = std::abs(p - m) / m;
+    worst.total = std::max(worst.total, err);
+    EXPECT_LE(err, 0.03) << "rank " << r << " (pp rank " << e.pp_rank << ") peak total: estimate " << p
+                         << " bytes, measured " << m;
+  }
+  return worst;
+}
+
 // One row of the table under one variant and one AC mode.
 struct ParityCase {
   const Layout* layout;
@@ -298,11 +370,14 @@ inline void expect_matches_single_process(const ParityCase& c) {
   const std::string common =
       "--training.mixed_precision_param float32 " + ac_flags(c.ac) + (v.model.empty() ? "" : " " + v.model);
   const int global = local * layout.dp * v.accumulation;
-  const std::string ref = r.reference(batch_flags(local * layout.dp, global) + " " + common);
+  const std::string ref_flags = batch_flags(local * layout.dp, global) + " " + common;
+  const std::string ref = r.reference(ref_flags);
   const std::string tag = tag_of(c.name() + "_" + c.ac);
-  const CommandOutput out =
-      r.mpi(layout.ranks, tag, batch_flags(local, global) + " " + layout.flags + " " + v.flags + " " + common);
+  const std::string flags = batch_flags(local, global) + " " + layout.flags + " " + v.flags + " " + common;
+  const CommandOutput out = r.mpi(layout.ranks, tag, flags);
   ASSERT_EQ(out.exit_code, 0) << out.text;
+  const EstimateCheck mem = expect_estimate_matches_allocator(r.dir() / tag, r.args(tag, flags), layout.ranks);
+  const EstimateCheck ref_mem = expect_estimate_matches_allocator(r.dir() / ref, r.args(ref, ref_flags), 1);
   const auto want = r.losses(ref), got = r.losses(tag);
   ASSERT_EQ(want.size(), 10u);
   ASSERT_EQ(got.size(), 10u) << out.text;
@@ -323,8 +398,10 @@ inline void expect_matches_single_process(const ParityCase& c) {
   }
   const double wdiff = r.checkpoint_difference(tag, ref);
   EXPECT_LE(wdiff, layout.bound);
-  std::printf("%-34s AC %-5s worst loss difference %.2e, grad norm %.2e, final weights %.2e (relative)\n",
-              c.name().c_str(), c.ac.c_str(), worst, worst_norm, wdiff);
+  std::printf("%-34s AC %-5s worst loss difference %.2e, grad norm %.2e, final weights %.2e (relative); memory "
+              "estimate per rank: categories within %.2e, total %.2e (single process: %.2e, %.2e)\n",
+              c.name().c_str(), c.ac.c_str(), worst, worst_norm, wdiff, mem.categories, mem.total, ref_mem.categories,
+              ref_mem.total);
 }
 
 // bf16: `layout` against the single process on 4 sequences per step (times
@@ -340,8 +417,11 @@ inline void expect_bf16_within(const Layout& layout, int accumulation, double bo
   const std::string ref = r.reference(bf16 + batch_flags(4, global));
   const auto want = r.losses(ref);
   ASSERT_EQ(want.size(), 10u);
-  const CommandOutput out = r.run(layout, name, bf16 + batch_flags(4 / layout.dp, global));
+  const std::string flags = bf16 + batch_flags(4 / layout.dp, global);
+  const CommandOutput out = r.run(layout, name, flags);
   ASSERT_EQ(out.exit_code, 0) << out.text;
+  const EstimateCheck mem =
+      expect_estimate_matches_allocator(r.dir() / name, r.args(name, flags + " " + layout.flags), layout.ranks);
   const auto got = r.losses(name);
   ASSERT_EQ(got.size(), 10u);
   double worst = 0;
@@ -350,8 +430,9 @@ inline void expect_bf16_within(const Layout& layout, int accumulation, double bo
     worst = std::max(worst, rel);
     EXPECT_LE(rel, bound) << "step " << step;
   }
-  std::printf("%-17s bf16: worst loss difference %.2e (bound %.0e), final weights %.2e\n", name.c_str(), worst, bound,
-              r.checkpoint_difference(name, ref));
+  std::printf("%-17s bf16: worst loss difference %.2e (bound %.0e), final weights %.2e; memory estimate per rank: "
+              "categories within %.2e, total %.2e\n",
+              name.c_str(), worst, bound, r.checkpoint_difference(name, ref), mem.categories, mem.total);
 }
 
 // Each test program instantiates this for its rows of the table:

@@ -93,9 +93,10 @@ TEST(Train, BadInputGetsOneClearLine) {
   // A run that cannot fit is refused before anything is allocated.
   out = run("train --model.flavor 8B --training.seq_len 8192 --training.local_batch_size 1");
   EXPECT_EQ(out.exit_code, 1);
-  EXPECT_NE(out.text.find("exceeds the"), std::string::npos) << out.text;
-  // It says first how big the model is, then what would fit: FSDP ranks and an AC mode.
-  EXPECT_EQ(out.text.find("anvil: error: llama3/8B has 8,030,261,248 parameters; predicted peak memory"), 0u)
+  EXPECT_NE(out.text.find(", over the "), std::string::npos) << out.text;
+  // It says first how big the model is and which rank, then what would fit: FSDP ranks and an AC mode.
+  EXPECT_EQ(out.text.find("anvil: error: llama3/8B has 8,030,261,248 parameters; predicted peak memory of rank 0"),
+            0u)
       << out.text;
   EXPECT_NE(out.text.find("FSDP ranks with activation_checkpoint.mode = \"full\""), std::string::npos) << out.text;
 }

@@ -8,54 +8,11 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
-#include "anvil/plan/fit.h"
+#include "anvil/train/preflight.h"
 #include "anvil/plan/flops.h"
 #include "anvil/plan/memory.h"
 
 namespace anvil {
-
-namespace {
-
-// The refusal of a run that cannot fit: the model's size, where the bytes go,
-// and what would fit instead (smaller micro-batches, recomputation, or FSDP
-// over more ranks of this machine's size), in configuration keys.
-std::string does_not_fit_message(const ModelArgs& args, const TrainShape& shape, const MemoryEstimate& est,
-                                 size_t available) {
-  std::string msg = detail::concat(
-      args.name, "/", args.flavor, " has ", with_commas(args.num_params()), " parameters; predicted peak memory ",
-      human_bytes(est.peak_total), " per process exceeds the ", human_bytes(available), " available (parameters ",
-      human_bytes(est.bytes(MemCategory::parameters)), ", gradients ", human_bytes(est.bytes(MemCategory::gradients)),
-      ", optimizer state ", human_bytes(est.bytes(MemCategory::optimizer_state)), ", activations ",
-      human_bytes(est.bytes(MemCategory::activations)), ", workspace ", human_bytes(est.bytes(MemCategory::workspace)),
-      "). To fit: lower training.local_batch_size (", shape.local_batch_size, ") or training.seq_len (", shape.seq_len,
-      ")");
-  // FSDP divides the model state but not the activations: say how many ranks,
-  // each with this much memory, would do under this and lighter AC modes.
-  std::vector<std::string> options;
-  std::vector<AcMode> modes{shape.ac.mode};
-  if (shape.ac.mode == AcMode::none) modes.push_back(AcMode::selective_op);
-  modes.push_back(AcMode::full);
-  for (AcMode mode : modes) {
-    TrainShape s = shape;
-    s.ac.mode = mode;
-    const int64_t ranks = fsdp_ranks_to_fit(args, s, available);
-    const std::string key = mode == AcMode::full           ? "activation_checkpoint.mode = \"full\""
-                            : mode == AcMode::selective_op ? "activation_checkpoint.mode = \"selective\" (op)"
-                            : mode == AcMode::none         ? "activation_checkpoint.mode = \"none\""
-                                                           : "the configured selective layer policy";
-    const std::string option = ranks > 0 ? detail::concat(ranks, " FSDP ranks with ", key)
-                                         : detail::concat("no number of FSDP ranks with ", key);
-    if (std::find(options.begin(), options.end(), option) == options.end()) options.push_back(option);
-  }
-  msg += "; or shard it: by the estimate, ";
-  for (size_t i = 0; i < options.size(); ++i) msg += (i ? (i + 1 == options.size() ? ", or " : ", ") : "") + options[i];
-  msg += detail::concat(" would fit, each rank with ", human_bytes(available),
-                        " (mpirun -np N anvil train ... --parallelism.data_parallel_shard_degree N); or pick a smaller "
-                        "model.flavor");
-  return msg;
-}
-
-}  // namespace
 
 void route_rank_output(const JobConfig& cfg, const Parallel& par) {
   if (par.rank0()) return;
@@ -84,13 +41,10 @@ std::string with_commas(int64_t n) {
 MfuBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType dt,
                                     const AcPolicy& ac) {
   const auto& tc = cfg.training;
-  const TrainShape shape{tc.local_batch_size, tc.seq_len, dt, ac, par.accum_steps};
-  // Each rank keeps 1/(dp_shard·tp) of the weights, gradients and optimizer state.
-  const MemoryEstimate est = shard_model_state(
-      estimate_memory(args, shape),
-      (par.mode == DataParallelMode::fsdp ? par.mesh->layout().dp_shard() : 1) * par.tp_size);
+  // This rank's own estimate under the layout, refused here when it does not fit.
   const size_t available = available_memory_bytes();
-  if (available > 0 && est.peak_total > available) throw Error(does_not_fit_message(args, shape, est, available));
+  const RankEstimate mine = check_rank_fits(cfg, args, par, available, ranks_on_this_machine());
+  const MemoryEstimate& est = mine.memory;
 
   MfuBasis mfu{cfg.metrics.peak_tflops > 0
                    ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
@@ -111,12 +65,14 @@ MfuBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
               static_cast<long long>(par.accum_steps), num_threads());
   std::printf("anvil: %s; peak %s per rank; %.3g FLOP per token\n", par.description.c_str(),
               mfu.peak.derivation.c_str(), mfu.flops_per_token);
-  std::printf("anvil: predicted peak memory %s (params %s, grads %s, optimizer %s, activations %s, workspace %s); %s "
-              "available\n",
+  std::printf("anvil: predicted peak memory of rank %d %s (params %s, grads %s, optimizer %s, activations %s, "
+              "communication %s, workspace %s); %s available\n",
+              par.rank,
               human_bytes(est.peak_total).c_str(), human_bytes(est.bytes(MemCategory::parameters)).c_str(),
               human_bytes(est.bytes(MemCategory::gradients)).c_str(),
               human_bytes(est.bytes(MemCategory::optimizer_state)).c_str(),
               human_bytes(est.bytes(MemCategory::activations)).c_str(),
+              human_bytes(est.bytes(MemCategory::communication)).c_str(),
               human_bytes(est.bytes(MemCategory::workspace)).c_str(), human_bytes(available).c_str());
   return mfu;
 }

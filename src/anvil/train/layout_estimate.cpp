@@ -253,33 +253,41 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
   // group by group), then over tp, then over pp onto pp rank 0; an
   // asynchronous save also stages a copy of every tensor on rank 0.
   if (cfg.checkpoint.enable) {
-    std::vector<Buf> held;
     const size_t numel = static_cast<size_t>(local.numel());
     // Weights, exp_avg and exp_avg_sq, unless the only save is the last and it is model-only.
     const bool only_last = cfg.checkpoint.interval >= cfg.training.steps;
     const int copies = only_last && cfg.checkpoint.last_save_model_only ? 1 : 3;
-    for (int c = 0; c < copies; ++c) {
-      if (fsdp) {
+    std::vector<Buf> held, global(static_cast<size_t>(copies));
+    if (fsdp) {  // FsdpParams::gather_full: a whole local copy, gathered group by group
+      size_t largest = 0;
+      for (const ParamGroup& g : local.groups())
+        largest = std::max(largest, static_cast<size_t>(fsdp_shard_numel(g.numel, par.layout.dp_shard())));
+      for (int c = 0; c < copies; ++c) {
         held.push_back(sim.alloc(MemCategory::workspace, numel * 4));
-        size_t largest = 0;
-        for (const ParamGroup& g : local.groups())
-          largest = std::max(largest, static_cast<size_t>(fsdp_shard_numel(g.numel, par.layout.dp_shard())));
         sim.touch(MemCategory::communication, static_cast<size_t>(par.layout.dp_shard()) * largest * 4);
       }
-      if (tp > 1) {
-        held.push_back(sim.alloc(MemCategory::workspace, static_cast<size_t>(padded_numel(stage_specs)) * 4));
-        size_t largest = 0;
-        for (const ParamSpec& s : local.specs())
-          if (!s.slice.replicated()) largest = std::max(largest, static_cast<size_t>(s.numel()));
+    }
+    if (tp > 1) {  // gather_tp_global: the stage's global tensors, parameter by parameter
+      size_t largest = 0;
+      for (const ParamSpec& sp : local.specs())
+        if (!sp.slice.replicated()) largest = std::max(largest, static_cast<size_t>(sp.numel()));
+      for (Buf& g : global) {
+        g = sim.alloc(MemCategory::workspace, static_cast<size_t>(padded_numel(stage_specs)) * 4);
         sim.touch(MemCategory::communication, static_cast<size_t>(tp) * largest * 4);
       }
-      if (pipeline && pp_rank == 0) {
-        held.push_back(sim.alloc(MemCategory::workspace, static_cast<size_t>(padded_numel(llama_param_specs(args))) * 4));
-        for (int r = 1; r < par.pp_size; ++r)
-          sim.touch(MemCategory::communication,
-                    static_cast<size_t>(padded_numel(llama_param_specs(
-                        args, pipeline_rank_modules(args, par.pp_split, par.pp_schedule.placement, r)))) *
-                        4);
+    }
+    if (pipeline) {  // gather_pipeline_stages: the whole model's, on pp rank 0; each replaces the stage's
+      for (Buf& g : global) {
+        Buf whole;
+        if (pp_rank == 0) {
+          whole = sim.alloc(MemCategory::workspace, static_cast<size_t>(padded_numel(llama_param_specs(args))) * 4);
+          for (int r = 1; r < par.pp_size; ++r)
+            sim.touch(MemCategory::communication,
+                      static_cast<size_t>(padded_numel(llama_param_specs(
+                          args, pipeline_rank_modules(args, par.pp_split, par.pp_schedule.placement, r)))) *
+                          4);
+        }
+        g = std::move(whole);
       }
     }
     if (cfg.checkpoint.async_mode != "disabled" && world_rank0)

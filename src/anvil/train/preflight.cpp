@@ -1,0 +1,171 @@
+#include "anvil/train/preflight.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "anvil/core/error.h"
+#include "anvil/train/console.h"
+
+namespace anvil {
+
+int ranks_on_this_machine() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && std::atoi(s) > 0) return std::atoi(s);  // Slurm's "4(x2)" reads as 4
+  }
+  return 1;
+}
+
+namespace {
+
+// The fullest rank's predicted peak, or 0 when the configuration is invalid
+// for this model (a degree that does not divide it, a batch that does not split).
+size_t worst_peak(const JobConfig& cfg, const ModelArgs& args, int world_size) {
+  try {
+    const LayoutEstimate est = estimate_layout(cfg, args, world_size);
+    size_t worst = 0;
+    for (const RankEstimate& r : est.ranks) worst = std::max(worst, r.memory.peak_total);
+    return worst;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+struct Change {
+  std::string what, flags;
+  JobConfig cfg;
+};
+
+// The activation-checkpointing modes lighter than the configured one, lightest last.
+std::vector<Change> lighter_ac(const JobConfig& cfg) {
+  std::vector<Change> out;
+  const AcMode mode = activation_checkpoint_policy(cfg).mode;
+  if (mode == AcMode::none || mode == AcMode::selective_layer) {
+    Change c{"activation_checkpoint.mode = \"selective\" (op)",
+             "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op", cfg};
+    c.cfg.activation_checkpoint.mode = "selective";
+    c.cfg.activation_checkpoint.selective_ac_option = "op";
+    out.push_back(c);
+  }
+  if (mode != AcMode::full) {
+    Change c{"activation_checkpoint.mode = \"full\"", "--activation_checkpoint.mode full", cfg};
+    c.cfg.activation_checkpoint.mode = "full";
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& args, int world_size, size_t per_rank) {
+  std::vector<FitOption> out;
+  auto consider = [&](const Change& c, int world) {
+    const size_t peak = worst_peak(c.cfg, args, world);
+    if (peak == 0 || peak > per_rank) return false;
+    out.push_back({c.what, c.flags, world, peak});
+    return true;
+  };
+  const auto& p = cfg.parallelism;
+  // On the same ranks: a lighter AC mode, then a smaller micro-batch (halved
+  // until it fits; the global batch stays, accumulation makes up the rest).
+  std::vector<Change> same_ranks = lighter_ac(cfg);
+  const bool pipeline = p.pipeline_parallel_degree > 1;
+  for (int64_t b = (pipeline ? p.pipeline_parallel_microbatch_size : cfg.training.local_batch_size) / 2; b >= 1;
+       b /= 2) {
+    Change c{"", "", cfg};
+    if (pipeline) {
+      c.what = detail::concat("parallelism.pipeline_parallel_microbatch_size = ", b);
+      c.flags = detail::concat("--parallelism.pipeline_parallel_microbatch_size ", b);
+      c.cfg.parallelism.pipeline_parallel_microbatch_size = b;
+    } else {
+      c.what = detail::concat("training.local_batch_size = ", b);
+      c.flags = detail::concat("--training.local_batch_size ", b);
+      c.cfg.training.local_batch_size = b;
+      if (cfg.training.global_batch_size < 0) {  // one local batch per rank before: keep the tokens per step
+        const int64_t dp = std::max<int64_t>(1, world_size / (p.pipeline_parallel_degree * p.tensor_parallel_degree));
+        c.cfg.training.global_batch_size = cfg.training.local_batch_size * dp;
+        c.flags += detail::concat(" --training.global_batch_size ", c.cfg.training.global_batch_size);
+      }
+    }
+    const size_t peak = worst_peak(c.cfg, args, world_size);
+    if (peak > 0 && peak <= per_rank) {
+      same_ranks.push_back(c);
+      break;
+    }
+  }
+  for (const Change& c : same_ranks) consider(c, world_size);
+  // More ranks: twice the pipeline stages; or the FSDP shards doubled until
+  // the model state fits, under the configured AC mode and each lighter one.
+  {
+    Change c{detail::concat("parallelism.pipeline_parallel_degree = ", p.pipeline_parallel_degree * 2),
+             detail::concat("--parallelism.pipeline_parallel_degree ", p.pipeline_parallel_degree * 2), cfg};
+    c.cfg.parallelism.pipeline_parallel_degree *= 2;
+    consider(c, world_size * 2);
+  }
+  const int shards = std::max<int>(1, p.data_parallel_shard_degree > 0 ? static_cast<int>(p.data_parallel_shard_degree)
+                                                                        : world_size / static_cast<int>(
+                                                                              p.pipeline_parallel_degree *
+                                                                              p.data_parallel_replicate_degree *
+                                                                              p.tensor_parallel_degree));
+  std::vector<Change> modes{{"", "", cfg}};
+  for (const Change& c : lighter_ac(cfg)) modes.push_back(c);
+  for (const Change& m : modes) {
+    for (int factor = 2; factor <= (1 << 14); factor *= 2) {
+      Change c = m;
+      c.cfg.parallelism.data_parallel_shard_degree = shards * factor;
+      c.what = detail::concat(shards * factor, " FSDP ranks", m.what.empty() ? "" : " with ", m.what);
+      c.flags = detail::concat("--parallelism.data_parallel_shard_degree ", shards * factor,
+                               m.flags.empty() ? "" : " ", m.flags);
+      if (consider(c, world_size * factor)) break;
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const FitOption& a, const FitOption& b) { return a.world_size < b.world_size; });
+  return out;
+}
+
+RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, size_t available,
+                             int local_ranks) {
+  const LayoutEstimate est = estimate_layout(cfg, args, par.world_size);
+  RankEstimate mine = est.ranks[static_cast<size_t>(par.rank)];
+  const size_t share = available / static_cast<size_t>(std::max(1, local_ranks));
+  if (available == 0 || mine.memory.peak_total <= share) return mine;
+
+  std::string where = detail::concat("rank ", par.rank);
+  if (par.pp_size > 1) {
+    where += " (pipeline stage";
+    for (size_t i = 0; i < mine.stages.size(); ++i) where.append(i ? ", " : " ").append(std::to_string(mine.stages[i]));
+    where += ")";
+  }
+  // The categories, largest first: the first is what to attack.
+  std::vector<MemCategory> cats;
+  for (int c = 0; c < kNumMemCategories; ++c) cats.push_back(static_cast<MemCategory>(c));
+  std::stable_sort(cats.begin(), cats.end(),
+                   [&](MemCategory a, MemCategory b) { return mine.memory.bytes(a) > mine.memory.bytes(b); });
+  std::string parts;
+  for (MemCategory c : cats)
+    if (mine.memory.bytes(c) > 0)
+      parts.append(parts.empty() ? "" : ", ").append(category_name(c)).append(" ").append(human_bytes(mine.memory.bytes(c)));
+  std::string msg = detail::concat(
+      args.name, "/", args.flavor, " has ", with_commas(args.num_params()), " parameters; predicted peak memory of ",
+      where, " is ", human_bytes(mine.memory.peak_total), ", over the ", human_bytes(share), " available to it (",
+      human_bytes(available), " on this machine", local_ranks > 1 ? detail::concat(" shared by ", local_ranks, " ranks") : "",
+      "); largest first: ", parts, " (layout: ", est.par.description, "). ");
+  const std::vector<FitOption> options = fitting_changes(cfg, args, par.world_size, share);
+  if (options.empty()) {
+    msg += "No single change fits by the estimate (a lighter activation checkpointing, a smaller micro-batch, twice "
+           "the pipeline stages, up to 16384x the FSDP ranks); pick a smaller model.flavor or training.seq_len";
+  } else {
+    msg += "What would fit, by the same estimate:";
+    for (size_t i = 0; i < options.size() && i < 4; ++i) {
+      const FitOption& o = options[i];
+      msg += detail::concat(i ? ";" : "", " ", o.what, " (", o.flags, "): ", human_bytes(o.peak), " on the fullest of ",
+                            o.world_size, " rank", o.world_size > 1 ? "s" : "");
+    }
+    msg += detail::concat(". Each rank with ", human_bytes(share),
+                          "; more ranks: mpirun -np N anvil train ... with the flags shown");
+  }
+  throw Error(msg);
+}
+
+}  // namespace anvil

@@ -1,0 +1,41 @@
+// The pre-flight check: every rank, before it allocates anything, holds its
+// own estimate (train/layout_estimate.h) against the memory it can have, and
+// refuses a run that would not fit, naming the rank, its pipeline stage and
+// where the bytes go, and the nearest changes that would fit by the same
+// estimate: a lighter activation-checkpointing mode, a smaller micro-batch,
+// more pipeline stages, more FSDP ranks.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "anvil/model/args.h"
+#include "anvil/train/config.h"
+#include "anvil/train/layout_estimate.h"
+#include "anvil/train/parallel.h"
+
+namespace anvil {
+
+// Processes of this job on this machine, from the launcher's environment
+// (OpenMPI, MPICH/Hydra, Slurm); 1 when not launched by one.
+int ranks_on_this_machine();
+
+// A change of the configuration and what the estimate says of it.
+struct FitOption {
+  std::string what;   // "activation_checkpoint.mode = \"full\" with 8 FSDP ranks"
+  std::string flags;  // the command-line flags that make it
+  int world_size = 1;
+  size_t peak = 0;  // the fullest rank's predicted peak
+};
+
+// The changes, nearest first (those needing no more ranks, then by rank
+// count), under which every rank's predicted peak is at most `per_rank`.
+std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& args, int world_size, size_t per_rank);
+
+// This rank's estimate, after checking it against `available` bytes shared by
+// `local_ranks` processes; throws anvil::Error, saying what would fit, when it
+// does not fit. available = 0: unknown, nothing is checked.
+RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, size_t available,
+                             int local_ranks);
+
+}  // namespace anvil

@@ -1,0 +1,159 @@
+// anvil estimate for a layout (per rank, without MPI) and the pre-flight check
+// every rank runs with it. The estimate itself is held against the allocator
+// in every parity case (tests/layout_parity.h) and in memory_test.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "anvil/cli/estimate_cmd.h"
+#include "anvil/core/error.h"
+#include "anvil/train/layout_estimate.h"
+#include "anvil/train/preflight.h"
+#include "test_util.h"
+
+namespace anvil {
+namespace {
+
+// Whether `text` holds `part`, printing the text when not.
+::testing::AssertionResult Holds(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "no '" << part << "' in: " << text;
+}
+
+JobConfig config(const std::string& flags) {
+  std::vector<std::string> words;
+  std::istringstream in(flags);
+  for (std::string w; in >> w;) words.push_back(w);
+  return parse_config(words);
+}
+
+size_t worst(const LayoutEstimate& est) {
+  size_t w = 0;
+  for (const RankEstimate& r : est.ranks) w = std::max(w, r.memory.peak_total);
+  return w;
+}
+
+const std::string k8b = "--model.flavor 8B --training.seq_len 8192 --training.local_batch_size 1";
+
+// The command: under FSDP over 64 ranks each rank holds 1/64 of the
+// parameters (each group's shard padded to 32 elements), and the AC mode
+// changes the activations.
+TEST(Estimate, FsdpDividesTheParametersAndAcChangesTheActivations) {
+  const anvil::testing::CommandOutput out = anvil::testing::run_anvil(
+      "estimate " ANVIL_SOURCE_DIR "/configs/llama3_8b.toml --parallelism.data_parallel_shard_degree 64 "
+      "--activation_checkpoint.mode selective --json");
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  const nlohmann::json j = nlohmann::json::parse(out.text);
+  ASSERT_EQ(j["ranks"].size(), 64u);
+  const ModelArgs args = model_flavor("llama3", "8B");
+  const JobConfig cfg = parse_config({ANVIL_SOURCE_DIR "/configs/llama3_8b.toml"});
+  const LayoutEstimate single = estimate_layout(cfg, args, 1);
+  const double whole = static_cast<double>(single.ranks[0].memory.bytes(MemCategory::parameters));
+  const double groups = static_cast<double>(args.n_layers + 2);
+  for (const auto& r : j["ranks"]) {
+    const double params = r["by_category"]["parameters"].get<double>();
+    EXPECT_GE(params, whole / 64);
+    EXPECT_LE(params, whole / 64 + groups * 32 * 6) << "rank " << r["rank"];  // 32 elements of fp32 + bf16 per group
+  }
+  std::printf("llama3/8B parameters: single process %.0f bytes, per FSDP rank of 64 %.0f (1/64 = %.0f)\n", whole,
+              j["ranks"][0]["by_category"]["parameters"].get<double>(), whole / 64);
+  EXPECT_GT(j["flops_per_token"].get<double>(), 0);
+  EXPECT_GT(j["comm_bytes_per_step"]["data_parallel"].get<double>(), 0);
+  // The activations follow the AC mode: none keeps the most, full the least,
+  // selective (every 2nd layer) and selective op each something between.
+  std::vector<double> act;
+  for (const char* ac : {"--activation_checkpoint.mode none",
+                         "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option 2",
+                         "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op",
+                         "--activation_checkpoint.mode full"}) {
+    const LayoutEstimate est = estimate_layout(
+        config(ANVIL_SOURCE_DIR "/configs/llama3_8b.toml --parallelism.data_parallel_shard_degree 64 " +
+               std::string(ac)),
+        args, 64);
+    act.push_back(static_cast<double>(est.ranks[0].memory.bytes(MemCategory::activations)));
+    std::printf("%-90s activations %.2f GiB\n", ac, act.back() / (1 << 30));
+  }
+  EXPECT_GT(act[0], act[1]);
+  EXPECT_GT(act[0], act[2]);
+  EXPECT_NE(act[1], act[2]);
+  EXPECT_LT(act[3], act[1]);
+  EXPECT_LT(act[3], act[2]);
+}
+
+TEST(Estimate, PipelineRanksDifferAndTheTableNamesEachRole) {
+  const anvil::testing::CommandOutput out = anvil::testing::run_anvil(
+      "estimate --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 "
+      "--training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 1");
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_TRUE(Holds(out.text, "(stage 0)"));
+  EXPECT_TRUE(Holds(out.text, "(stage 1)"));
+  EXPECT_TRUE(Holds(out.text, "activations"));
+  // Bad usage says what is wrong.
+  const anvil::testing::CommandOutput bad = anvil::testing::run_anvil("estimate --ranks zero");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(Holds(bad.text, "--ranks takes a positive integer, not 'zero'"));
+}
+
+// A run too big for the memory given is refused on each rank, naming the rank,
+// its stage and its largest category first.
+TEST(Preflight, RefusalNamesRankStageAndCategory) {
+  const ModelArgs args = model_flavor("llama3", "8B");
+  const size_t gib24 = size_t{24} << 30;
+  const JobConfig cfg = config(k8b);
+  try {
+    (void)check_rank_fits(cfg, args, resolve_parallel(cfg, args, 1, 0), gib24, 1);
+    FAIL() << "8B in one process fits in 24 GiB?";
+  } catch (const Error& e) {
+    EXPECT_TRUE(Holds(e.what(), "predicted peak memory of rank 0 is"));
+    EXPECT_TRUE(Holds(e.what(), "largest first: optimizer_state"));
+    EXPECT_TRUE(Holds(e.what(), "FSDP ranks with activation_checkpoint.mode = \"full\""));
+  }
+  const JobConfig pp = config(k8b + " --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 2");
+  try {
+    (void)check_rank_fits(pp, args, resolve_parallel(pp, args, 2, 1), gib24, 2);
+    FAIL() << "half of 8B fits in 12 GiB?";
+  } catch (const Error& e) {
+    EXPECT_TRUE(Holds(e.what(), "predicted peak memory of rank 1 (pipeline stage 1)"));
+    EXPECT_TRUE(Holds(e.what(), "shared by 2 ranks"));
+  }
+  // What fits is not refused, and the estimate returned is the rank's own.
+  const JobConfig small = config("--parallelism.pipeline_parallel_degree 2 --training.local_batch_size 2");
+  const ModelArgs debug = model_flavor("llama3", "debugmodel");
+  const Parallel par = resolve_parallel(small, debug, 2, 1);
+  EXPECT_EQ(check_rank_fits(small, debug, par, gib24, 2).memory.peak,
+            estimate_layout(small, debug, 2).ranks[1].memory.peak);
+}
+
+// Every change suggested fits by the estimate, and the nearest come first: a
+// smaller micro-batch when that is enough, before more ranks.
+TEST(Preflight, EverySuggestedChangeFits) {
+  const ModelArgs args = model_flavor("llama3", "8B");
+  const size_t gib24 = size_t{24} << 30;
+  const JobConfig cfg = config(k8b);
+  ASSERT_GT(worst(estimate_layout(cfg, args, 1)), gib24);
+  const std::vector<FitOption> options = fitting_changes(cfg, args, 1, gib24);
+  ASSERT_FALSE(options.empty());
+  for (const FitOption& o : options) {
+    const LayoutEstimate est = estimate_layout(config(k8b + " " + o.flags), args, o.world_size);
+    EXPECT_LE(worst(est), gib24) << o.what;
+    EXPECT_EQ(worst(est), o.peak) << o.what;
+    std::printf("fits: %s (%s) on %d ranks: %.2f GiB\n", o.what.c_str(), o.flags.c_str(), o.world_size,
+                static_cast<double>(o.peak) / (1 << 30));
+  }
+  // debugmodel at 4 x 2048 tokens: half the batch fits where the whole does not.
+  const ModelArgs debug = model_flavor("llama3", "debugmodel");
+  const std::string flags = "--training.seq_len 2048 --training.local_batch_size 4";
+  const size_t whole = worst(estimate_layout(config(flags), debug, 1));
+  const size_t half = worst(estimate_layout(config(flags + " --training.local_batch_size 2"), debug, 1));
+  ASSERT_LT(half, whole);
+  const std::vector<FitOption> near = fitting_changes(config(flags), debug, 1, (half + whole) / 2);
+  ASSERT_FALSE(near.empty());
+  EXPECT_EQ(near.front().world_size, 1);
+  bool batch = false;
+  for (const FitOption& o : near) batch = batch || o.what == "training.local_batch_size = 2";
+  EXPECT_TRUE(batch) << near.front().what;
+}
+
+}  // namespace
+}  // namespace anvil
