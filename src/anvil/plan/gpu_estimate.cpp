@@ -341,7 +341,11 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
     // enough; otherwise it maps a new segment on top of what it already holds.
     if (keep) {
       mem.merged_outputs = kept_all;
-      const double largest_cached = std::max({kF32 * logits, kF32 * largest_group, block_transient});
+      // The largest single blocks freed earlier in the step: the loss's fp32
+      // buffers, the reduce-scatter input of the largest group (compute stream
+      // in v0_1_0) and the fp32 accumulator of the largest weight (the head's).
+      const double largest_cached =
+          std::max({kF32 * logits, v010 ? kF32 * largest_group : 0.0, kF32 * d.D * Vt});
       const double merge_moment = mem.parameters + mem.optimizer + mem.pp_buffers + 2 * kept_all;
       if (kept_all > largest_cached) compute_reserved += kept_all;
       compute_reserved = std::max(compute_reserved, merge_moment);
