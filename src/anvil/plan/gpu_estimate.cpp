@@ -80,14 +80,15 @@ double saved_per_token(const Dims& d, BlockAc ac) {
   return 0;
 }
 
-BlockAc block_ac(const AcPolicy& ac, int64_t layer) {
+// `index` counts the blocks of this process's stage from 0: torchtitan's
+// selective-layer counter (ptd_checkpoint_wrapper._count) is per process, and
+// wraps block number c (counted from 1) when c % k == 0.
+BlockAc block_ac(const AcPolicy& ac, int64_t index) {
   switch (ac.mode) {
     case AcMode::none: return BlockAc::none;
     case AcMode::selective_op: return BlockAc::op;
     case AcMode::full: return BlockAc::full;
-    case AcMode::selective_layer:
-      // torchtitan wraps module number c (counted from 1) when c % k == 0.
-      return (layer + 1) % ac.every == 0 ? BlockAc::full : BlockAc::none;
+    case AcMode::selective_layer: return (index + 1) % ac.every == 0 ? BlockAc::full : BlockAc::none;
   }
   return BlockAc::none;
 }
@@ -245,7 +246,7 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
     // Activations of one micro-batch on this stage, and the largest block transient.
     double acts = 0, block_transient = 0;
     for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
-      const BlockAc ac = block_ac(sp.ac, l);
+      const BlockAc ac = block_ac(sp.ac, l - st.first_layer);
       acts += saved_per_token(d, ac) * T;
       const double recomputed = (saved_per_token(d, BlockAc::none) - saved_per_token(d, ac)) * T;
       double transient = recomputed + backward_temps_per_token(d) * T + kBf16 * layer_params;
@@ -383,7 +384,7 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
       bwd += 2 * gemms + 2.5 * attn + 2 * ew_fwd;  // dX and dW per GEMM; FlashAttention's backward is 2.5 forwards
       tp_fwd += 4 * tp_coll;                      // sequence parallel: all-gather and reduce-scatter around both halves
       tp_bwd += 4 * tp_coll;
-      switch (block_ac(sp.ac, l)) {
+      switch (block_ac(sp.ac, l - st.first_layer)) {
         case BlockAc::none: break;
         case BlockAc::op: bwd += wkv + wo + w13 + ew_fwd; tp_bwd += 2 * tp_coll; break;  // every second mm
         case BlockAc::full: bwd += gemms + attn + ew_fwd; tp_bwd += 4 * tp_coll; break;
