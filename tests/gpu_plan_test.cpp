@@ -11,6 +11,7 @@
 #include "anvil/core/error.h"
 #include "anvil/plan/gpu_estimate.h"
 #include "anvil/plan/gpu_hardware.h"
+#include "anvil/plan/gpu_search.h"
 #include "anvil/plan/gpu_seeds.h"
 
 namespace anvil {
@@ -179,6 +180,28 @@ TEST(GpuPlan, UnknownHardwareAndUnmodelledLayoutsAreRefusedByName) {
   s = seed000_rows()[0].spec;
   s.pp_schedule = "ZBVZeroBubble";
   EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
+}
+
+TEST(GpuPlanSearch, RowsFitUseEveryGpuAndComeFastestFirst) {
+  const GpuHardware& hw = gpu_hardware("a100-80g");
+  GpuRunSpec base;
+  base.model = model_flavor("llama2", "70B");
+  base.seq_len = 4096;
+  const GpuPlanResult r = search_gpu_layouts(base, hw, 64);
+  ASSERT_FALSE(r.rows.empty());
+  EXPECT_GT(r.tried, static_cast<int64_t>(r.rows.size()));  // some layouts do not fit
+  for (size_t i = 0; i < r.rows.size(); ++i) {
+    EXPECT_EQ(r.rows[i].spec.gpus(), 64);
+    EXPECT_TRUE(r.rows[i].estimate.fits);
+    EXPECT_LE(r.rows[i].estimate.max_reserved, hw.hbm_bytes);
+    if (i > 0) {
+      EXPECT_GE(r.rows[i - 1].estimate.tokens_per_second_per_gpu, r.rows[i].estimate.tokens_per_second_per_gpu);
+    }
+  }
+  // The footnote's layout that ran out of memory is not offered.
+  for (const GpuPlanRow& row : r.rows)
+    EXPECT_FALSE(row.spec.tp == 1 && row.spec.pp == 1 && row.spec.dp_replicate == 1 && row.spec.local_batch == 2 &&
+                 row.spec.ac.mode == AcMode::selective_op);
 }
 
 TEST(GpuPlanCommand, EstimateAndPlanRun) {

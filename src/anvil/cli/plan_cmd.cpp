@@ -8,6 +8,7 @@
 #include "anvil/core/error.h"
 #include "anvil/plan/gpu_estimate.h"
 #include "anvil/plan/gpu_hardware.h"
+#include "anvil/plan/gpu_search.h"
 #include "anvil/plan/gpu_seeds.h"
 
 namespace anvil {
@@ -229,54 +230,17 @@ int plan_command(const std::vector<std::string>& args) {
   const JobConfig cfg = parse_config(rest);
   const GpuRunSpec base = model_spec(cfg);
 
-  struct Row {
-    GpuRunSpec spec;
-    GpuStepEstimate est;
-  };
-  std::vector<Row> rows;
-  int64_t tried = 0;
-  const std::vector<AcPolicy> acs = {{AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2},
-                                     {AcMode::full, 2}};
-  for (int64_t tp = 1; tp <= hw.gpus_per_node && tp <= gpus; tp *= 2) {
-    if (gpus % tp || base.model.n_heads % tp || base.model.n_kv_heads % tp) continue;
-    for (int64_t pp = 1; pp <= gpus / tp && pp <= base.model.n_layers / 2; pp *= 2) {
-      if ((gpus / tp) % pp) continue;
-      if (pp > 1 && base.model.tie_embeddings) continue;
-      const int64_t dp = gpus / tp / pp;
-      for (int64_t rep = 1; rep <= dp / 2; rep *= 2) {
-        if (dp % rep || dp / rep < 2) continue;
-        for (const AcPolicy& ac : acs)
-          for (int64_t lb = 1; lb <= 16; lb *= 2)
-            for (int64_t mbs = 1; mbs <= (pp > 1 ? lb : 1); mbs *= 2) {
-              if (pp > 1 && lb / mbs < pp) continue;
-              GpuRunSpec s = base;
-              s.tp = tp;
-              s.pp = pp;
-              s.dp_replicate = rep;
-              s.dp_shard = dp / rep;
-              s.ac = ac;
-              s.local_batch = lb;
-              s.microbatch_size = pp > 1 ? mbs : 1;
-              s.pp_schedule = "1F1B";
-              s.keep_pp_outputs = false;
-              ++tried;
-              const GpuStepEstimate e = estimate_gpu_run(s, hw);
-              if (e.fits) rows.push_back({s, e});
-            }
-      }
-    }
-  }
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) {
-    return x.est.tokens_per_second_per_gpu > y.est.tokens_per_second_per_gpu;
-  });
+  const GpuPlanResult found = search_gpu_layouts(base, hw, gpus);
+  std::vector<GpuPlanRow> rows = found.rows;
+  const int64_t tried = found.tried;
   if (static_cast<int64_t>(rows.size()) > top) rows.resize(static_cast<size_t>(top));
   if (json) {
     nlohmann::json j = nlohmann::json::array();
-    for (const Row& r : rows)
-      j.push_back({{"tokens_per_second_per_gpu", r.est.tokens_per_second_per_gpu},
-                   {"mfu", r.est.mfu},
-                   {"step_seconds", r.est.step_seconds},
-                   {"max_reserved_bytes", r.est.max_reserved},
+    for (const GpuPlanRow& r : rows)
+      j.push_back({{"tokens_per_second_per_gpu", r.estimate.tokens_per_second_per_gpu},
+                   {"mfu", r.estimate.mfu},
+                   {"step_seconds", r.estimate.step_seconds},
+                   {"max_reserved_bytes", r.estimate.max_reserved},
                    {"global_batch", r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate},
                    {"flags", layout_flags(r.spec)}});
     std::printf("%s\n", j.dump(2).c_str());
@@ -290,9 +254,9 @@ int plan_command(const std::vector<std::string>& args) {
   std::printf("| # | tokens/s/GPU | MFU | step (s) | max reserved (GiB) | global batch | flags |\n"
               "|---|---|---|---|---|---|---|\n");
   int n = 0;
-  for (const Row& r : rows)
-    std::printf("| %d | %.0f | %.1f%% | %.2f | %s | %lld | %s |\n", ++n, r.est.tokens_per_second_per_gpu,
-                100 * r.est.mfu, r.est.step_seconds, gib(r.est.max_reserved).c_str(),
+  for (const GpuPlanRow& r : rows)
+    std::printf("| %d | %.0f | %.1f%% | %.2f | %s | %lld | %s |\n", ++n, r.estimate.tokens_per_second_per_gpu,
+                100 * r.estimate.mfu, r.estimate.step_seconds, gib(r.estimate.max_reserved).c_str(),
                 static_cast<long long>(r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate),
                 layout_flags(r.spec).c_str());
   if (rows.empty()) std::printf("(no layout fits: more GPUs, a shorter sequence or a smaller model)\n");
