@@ -1,6 +1,5 @@
 #include "anvil/cli/plan_cmd.h"
 
-#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
