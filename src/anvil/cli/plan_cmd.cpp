@@ -32,7 +32,7 @@ constexpr const char* kUsage =
 int64_t parse_count(const std::string& flag, const std::string& v) {
   int64_t out = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  ANVIL_CHECK(ec == std::errc() && end == v.data() + v.size() && out >= 1, "anvil: ", flag, " '", v,
+  ANVIL_CHECK(ec == std::errc() && end == v.data() + v.size() && out >= 1, "anvil plan: ", flag, " '", v,
               "' is not a positive count");
   return out;
 }
