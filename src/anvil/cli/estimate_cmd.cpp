@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "anvil/cli/plan_cmd.h"
 #include "anvil/core/error.h"
 #include "anvil/train/config.h"
 #include "anvil/train/console.h"
@@ -144,6 +145,7 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
 int estimate_command(const std::vector<std::string>& args) {
   const EstimateOptions o = parse_estimate_args(args);
   const JobConfig cfg = parse_config(o.config_args);
+  if (!o.hardware.empty()) return gpu_estimate_command(cfg, o.hardware, o.gpus, o.json);
   const ModelArgs model = model_flavor(cfg.model.name, cfg.model.flavor);
   const int ranks = o.ranks > 0 ? o.ranks : implied_world_size(cfg);
   const LayoutEstimate est = estimate_layout(cfg, model, ranks);

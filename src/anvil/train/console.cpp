@@ -38,7 +38,7 @@ std::string with_commas(int64_t n) {
   return out;
 }
 
-MfuBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType dt,
+RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType dt,
                                     const AcPolicy& ac) {
   const auto& tc = cfg.training;
   // This rank's own estimate under the layout, refused here when it does not fit.
@@ -46,10 +46,10 @@ MfuBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
   const RankEstimate mine = check_rank_fits(cfg, args, par, available, ranks_on_this_machine());
   const MemoryEstimate& est = mine.memory;
 
-  MfuBasis mfu{cfg.metrics.peak_tflops > 0
+  RunBasis mfu{cfg.metrics.peak_tflops > 0
                    ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
                    : cpu_peak_flops(dt, num_threads()),
-               flops_per_token(args, tc.seq_len)};
+               flops_per_token(args, tc.seq_len), est.peak_total};
   if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
   std::printf("anvil: %s/%s, %s parameters (%lld layers, dim %lld, %lld heads, %lld kv heads, ffn %lld, vocab %lld)\n",
               args.name.c_str(), args.flavor.c_str(), with_commas(args.num_params()).c_str(),

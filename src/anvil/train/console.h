@@ -22,16 +22,18 @@ void route_rank_output(const JobConfig& cfg, const Parallel& par);
 // 1234567 → "1,234,567".
 std::string with_commas(int64_t n);
 
-// What MFU is measured against.
-struct MfuBasis {
+// What the run is measured against: MFU's peak and FLOPs per token, and this
+// rank's predicted peak of tracked memory.
+struct RunBasis {
   PeakFlops peak;
   double flops_per_token = 0;
+  size_t predicted_peak_bytes = 0;
 };
 
 // Throws anvil::Error, before anything is allocated, when the run's predicted
 // peak memory per process exceeds what is available, saying what would fit;
 // otherwise prints the banner.
-MfuBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par,
+RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par,
                                     DType compute_dtype, const AcPolicy& ac);
 
 }  // namespace anvil

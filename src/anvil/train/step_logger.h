@@ -37,6 +37,7 @@ class StepLogger {
   void add_comm(const StepComm& c);
   // What this rank keeps between steps, with this step's gradients: the
   // figure the ZeRO closed forms predict. Called right after the optimizer.
+  size_t untracked_at_start() const { return untracked_at_start_; }
   void record_live_after_optimizer() { steady_live_ = TrackingAllocator::instance().stats().live; }
   // A completed step; writes the log line when it is due.
   void step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens);
@@ -59,6 +60,9 @@ class StepLogger {
   double data_seconds_ = 0;
   int64_t interval_tokens_ = 0;
   size_t run_peak_ = 0;  // the largest tracked peak of any logging interval
+  // Resident bytes the allocator does not see, when training starts (the
+  // binary, libraries, threads, MPI, the data loader's containers).
+  size_t untracked_at_start_ = 0;
   bool mfu_warned_ = false;
   std::array<size_t, kNumMemCategories> steady_live_{};
   CommStats interval_comm_;  // this rank's data-parallel communication since the last log line

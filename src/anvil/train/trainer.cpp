@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "anvil/core/error.h"
+#include "anvil/core/process_memory.h"
 #include "anvil/core/profiler.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
@@ -210,7 +211,7 @@ TrainResult train(const JobConfig& cfg) {
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   const std::unique_ptr<Tokenizer> tokenizer = load_job_tokenizer(cfg, args);
   // Refuses, before allocating anything, a run that cannot fit.
-  const MfuBasis mfu = check_fit_and_print_banner(cfg, args, par, dt, ac);
+  const RunBasis mfu = check_fit_and_print_banner(cfg, args, par, dt, ac);
   TrainData data(cfg, *tokenizer, par);
 
   ParallelizedModel layout(cfg, args, par, dt);
@@ -240,6 +241,12 @@ TrainResult train(const JobConfig& cfg) {
   const ScheduleHooks hooks{{}, [&] { return stop.requested(par); }};
   TrainResult result;
   logger.start();
+  // What the allocator does not see is measured now; with the estimate it predicts the peak RSS.
+  std::printf("anvil: resident now %s, of which %s not seen by the allocator (binary, libraries, threads, MPI, data "
+              "loader); predicted peak RSS %s (estimate %s + that)\n",
+              human_bytes(resident_set_bytes()).c_str(), human_bytes(logger.untracked_at_start()).c_str(),
+              human_bytes(mfu.predicted_peak_bytes + logger.untracked_at_start()).c_str(),
+              human_bytes(mfu.predicted_peak_bytes).c_str());
   int64_t step = first_step;
   try {
     for (; step <= tc.steps; ++step) {
