@@ -30,7 +30,7 @@ JobConfig config(const std::string& flags) {
 
 size_t worst(const LayoutEstimate& est) {
   size_t w = 0;
-  for (const RankEstimate& r : est.ranks) w = std::max(w, r.memory.peak_total);
+  for (const RankEstimate& r : est.ranks) w = std::max(w, r.memory.peak_reserved);  // as the pre-flight check
   return w;
 }
 

@@ -67,6 +67,7 @@ std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& arg
     rank["pp_stage"] = r.stages.front();
     rank["pp_stages"] = r.stages;
     rank["peak_bytes"] = r.memory.peak_total;
+    rank["peak_reserved_bytes"] = r.memory.peak_reserved;
     nlohmann::ordered_json cats;
     for (int c = 0; c < kNumMemCategories; ++c) cats[category_name(static_cast<MemCategory>(c))] = r.memory.peak[c];
     rank["by_category"] = cats;
@@ -132,6 +133,8 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
   }
   std::printf("  %-16s", "peak total");
   for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_total).c_str());
+  std::printf("\n  %-16s", "with the cache");  // the allocator's cached blocks: what the process holds
+  for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_reserved).c_str());
   std::printf("\n  (available on this machine: %s)\n", human_bytes(available_memory_bytes()).c_str());
   double dp = 0, pp = 0;
   for (const RankEstimate& r : est.ranks) dp = std::max(dp, r.data_parallel_bytes), pp = std::max(pp, r.pipeline_bytes);

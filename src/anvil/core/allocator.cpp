@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sys/mman.h>
 
 #include "anvil/core/error.h"
 
@@ -33,9 +34,42 @@ TrackingAllocator& TrackingAllocator::instance() {
   return a;
 }
 
+size_t cached_block_bytes(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  return bytes >= kCachedBlockMin ? (bytes + kPage - 1) / kPage * kPage : 0;
+}
+
+namespace {
+void* map_block(size_t block) {
+  void* p = mmap(nullptr, block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+}  // namespace
+
 void* TrackingAllocator::allocate(size_t bytes, MemCategory category, std::string_view tag) {
-  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, rounded);
+  const size_t block = cached_block_bytes(bytes);
+  void* p = nullptr;
+  bool reused = false;
+  if (block > 0) {
+    {
+      std::lock_guard lock(mutex_);
+      requested_since_trim_[block] = true;
+      auto it = free_blocks_.find(block);
+      if (it != free_blocks_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        stats_.cached -= block;
+        reused = true;
+      }
+    }
+    if (p == nullptr) p = map_block(block);
+    if (p == nullptr) {  // the cache's other sizes may be what is missing
+      release_cache();
+      p = map_block(block);
+    }
+  } else {
+    p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  }
   if (p == nullptr) {
     std::lock_guard lock(mutex_);
     throw OutOfMemoryError(detail::concat("out of memory allocating ", human_bytes(bytes), " for '", tag, "' (",
@@ -43,6 +77,8 @@ void* TrackingAllocator::allocate(size_t bytes, MemCategory category, std::strin
                                " already live"));
   }
   std::lock_guard lock(mutex_);
+  if (!reused) stats_.reserved += block > 0 ? block : bytes;
+  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
   const int c = static_cast<int>(category);
   stats_.live[c] += bytes;
   stats_.live_total += bytes;
@@ -58,6 +94,7 @@ void* TrackingAllocator::allocate(size_t bytes, MemCategory category, std::strin
 
 void TrackingAllocator::deallocate(void* ptr) {
   if (ptr == nullptr) return;
+  size_t block = 0;
   {
     std::lock_guard lock(mutex_);
     auto it = live_.find(ptr);
@@ -68,9 +105,51 @@ void TrackingAllocator::deallocate(void* ptr) {
     stats_.live_total -= a.bytes;
     if (timeline_on_)
       timeline_.push_back({steady_now_us(), false, a.category, a.bytes, a.tag, stats_.live_total, ptr, a.phase});
+    block = cached_block_bytes(a.bytes);
+    if (block > 0 && block <= kCachedBlockMax) {
+      free_blocks_[block].push_back(ptr);
+      stats_.cached += block;
+    } else {
+      stats_.reserved -= block > 0 ? block : a.bytes;
+    }
     live_.erase(it);
   }
-  std::free(ptr);
+  if (block == 0) std::free(ptr);
+  else if (block > kCachedBlockMax) munmap(ptr, block);
+}
+
+void TrackingAllocator::release_blocks(const std::vector<std::pair<void*, size_t>>& blocks) {
+  for (const auto& [p, size] : blocks) munmap(p, size);
+}
+
+void TrackingAllocator::trim_cache() {
+  std::vector<std::pair<void*, size_t>> released;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [size, blocks] : free_blocks_) {
+      if (requested_since_trim_.count(size)) continue;
+      for (void* p : blocks) released.emplace_back(p, size);
+      stats_.cached -= blocks.size() * size;
+      stats_.reserved -= blocks.size() * size;
+      blocks.clear();
+    }
+    requested_since_trim_.clear();
+  }
+  release_blocks(released);
+}
+
+void TrackingAllocator::release_cache() {
+  std::vector<std::pair<void*, size_t>> released;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [size, blocks] : free_blocks_) {
+      for (void* p : blocks) released.emplace_back(p, size);
+      blocks.clear();
+    }
+    stats_.reserved -= stats_.cached;
+    stats_.cached = 0;
+  }
+  release_blocks(released);
 }
 
 MemStats TrackingAllocator::stats() const {
@@ -86,6 +165,7 @@ void TrackingAllocator::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak = stats_.live;
   stats_.peak_total = stats_.live_total;
+  stats_.peak_reserved = stats_.reserved;
 }
 
 void TrackingAllocator::set_timeline(bool on) {

@@ -63,7 +63,28 @@ struct MemStats {
   size_t live_total = 0;
   size_t peak_total = 0;  // peak of the sum, not the sum of the peaks
   size_t num_allocs = 0;  // allocations since creation
+  // What the process holds for tensors: small allocations' bytes, and the
+  // blocks of large ones, live or cached (see kCachedBlockMin).
+  size_t reserved = 0;
+  size_t peak_reserved = 0;  // since the last reset
+  size_t cached = 0;         // of reserved: freed blocks waiting for reuse
 };
+
+// Allocations of at least this many bytes are blocks of whole pages mapped
+// from the kernel. A freed block waits in a cache, by its exact size, for the
+// next request of that size: a training step asks for the same sizes in the
+// same order every time, so after the first step its tensors reuse the
+// previous step's pages instead of faulting fresh zeroed ones in, and the
+// process's resident memory is what the estimator's replay predicts (the
+// reserved bytes) rather than whatever the C library's heap fragments into.
+// Blocks above kCachedBlockMax go back to the kernel when freed, as the C
+// library's would: a model's few largest buffers (an embedding's gradients, a
+// gathered output head) would otherwise wait in the cache beside the peak.
+inline constexpr size_t kCachedBlockMin = size_t{256} << 10;
+inline constexpr size_t kCachedBlockMax = size_t{32} << 20;
+// The block an allocation of `bytes` takes: whole pages when it is at least
+// kCachedBlockMin, else 0 (the C library's heap serves it).
+size_t cached_block_bytes(size_t bytes);
 
 class TrackingAllocator {
  public:
@@ -80,6 +101,11 @@ class TrackingAllocator {
   size_t peak_total() const;
   // Peaks restart from the current live bytes.
   void reset_peak();
+  // Returns to the kernel the cached blocks of every size not requested since
+  // the previous trim (the trainer trims after each step), or every cached
+  // block (after one-off allocations such as a checkpoint save's).
+  void trim_cache();
+  void release_cache();
 
   // The timeline records every allocation and free while switched on.
   void set_timeline(bool on);
@@ -93,8 +119,11 @@ class TrackingAllocator {
 
  private:
   TrackingAllocator() = default;
+  void release_blocks(const std::vector<std::pair<void*, size_t>>& blocks);
   mutable std::mutex mutex_;
   MemStats stats_;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks_;  // by block size
+  std::unordered_map<size_t, bool> requested_since_trim_;       // block sizes
   std::unordered_map<void*, LiveAllocation> live_;
   bool timeline_on_ = false;
   std::vector<MemEvent> timeline_;

@@ -1,6 +1,7 @@
 #include "anvil/plan/memory.h"
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <sstream>
 
@@ -55,7 +56,24 @@ size_t step_workspace_bytes(const ModelArgs& args, const TrainShape& shape) {
   return rope + static_cast<size_t>(std::max<int64_t>(1, shape.micro_batches)) * B * T * 4 * 2;
 }
 
+namespace {
+std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel);
+}  // namespace
+
 size_t op_scratch_bytes(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel) {
+  const std::array<size_t, 5> t = op_scratch_terms(args, shape, tp, loss_parallel);
+  return *std::max_element(t.begin(), t.end());
+}
+
+size_t op_scratch_cached_bytes(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel) {
+  size_t sum = 0;
+  for (size_t term : op_scratch_terms(args, shape, tp, loss_parallel))
+    if (cached_block_bytes(term) <= kCachedBlockMax) sum += cached_block_bytes(term);
+  return sum;
+}
+
+namespace {
+std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel) {
   // The largest of the per-op scratch buffers, which are never live at the
   // same time. Each term follows the allocations of the op named; oneDNN's
   // own GEMM scratchpad ("gemm.scratchpad", grown per thread to the largest
@@ -107,8 +125,9 @@ size_t op_scratch_bytes(const ModelArgs& args, const TrainShape& shape, int tp, 
   // (M rows at most: sequence parallelism gives each rank M / tp.)
   const size_t norm_rows = std::max<size_t>(16, (size_t{1} << 19) / d.D);
   const size_t norm = (d.M + norm_rows - 1) / norm_rows * d.D * 4;
-  return std::max({ce, attn_fwd, attn_bwd, weight_grad, norm});
+  return {ce, attn_fwd, attn_bwd, weight_grad, norm};
 }
+}  // namespace
 
 MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
   MemoryEstimate est;

@@ -16,6 +16,9 @@ namespace anvil {
 struct MemoryEstimate {
   std::array<size_t, kNumMemCategories> peak{};  // per category
   size_t peak_total = 0;  // parameters + gradients + optimizer state + activation peak + workspace
+  // What the process holds for tensors at its fullest, the allocator's block
+  // cache included (MemStats::peak_reserved); 0 where not estimated.
+  size_t peak_reserved = 0;
   size_t bytes(MemCategory c) const { return peak[static_cast<int>(c)]; }
 };
 
@@ -36,6 +39,10 @@ size_t step_workspace_bytes(const ModelArgs& args, const TrainShape& shape);
 // gradient's f32 partial, RMSNorm's weight gradient), for a tensor-parallel
 // rank of `tp` when tp > 1.
 size_t op_scratch_bytes(const ModelArgs& args, const TrainShape& shape, int tp = 1, bool loss_parallel = true);
+// The same terms as blocks the allocator keeps cached between their uses
+// (each counted whole, in pages, when at least kCachedBlockMin; an estimate:
+// an op's scratch is several tensors, not one block).
+size_t op_scratch_cached_bytes(const ModelArgs& args, const TrainShape& shape, int tp = 1, bool loss_parallel = true);
 
 // Activation bytes one block keeps between forward and backward under `policy`
 // (layer index matters for selective-layer checkpointing).

@@ -7,6 +7,16 @@
 namespace anvil {
 
 MemSim::Buf MemSim::alloc(MemCategory c, size_t bytes) {
+  const size_t block = cached_block_bytes(bytes);
+  if (block > 0) {
+    requested_.insert(block);
+    size_t& waiting = cached_[block];
+    if (waiting > 0) --waiting;
+    else reserved_ += block;
+  } else {
+    reserved_ += bytes;
+  }
+  peak_reserved_ = std::max(peak_reserved_, reserved_);
   const auto i = static_cast<size_t>(c);
   live_[i] += bytes;
   live_total_ += bytes;
@@ -22,6 +32,25 @@ MemSim::Buf MemSim::alloc(MemCategory c, size_t bytes) {
 void MemSim::free(MemCategory c, size_t bytes) {
   live_[static_cast<size_t>(c)] -= bytes;
   live_total_ -= bytes;
+  const size_t block = cached_block_bytes(bytes);
+  if (block > 0 && block <= kCachedBlockMax) ++cached_[block];
+  else reserved_ -= block > 0 ? block : bytes;
+}
+
+void MemSim::trim_cache() {
+  for (auto& [block, waiting] : cached_)
+    if (!requested_.count(block)) {
+      reserved_ -= waiting * block;
+      waiting = 0;
+    }
+  requested_.clear();
+}
+
+void MemSim::release_cache() {
+  for (auto& [block, waiting] : cached_) {
+    reserved_ -= waiting * block;
+    waiting = 0;
+  }
 }
 
 ModelSim::ModelSim(MemSim& sim, const ModelSimShape& shape, std::vector<ModuleRange> stages, GroupHooksSim* hooks,

@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <set>
 #include <memory>
 #include <vector>
 
@@ -38,6 +40,11 @@ class MemSim {
   size_t live(MemCategory c) const { return live_[static_cast<size_t>(c)]; }
   size_t peak(MemCategory c) const { return peak_[static_cast<size_t>(c)]; }
   size_t peak_total() const { return peak_total_; }
+  // The tracking allocator's block cache (core/allocator.h), mirrored: what
+  // the process holds for tensors, live or cached, and its peak.
+  size_t peak_reserved() const { return peak_reserved_; }
+  void trim_cache();     // TrackingAllocator::trim_cache
+  void release_cache();  // TrackingAllocator::release_cache
   const std::array<size_t, kNumMemCategories>& peaks() const { return peak_; }
   // A transient `bytes` of category c on top of what is live now (an op's
   // scratch, freed before the next allocation the replay follows).
@@ -47,6 +54,9 @@ class MemSim {
   void free(MemCategory c, size_t bytes);
   std::array<size_t, kNumMemCategories> live_{}, peak_{};
   size_t live_total_ = 0, peak_total_ = 0;
+  size_t reserved_ = 0, peak_reserved_ = 0;
+  std::map<size_t, size_t> cached_;  // block size → blocks waiting
+  std::set<size_t> requested_;       // block sizes asked for since the last trim
   std::vector<Buf> keep_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // handles outliving the simulator free nothing
 };

@@ -49,7 +49,7 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
   RunBasis mfu{cfg.metrics.peak_tflops > 0
                    ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
                    : cpu_peak_flops(dt, num_threads()),
-               flops_per_token(args, tc.seq_len), est.peak_total};
+               flops_per_token(args, tc.seq_len), est.peak_reserved};
   if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
   std::printf("anvil: %s/%s, %s parameters (%lld layers, dim %lld, %lld heads, %lld kv heads, ffn %lld, vocab %lld)\n",
               args.name.c_str(), args.flavor.c_str(), with_commas(args.num_params()).c_str(),
@@ -65,10 +65,9 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
               static_cast<long long>(par.accum_steps), num_threads());
   std::printf("anvil: %s; peak %s per rank; %.3g FLOP per token\n", par.description.c_str(),
               mfu.peak.derivation.c_str(), mfu.flops_per_token);
-  std::printf("anvil: predicted peak memory of rank %d %s (params %s, grads %s, optimizer %s, activations %s, "
-              "communication %s, workspace %s); %s available\n",
-              par.rank,
-              human_bytes(est.peak_total).c_str(), human_bytes(est.bytes(MemCategory::parameters)).c_str(),
+  std::printf("anvil: predicted peak memory of rank %d %s, %s with the allocator's block cache (params %s, grads %s, "
+              "optimizer %s, activations %s, communication %s, workspace %s); %s available\n",
+              par.rank, human_bytes(est.peak_total).c_str(), human_bytes(est.peak_reserved).c_str(), human_bytes(est.bytes(MemCategory::parameters)).c_str(),
               human_bytes(est.bytes(MemCategory::gradients)).c_str(),
               human_bytes(est.bytes(MemCategory::optimizer_state)).c_str(),
               human_bytes(est.bytes(MemCategory::activations)).c_str(),

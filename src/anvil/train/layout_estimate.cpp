@@ -246,6 +246,7 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
       adam_v = sim.alloc(MemCategory::optimizer_state, owned * 4);
     }
     grads = nullptr;  // release_grads
+    sim.trim_cache();  // as the trainer, after each step
   }
 
   // A checkpoint save (ParallelizedModel::save_checkpoint): global tensors of
@@ -294,6 +295,8 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
       held.push_back(sim.alloc(MemCategory::workspace, static_cast<size_t>(args.num_params()) * 4 * copies));
   }
 
+  sim.release_cache();  // the trainer returns a save's blocks to the kernel
+
   out.memory.peak = sim.peaks();
   // Per-op scratch comes and goes inside one op, on top of what is live.
   TrainShape mb_shape = step_shape;
@@ -301,6 +304,9 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
   const size_t scratch = op_scratch_bytes(args, mb_shape, tp, !p.disable_loss_parallel);
   out.memory.peak[static_cast<int>(MemCategory::workspace)] += scratch;
   out.memory.peak_total = sim.peak_total() + scratch;
+  // The ops' scratch blocks are asked for every step: each stays in the
+  // allocator's cache between its uses, all of them beside the peak.
+  out.memory.peak_reserved = sim.peak_reserved() + op_scratch_cached_bytes(args, mb_shape, tp, !p.disable_loss_parallel);
   return out;
 }
 

@@ -60,9 +60,10 @@ void MetricsLog::log(const StepLog& s) {
   j["mfu_pct"] = s.mfu_pct;
   j["max_active_bytes"] = s.memory.peak_total;
   j["max_active_bytes_by_category"] = by_category(peak);
+  j["max_reserved_bytes"] = s.memory.peak_reserved;
   j["live_bytes_after_optimizer_by_category"] = by_category(s.live_after_optimizer);
   j["peak_rss_bytes"] = s.peak_rss;
-  j["untracked_bytes_at_start"] = s.untracked_at_start;
+  j["untracked_bytes"] = s.untracked;
   j["data_loading_pct"] = s.data_pct;
   j["elapsed_s"] = s.elapsed_s;
   if (s.world_size > 1) {
@@ -72,7 +73,8 @@ void MetricsLog::log(const StepLog& s) {
     j["peak_mib_by_rank"] = s.peak_mib_by_rank;
     j["activation_peak_mib_by_rank"] = s.activation_peak_mib_by_rank;
     j["peak_rss_mib_by_rank"] = s.peak_rss_mib_by_rank;
-    j["untracked_at_start_mib_by_rank"] = s.untracked_at_start_mib_by_rank;
+    j["untracked_mib_by_rank"] = s.untracked_mib_by_rank;
+    j["peak_reserved_mib_by_rank"] = s.peak_reserved_mib_by_rank;
     nlohmann::ordered_json by_rank = nlohmann::ordered_json::array();
     for (const auto& peaks : s.peak_by_rank_by_category) {
       nlohmann::ordered_json r;

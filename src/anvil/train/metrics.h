@@ -31,8 +31,9 @@ struct StepLog {
   std::vector<double> activation_peak_mib_by_rank;              // the activations category's peak, likewise
   std::vector<double> peak_rss_mib_by_rank;                     // each process's peak resident set so far
   size_t peak_rss = 0;            // this process's peak resident set so far (bytes)
-  size_t untracked_at_start = 0;  // resident bytes the allocator did not see when training started
-  std::vector<double> untracked_at_start_mib_by_rank;
+  size_t untracked = 0;  // resident bytes the allocator does not see (StepLogger::measure_untracked)
+  std::vector<double> untracked_mib_by_rank;
+  std::vector<double> peak_reserved_mib_by_rank;  // MemStats::peak_reserved of every rank
   // Every rank's peak bytes per category over the interval (as f32: 7 digits).
   std::vector<std::array<double, kNumMemCategories>> peak_by_rank_by_category;
   // Data-parallel communication per step on this rank (distributed runs).

@@ -25,7 +25,7 @@ size_t worst_peak(const JobConfig& cfg, const ModelArgs& args, int world_size) {
   try {
     const LayoutEstimate est = estimate_layout(cfg, args, world_size);
     size_t worst = 0;
-    for (const RankEstimate& r : est.ranks) worst = std::max(worst, r.memory.peak_total);
+    for (const RankEstimate& r : est.ranks) worst = std::max(worst, r.memory.peak_reserved);
     return worst;
   } catch (const Error&) {
     return 0;
@@ -129,7 +129,7 @@ RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const 
   const LayoutEstimate est = estimate_layout(cfg, args, par.world_size);
   RankEstimate mine = est.ranks[static_cast<size_t>(par.rank)];
   const size_t share = available / static_cast<size_t>(std::max(1, local_ranks));
-  if (available == 0 || mine.memory.peak_total <= share) return mine;
+  if (available == 0 || mine.memory.peak_reserved <= share) return mine;
 
   std::string where = detail::concat("rank ", par.rank);
   if (par.pp_size > 1) {
@@ -148,7 +148,7 @@ RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const 
       parts.append(parts.empty() ? "" : ", ").append(category_name(c)).append(" ").append(human_bytes(mine.memory.bytes(c)));
   std::string msg = detail::concat(
       args.name, "/", args.flavor, " has ", with_commas(args.num_params()), " parameters; predicted peak memory of ",
-      where, " is ", human_bytes(mine.memory.peak_total), ", over the ", human_bytes(share), " available to it (",
+      where, " is ", human_bytes(mine.memory.peak_reserved), ", over the ", human_bytes(share), " available to it (",
       human_bytes(available), " on this machine", local_ranks > 1 ? detail::concat(" shared by ", local_ranks, " ranks") : "",
       "); largest first: ", parts, " (layout: ", est.par.description, "). ");
   const std::vector<FitOption> options = fitting_changes(cfg, args, par.world_size, share);

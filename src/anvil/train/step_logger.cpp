@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <vector>
 
+#include "anvil/core/error.h"
 #include "anvil/core/process_memory.h"
 #include "anvil/train/trainer.h"
 
@@ -35,9 +36,17 @@ void StepLogger::print_destinations() const {
   std::printf("\n");
 }
 
+void StepLogger::measure_untracked(int64_t after_step, size_t predicted_reserved) {
+  const size_t rss = resident_set_bytes(), reserved = TrackingAllocator::instance().stats().reserved;
+  untracked_ = rss > reserved ? rss - reserved : 0;
+  std::printf("anvil: %s: resident %s, of which %s not seen by the allocator (binary, libraries, threads, MPI, "
+              "oneDNN's kernels, data loader); predicted peak RSS %s (the estimate's %s + that)\n",
+              after_step > 0 ? detail::concat("after step ", after_step).c_str() : "training starts",
+              human_bytes(rss).c_str(), human_bytes(untracked_).c_str(),
+              human_bytes(predicted_reserved + untracked_).c_str(), human_bytes(predicted_reserved).c_str());
+}
+
 void StepLogger::start() {
-  const size_t rss = resident_set_bytes(), tracked = TrackingAllocator::instance().live_total();
-  untracked_at_start_ = rss > tracked ? rss - tracked : 0;
   TrackingAllocator::instance().reset_peak();
   t_start_ = Clock::now();
   t_interval_ = Clock::now();
@@ -85,7 +94,11 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   log.elapsed_s = seconds_since(t_start_);
   log.world_size = par_.world_size;
   log.peak_rss = peak_resident_set_bytes();
-  log.untracked_at_start = untracked_at_start_;
+  {  // what the allocator does not see, now (it settles over the first steps)
+    const size_t rss = resident_set_bytes(), reserved = alloc.stats().reserved;
+    untracked_ = rss > reserved ? rss - reserved : 0;
+  }
+  log.untracked = untracked_;
   log.live_after_optimizer = steady_live_;
   if (par_.distributed() && interval_steps_ > 0) {
     const auto steps = static_cast<double>(interval_steps_);
@@ -111,7 +124,8 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     log.peak_rss_mib_by_rank = par_.gather_world(static_cast<double>(usage.ru_maxrss) / 1024);  // ru_maxrss: KiB
-    log.untracked_at_start_mib_by_rank = par_.gather_world(static_cast<double>(untracked_at_start_) / (1 << 20));
+    log.untracked_mib_by_rank = par_.gather_world(static_cast<double>(untracked_) / (1 << 20));
+    log.peak_reserved_mib_by_rank = par_.gather_world(static_cast<double>(log.memory.peak_reserved) / (1 << 20));
     // Each category's peak on every rank: what the per-rank estimate is held against.
     const std::vector<double> mine(log.memory.peak.begin(), log.memory.peak.end());
     const std::vector<double> all = par_.gather_world(mine);
@@ -162,12 +176,12 @@ void StepLogger::print_done(const TrainResult& result) const {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   if (!result.interrupted)
-    std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs; peak RSS %s, peak tracked %s, untracked at "
-                "the start %s\n",
+    std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs; peak RSS %s, peak tracked %s, untracked "
+                "%s\n",
                 static_cast<long long>(result.steps_done), result.first_loss, result.last_loss,
                 seconds_since(t_start_), human_bytes(static_cast<size_t>(usage.ru_maxrss) * 1024).c_str(),
                 human_bytes(std::max(run_peak_, TrackingAllocator::instance().stats().peak_total)).c_str(),
-                human_bytes(untracked_at_start_).c_str());
+                human_bytes(untracked_).c_str());
 }
 
 }  // namespace anvil

@@ -37,7 +37,14 @@ class StepLogger {
   void add_comm(const StepComm& c);
   // What this rank keeps between steps, with this step's gradients: the
   // figure the ZeRO closed forms predict. Called right after the optimizer.
-  size_t untracked_at_start() const { return untracked_at_start_; }
+  // Resident bytes the allocator does not see (the resident set minus the
+  // allocator's reserved bytes: the binary and libraries, threads, MPI's
+  // buffers, oneDNN's generated kernels, the data loader's containers),
+  // measured when training starts and after the first step, when the kernels
+  // and buffers exist, printed with the peak RSS they predict beside
+  // `predicted_reserved`, the estimate's peak of reserved bytes; measured
+  // again at every logged step for the metrics (untracked_bytes).
+  void measure_untracked(int64_t after_step, size_t predicted_reserved);
   void record_live_after_optimizer() { steady_live_ = TrackingAllocator::instance().stats().live; }
   // A completed step; writes the log line when it is due.
   void step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens);
@@ -60,9 +67,7 @@ class StepLogger {
   double data_seconds_ = 0;
   int64_t interval_tokens_ = 0;
   size_t run_peak_ = 0;  // the largest tracked peak of any logging interval
-  // Resident bytes the allocator does not see, when training starts (the
-  // binary, libraries, threads, MPI, the data loader's containers).
-  size_t untracked_at_start_ = 0;
+  size_t untracked_ = 0;  // the latest measure_untracked
   bool mfu_warned_ = false;
   std::array<size_t, kNumMemCategories> steady_live_{};
   CommStats interval_comm_;  // this rank's data-parallel communication since the last log line

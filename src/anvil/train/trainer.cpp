@@ -155,20 +155,22 @@ void record_step(TrainResult& result, int64_t step, double loss) {
   result.steps_done = step;
 }
 
-void validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, ParallelizedModel& layout,
+bool validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, ParallelizedModel& layout,
                      const Parallel& par, StepLogger& logger) {
-  if (!cfg.validation.enable || step % cfg.validation.freq != 0) return;
+  if (!cfg.validation.enable || step % cfg.validation.freq != 0) return false;
   const auto [sum, tokens] = data.validation_loss(layout, par);
   logger.log_validation(step, sum / static_cast<double>(tokens), tokens);
+  return true;
 }
 
-void save_checkpoint_if_due(const JobConfig& cfg, int64_t step, ParallelizedModel& layout, Checkpointer* checkpointer,
+bool save_checkpoint_if_due(const JobConfig& cfg, int64_t step, ParallelizedModel& layout, Checkpointer* checkpointer,
                             const std::function<CheckpointMeta()>& meta) {
   const bool last = step == cfg.training.steps;
-  if (!checkpointer || (step % cfg.checkpoint.interval != 0 && !last)) return;
+  if (!checkpointer || (step % cfg.checkpoint.interval != 0 && !last)) return false;
   const bool model_only = last && cfg.checkpoint.last_save_model_only;
   const DType model_dtype = model_only && cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16 : DType::f32;
   layout.save_checkpoint(*checkpointer, step, model_only, model_dtype, meta);
+  return true;
 }
 
 // The stop agreed inside a step: its gradients are dropped.
@@ -240,13 +242,9 @@ TrainResult train(const JobConfig& cfg) {
   const int64_t fault_step = fault_kill_step(par.rank);
   const ScheduleHooks hooks{{}, [&] { return stop.requested(par); }};
   TrainResult result;
+  TrackingAllocator::instance().release_cache();  // setup's one-off blocks
   logger.start();
-  // What the allocator does not see is measured now; with the estimate it predicts the peak RSS.
-  std::printf("anvil: resident now %s, of which %s not seen by the allocator (binary, libraries, threads, MPI, data "
-              "loader); predicted peak RSS %s (estimate %s + that)\n",
-              human_bytes(resident_set_bytes()).c_str(), human_bytes(logger.untracked_at_start()).c_str(),
-              human_bytes(mfu.predicted_peak_bytes + logger.untracked_at_start()).c_str(),
-              human_bytes(mfu.predicted_peak_bytes).c_str());
+  logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
   try {
     for (; step <= tc.steps; ++step) {
@@ -286,9 +284,15 @@ TrainResult train(const JobConfig& cfg) {
 
       record_step(result, step, loss);
       logger.step_done(step, loss, grad_norm, lr, step_tokens);
-      validate_if_due(cfg, step, data, layout, par, logger);
-      save_checkpoint_if_due(cfg, step, layout, checkpointer.get(), checkpoint_meta);
+      // The step's blocks stay cached for the next step; what validation or a
+      // checkpoint save allocates once goes back to the kernel after them.
+      TrackingAllocator::instance().trim_cache();
+      const bool validated = validate_if_due(cfg, step, data, layout, par, logger);
+      if (save_checkpoint_if_due(cfg, step, layout, checkpointer.get(), checkpoint_meta) || validated)
+        TrackingAllocator::instance().release_cache();
       finish_capture(capture, step);
+      // Once the first step has made its kernels, buffers and trace.
+      if (step == first_step) logger.measure_untracked(step, mfu.predicted_peak_bytes);
       if (stop.requested(par)) {
         report_stop_after_step(stop.signal(), par, step, tc.steps);
         result.interrupted = true;
