@@ -306,7 +306,11 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
   out.memory.peak_total = sim.peak_total() + scratch;
   // The ops' scratch blocks are asked for every step: each stays in the
   // allocator's cache between its uses, all of them beside the peak.
-  out.memory.peak_reserved = sim.peak_reserved() + op_scratch_cached_bytes(args, mb_shape, tp, !p.disable_loss_parallel);
+  // (Reserved bytes are never fewer than live ones: a scratch too large to be
+  // cached still comes on top of the peak while its op runs.)
+  out.memory.peak_reserved = std::max(
+      sim.peak_reserved() + op_scratch_cached_bytes(args, mb_shape, tp, !p.disable_loss_parallel),
+      out.memory.peak_total);
   return out;
 }
 
