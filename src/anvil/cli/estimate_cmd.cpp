@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "anvil/cli/count_arg.h"
 #include "anvil/cli/plan_cmd.h"
 #include "anvil/core/error.h"
 #include "anvil/train/config.h"
@@ -18,22 +19,10 @@ EstimateOptions parse_estimate_args(const std::vector<std::string>& args) {
       ANVIL_CHECK(i + 1 < args.size(), "anvil estimate: ", a, " needs a value");
       return args[++i];
     };
-    auto positive = [&](const std::string& v) {
-      int64_t n = 0;
-      try {
-        size_t used = 0;
-        n = std::stoll(v, &used);
-        if (used != v.size()) n = 0;
-      } catch (const std::exception&) {
-        n = 0;
-      }
-      ANVIL_CHECK(n > 0, "anvil estimate: ", a, " takes a positive integer, not '", v, "'");
-      return n;
-    };
     if (a == "--json") o.json = true;
-    else if (a == "--ranks") o.ranks = static_cast<int>(positive(value()));
+    else if (a == "--ranks") o.ranks = static_cast<int>(parse_count_arg("anvil estimate", a, value()));
     else if (a == "--hardware") o.hardware = value();
-    else if (a == "--gpus") o.gpus = positive(value());
+    else if (a == "--gpus") o.gpus = parse_count_arg("anvil estimate", a, value());
     else o.config_args.push_back(a);
   }
   ANVIL_CHECK(o.hardware.empty() == (o.gpus == 0),
@@ -59,7 +48,7 @@ std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& arg
   j["accumulation_steps"] = est.par.accum_steps;
   j["pipeline_micro_batches"] = est.par.pp_micro_batches;
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  double dp = 0, pp = 0;
+  double dp = 0, pp = 0, tp = 0;
   for (const RankEstimate& r : est.ranks) {
     nlohmann::ordered_json rank;
     rank["rank"] = r.rank;
@@ -71,14 +60,20 @@ std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& arg
     nlohmann::ordered_json cats;
     for (int c = 0; c < kNumMemCategories; ++c) cats[category_name(static_cast<MemCategory>(c))] = r.memory.peak[c];
     rank["by_category"] = cats;
-    rank["comm_bytes_per_step"] = {{"data_parallel", r.data_parallel_bytes}, {"pipeline", r.pipeline_bytes}};
+    rank["comm_bytes_per_step"] = {{"data_parallel", r.data_parallel_bytes},
+                                   {"tensor_parallel", r.tensor_parallel_bytes},
+                                   {"pipeline", r.pipeline_bytes}};
     ranks.push_back(rank);
     dp = std::max(dp, r.data_parallel_bytes);
     pp = std::max(pp, r.pipeline_bytes);
+    tp = std::max(tp, r.tensor_parallel_bytes);
   }
   j["ranks"] = ranks;
   j["flops_per_token"] = est.flops_per_token;
-  j["comm_bytes_per_step"] = {{"data_parallel", dp}, {"pipeline", pp}, {"note", "the largest of any rank's, sent and received"}};
+  j["comm_bytes_per_step"] = {{"data_parallel", dp},
+                              {"tensor_parallel", tp},
+                              {"pipeline", pp},
+                              {"note", "the largest of any rank's; pipeline: sent and received"}};
   return j.dump(2) + "\n";
 }
 
@@ -136,11 +131,15 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
   std::printf("\n  %-16s", "with the cache");  // the allocator's cached blocks: what the process holds
   for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_reserved).c_str());
   std::printf("\n  (available on this machine: %s)\n", human_bytes(available_memory_bytes()).c_str());
-  double dp = 0, pp = 0;
-  for (const RankEstimate& r : est.ranks) dp = std::max(dp, r.data_parallel_bytes), pp = std::max(pp, r.pipeline_bytes);
-  if (dp > 0 || pp > 0)
-    std::printf("communication per rank per step: data parallel %s, pipeline %s (sent and received)\n",
-                human_bytes(static_cast<size_t>(dp)).c_str(), human_bytes(static_cast<size_t>(pp)).c_str());
+  double dp = 0, pp = 0, tp = 0;
+  for (const RankEstimate& r : est.ranks)
+    dp = std::max(dp, r.data_parallel_bytes), pp = std::max(pp, r.pipeline_bytes),
+    tp = std::max(tp, r.tensor_parallel_bytes);
+  if (dp > 0 || pp > 0 || tp > 0)
+    std::printf("communication per rank per step: data parallel %s, tensor parallel %s, pipeline %s (sent and "
+                "received)\n",
+                human_bytes(static_cast<size_t>(dp)).c_str(), human_bytes(static_cast<size_t>(tp)).c_str(),
+                human_bytes(static_cast<size_t>(pp)).c_str());
 }
 
 }  // namespace

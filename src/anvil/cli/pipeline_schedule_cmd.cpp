@@ -1,5 +1,7 @@
 #include "anvil/cli/pipeline_schedule_cmd.h"
 
+#include "anvil/cli/count_arg.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -21,13 +23,6 @@ constexpr const char* kUsage =
     "  --format           table (default): each rank's actions, in-flight micro-batches and the unit-cost\n"
     "                     bubble; csv: the program as a CSV schedule file\n";
 
-int parse_int(const std::string& flag, const std::string& v) {
-  int out = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  ANVIL_CHECK(ec == std::errc() && end == v.data() + v.size() && out >= 0, "anvil pipeline-schedule: ", flag, " ", v,
-              " is not a count");
-  return out;
-}
 
 }  // namespace
 
@@ -45,9 +40,9 @@ int pipeline_schedule_command(const std::vector<std::string>& args) {
     const std::string& v = args[++i];
     if (a == "--schedule") name = v;
     else if (a == "--csv") csv = v;
-    else if (a == "--ranks") ranks = parse_int(a, v);
-    else if (a == "--micro-batches") micro_batches = parse_int(a, v);
-    else if (a == "--stages-per-rank") per_rank = parse_int(a, v);
+    else if (a == "--ranks") ranks = static_cast<int>(parse_count_arg("anvil pipeline-schedule", a, v, 0));
+    else if (a == "--micro-batches") micro_batches = static_cast<int>(parse_count_arg("anvil pipeline-schedule", a, v, 0));
+    else if (a == "--stages-per-rank") per_rank = static_cast<int>(parse_count_arg("anvil pipeline-schedule", a, v, 0));
     else if (a == "--format") format = v;
     else throw Error("anvil pipeline-schedule: unknown option '" + a + "'\n" + kUsage);
   }

@@ -1,5 +1,7 @@
 #include "anvil/cli/plan_cmd.h"
 
+#include "anvil/cli/count_arg.h"
+
 #include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -29,13 +31,6 @@ constexpr const char* kUsage =
     "  --json      print the rows as JSON\n"
     "  --seeds     the predictions against seeds 000 and 001, as markdown tables with each row's error\n";
 
-int64_t parse_count(const std::string& flag, const std::string& v) {
-  int64_t out = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  ANVIL_CHECK(ec == std::errc() && end == v.data() + v.size() && out >= 1, "anvil plan: ", flag, " '", v,
-              "' is not a positive count");
-  return out;
-}
 
 // The model, sequence, batch and AC mode of the configuration; the layout is left at its defaults.
 GpuRunSpec model_spec(const JobConfig& cfg) {
@@ -214,8 +209,8 @@ int plan_command(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (a == "--hardware") hardware = value();
-    else if (a == "--gpus") gpus = parse_count(a, value());
-    else if (a == "--top") top = parse_count(a, value());
+    else if (a == "--gpus") gpus = parse_count_arg("anvil plan", a, value());
+    else if (a == "--top") top = parse_count_arg("anvil plan", a, value());
     else if (a == "--json") json = true;
     else if (a == "--seeds") seeds = true;
     else rest.push_back(a);

@@ -89,13 +89,27 @@ int ModelSim::group_of_module(int module) const {
 
 // ---- the tensor-parallel seams (dist/tensor_parallel.cpp; the base plan's without tp)
 
+// comm_bytes (dist/comm.h) for a group of tp: all-reduce 2(n−1)/n·S, all-gather
+// and reduce-scatter (n−1)/n·S.
+void ModelSim::tp_all_reduce(uint64_t payload) {
+  const auto n = static_cast<uint64_t>(shape_.tp);
+  tp_bytes += 2 * (n - 1) * payload / n;
+}
+void ModelSim::tp_gather_or_scatter(uint64_t payload) {
+  const auto n = static_cast<uint64_t>(shape_.tp);
+  tp_bytes += (n - 1) * payload / n;
+}
+
 MemSim::Buf ModelSim::gather_rows(const MemSim::Buf& local, size_t cols, size_t elem) {
   if (!tp_ || !shape_.sequence_parallel) return local;
+  tp_gather_or_scatter(d_.M * cols * elem);
   return sim_.act(d_.M * cols * elem);
 }
 
 MemSim::Buf ModelSim::reduce_partial(const MemSim::Buf& partial) {
   MemSim::Buf reduced = partial;
+  if (shape_.sequence_parallel) tp_gather_or_scatter(d_.M * d_.D * 4);
+  else tp_all_reduce(d_.M * d_.D * 4);
   if (shape_.sequence_parallel) reduced = sim_.act(d_.Ml * d_.D * 4);
   if (shape_.dtype == DType::f32) return reduced;
   return sim_.act(d_.Ml * d_.D * d_.e);
@@ -179,6 +193,7 @@ MemSim::Buf ModelSim::block_backward(SimBlockSaved& s, MemSim::Buf dout, bool sp
   // Sequence parallelism sums the norms' weight gradients in a scratch.
   const MemSim::Buf norm_scratch =
       tp_ && shape_.sequence_parallel ? sim_.alloc(MemCategory::gradients, 2 * d.D * 4) : nullptr;
+  if (norm_scratch) tp_all_reduce(2 * d.D * 4);  // both norms' weight gradients, at the end
   {  // feed-forward
     MemSim::Buf dout_full = gather_rows(dout, d.D, d.e);
     MemSim::Buf ds = sim_.act(d.M * d.F * d.e);
@@ -218,7 +233,12 @@ MemSim::Buf ModelSim::block_backward(SimBlockSaved& s, MemSim::Buf dout, bool sp
 
 MemSim::Buf ModelSim::embedding_forward() {
   MemSim::Buf partial = sim_.act(d_.M * d_.D * d_.e);
-  if (!tp_ || d_.Ml == d_.M) return partial;
+  if (!tp_) return partial;
+  if (d_.Ml == d_.M) {
+    tp_all_reduce(d_.M * d_.D * 4);
+    return partial;
+  }
+  tp_gather_or_scatter(d_.M * d_.D * 4);
   return sim_.act(d_.Ml * d_.D * d_.e);
 }
 
@@ -234,9 +254,12 @@ MemSim::Buf ModelSim::head_forward_backward(const MemSim::Buf& h) {
   if (!tp_) {
     dhn = sim_.act(d.M * d.D * d.e);
   } else if (shape_.loss_parallel) {
+    tp_all_reduce(d.M * 4);      // the rows' maxima
+    tp_all_reduce(2 * d.M * 4);  // Σ exp and the target's logit
     const MemSim::Buf dx = sim_.act(d.M * d.D * 4);
     dhn = reduce_partial(dx);
   } else {  // every rank runs the whole head on the gathered output weight
+    tp_gather_or_scatter(d.V * static_cast<size_t>(shape_.tp) * d.D * d.e);
     const MemSim::Buf full = sim_.alloc(MemCategory::communication, d.V * static_cast<size_t>(shape_.tp) * d.D * d.e);
     const MemSim::Buf dw_full =
         sim_.alloc(MemCategory::gradients, static_cast<size_t>(shape_.args.vocab_size) * d.D * 4);
@@ -246,6 +269,7 @@ MemSim::Buf ModelSim::head_forward_backward(const MemSim::Buf& h) {
   hn = nullptr;
   const MemSim::Buf norm_scratch =
       tp_ && shape_.sequence_parallel ? sim_.alloc(MemCategory::gradients, d.D * 4) : nullptr;
+  if (norm_scratch) tp_all_reduce(d.D * 4);
   (void)h;
   return dh;
 }

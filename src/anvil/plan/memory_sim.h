@@ -114,10 +114,16 @@ class ModelSim {
   // Bytes of one residual-stream tensor (the rows this rank holds) in the compute dtype.
   size_t residual_bytes() const;
 
+  // What this rank has sent over the tensor-parallel group so far, by the
+  // formulas of dist/comm.h's comm_bytes (reductions travel as fp32).
+  uint64_t tp_bytes = 0;
+
  private:
   struct Dims {
     size_t M, Ml, D, Dq, Dkv, F, V, e, lse;
   };
+  void tp_all_reduce(uint64_t payload);
+  void tp_gather_or_scatter(uint64_t payload);
   MemSim::Buf gather_rows(const MemSim::Buf& local, size_t cols, size_t elem);
   MemSim::Buf reduce_partial(const MemSim::Buf& partial);
   MemSim::Buf row_parallel_out();

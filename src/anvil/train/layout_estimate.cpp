@@ -227,6 +227,7 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
                  stages, fsdp ? &fsdp_sim : nullptr, ensure_grads);
   RankEstimate out;
   for (int step = 0; step < 2; ++step) {
+    if (step == 1) out.tensor_parallel_bytes += static_cast<double>(model.tp_bytes);  // the first step's
     grads = nullptr;  // begin_step
     if (fsdp) grads = sim.alloc(MemCategory::gradients, owned * 4);
     for (int64_t i = 0; i < par.accum_steps; ++i) {
@@ -241,6 +242,12 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
       }
     }
     if (fsdp) fsdp_sim.finish();
+    if (tp > 1 && step == 0)  // the gradient norm's sum of squares (one f32) over tp
+      out.tensor_parallel_bytes += static_cast<double>(2 * (tp - 1) * 4 / tp);
+    if (pipeline && step == 0) {  // the loss and its token count, and the norm's sum of squares, over pp
+      const int P = par.pp_size;
+      out.pipeline_bytes += static_cast<double>(2 * (P - 1) * 8 / P + 2 * (P - 1) * 4 / P);
+    }
     if (!adam_m) {  // AdamW's moments, created at the first optimizer step
       adam_m = sim.alloc(MemCategory::optimizer_state, owned * 4);
       adam_v = sim.alloc(MemCategory::optimizer_state, owned * 4);

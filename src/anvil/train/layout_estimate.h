@@ -27,7 +27,7 @@ struct RankEstimate {
   // allocator's (at most the sum of the category peaks).
   MemoryEstimate memory;
   // Bytes this rank sends per step (comm.h's comm_bytes), by group.
-  double data_parallel_bytes = 0, pipeline_bytes = 0;
+  double data_parallel_bytes = 0, pipeline_bytes = 0, tensor_parallel_bytes = 0;
 };
 
 struct LayoutEstimate {
