@@ -103,7 +103,7 @@ class TrackingAllocator {
   void reset_peak();
   // Returns to the kernel the cached blocks of every size not requested since
   // the previous trim (the trainer trims after each step), or every cached
-  // block (after one-off allocations such as a checkpoint save's).
+  // block (around one-off work such as a checkpoint save).
   void trim_cache();
   void release_cache();
 

@@ -261,6 +261,7 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
   // group by group), then over tp, then over pp onto pp rank 0; an
   // asynchronous save also stages a copy of every tensor on rank 0.
   if (cfg.checkpoint.enable) {
+    sim.release_cache();  // the trainer empties the cache before a save
     const size_t numel = static_cast<size_t>(local.numel());
     // Weights, exp_avg and exp_avg_sq, unless the only save is the last and it is model-only.
     const bool only_last = cfg.checkpoint.interval >= cfg.training.steps;
@@ -302,7 +303,7 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
       held.push_back(sim.alloc(MemCategory::workspace, static_cast<size_t>(args.num_params()) * 4 * copies));
   }
 
-  sim.release_cache();  // the trainer returns a save's blocks to the kernel
+  sim.release_cache();  // and after it
 
   out.memory.peak = sim.peaks();
   // Per-op scratch comes and goes inside one op, on top of what is live.

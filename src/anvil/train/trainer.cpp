@@ -155,22 +155,28 @@ void record_step(TrainResult& result, int64_t step, double loss) {
   result.steps_done = step;
 }
 
-bool validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, ParallelizedModel& layout,
-                     const Parallel& par, StepLogger& logger) {
-  if (!cfg.validation.enable || step % cfg.validation.freq != 0) return false;
-  const auto [sum, tokens] = data.validation_loss(layout, par);
-  logger.log_validation(step, sum / static_cast<double>(tokens), tokens);
-  return true;
+bool validation_due(const JobConfig& cfg, int64_t step) {
+  return cfg.validation.enable && step % cfg.validation.freq == 0;
 }
 
-bool save_checkpoint_if_due(const JobConfig& cfg, int64_t step, ParallelizedModel& layout, Checkpointer* checkpointer,
+void validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, ParallelizedModel& layout,
+                     const Parallel& par, StepLogger& logger) {
+  if (!validation_due(cfg, step)) return;
+  const auto [sum, tokens] = data.validation_loss(layout, par);
+  logger.log_validation(step, sum / static_cast<double>(tokens), tokens);
+}
+
+bool checkpoint_due(const JobConfig& cfg, int64_t step, const Checkpointer* checkpointer) {
+  return checkpointer != nullptr && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps);
+}
+
+void save_checkpoint_if_due(const JobConfig& cfg, int64_t step, ParallelizedModel& layout, Checkpointer* checkpointer,
                             const std::function<CheckpointMeta()>& meta) {
   const bool last = step == cfg.training.steps;
-  if (!checkpointer || (step % cfg.checkpoint.interval != 0 && !last)) return false;
+  if (!checkpoint_due(cfg, step, checkpointer)) return;
   const bool model_only = last && cfg.checkpoint.last_save_model_only;
   const DType model_dtype = model_only && cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16 : DType::f32;
   layout.save_checkpoint(*checkpointer, step, model_only, model_dtype, meta);
-  return true;
 }
 
 // The stop agreed inside a step: its gradients are dropped.
@@ -284,12 +290,16 @@ TrainResult train(const JobConfig& cfg) {
 
       record_step(result, step, loss);
       logger.step_done(step, loss, grad_norm, lr, step_tokens);
-      // The step's blocks stay cached for the next step; what validation or a
-      // checkpoint save allocates once goes back to the kernel after them.
-      TrackingAllocator::instance().trim_cache();
-      const bool validated = validate_if_due(cfg, step, data, layout, par, logger);
-      if (save_checkpoint_if_due(cfg, step, layout, checkpointer.get(), checkpoint_meta) || validated)
-        TrackingAllocator::instance().release_cache();
+      // The step's blocks stay cached for the next step, but not through a
+      // validation pass or a checkpoint save, whose own one-off blocks go back
+      // to the kernel after them too: the cache never adds to their peak.
+      TrackingAllocator& allocator = TrackingAllocator::instance();
+      allocator.trim_cache();
+      const bool one_off = validation_due(cfg, step) || checkpoint_due(cfg, step, checkpointer.get());
+      if (one_off) allocator.release_cache();
+      validate_if_due(cfg, step, data, layout, par, logger);
+      save_checkpoint_if_due(cfg, step, layout, checkpointer.get(), checkpoint_meta);
+      if (one_off) allocator.release_cache();
       finish_capture(capture, step);
       // Once the first step has made its kernels, buffers and trace.
       if (step == first_step) logger.measure_untracked(step, mfu.predicted_peak_bytes);
