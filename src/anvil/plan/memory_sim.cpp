@@ -125,20 +125,24 @@ MemSim::Buf ModelSim::column_input_grad() { return row_parallel_out(); }  // the
 
 // ---- a transformer block (model/transformer_block.cpp)
 
+// A block's RMSNorm: its output and rstd on this rank's rows, the output then
+// gathered to every row for the column-parallel products that read it.
+void ModelSim::rms_norm(MemSim::Buf& out, MemSim::Buf& rstd) {
+  out = sim_.act(d_.Ml * d_.D * d_.e);
+  rstd = sim_.act(d_.Ml * 4);
+  out = gather_rows(out, d_.D, d_.e);
+}
+
 void ModelSim::run_forward(SimBlockSaved& s) {
   const Dims& d = d_;
-  s.h1 = sim_.act(d.Ml * d.D * d.e);
-  s.rstd1 = sim_.act(d.Ml * 4);
-  s.h1 = gather_rows(s.h1, d.D, d.e);
+  rms_norm(s.h1, s.rstd1);
   s.q = sim_.act(d.M * d.Dq * d.e);
   s.k = sim_.act(d.M * d.Dkv * d.e);
   s.v = sim_.act(d.M * d.Dkv * d.e);
   s.o = sim_.act(d.M * d.Dq * d.e);
   s.lse = sim_.act(d.lse);
   s.x2 = row_parallel_out();
-  s.h2 = sim_.act(d.Ml * d.D * d.e);
-  s.rstd2 = sim_.act(d.Ml * 4);
-  s.h2 = gather_rows(s.h2, d.D, d.e);
+  rms_norm(s.h2, s.rstd2);
   s.g = sim_.act(d.M * d.F * d.e);
   s.u = sim_.act(d.M * d.F * d.e);
   s.s = sim_.act(d.M * d.F * d.e);
@@ -167,16 +171,8 @@ void ModelSim::recompute(SimBlockSaved& s) {
     (void)row_parallel_out();
     return;
   }
-  if (!s.h1) {
-    s.h1 = sim_.act(d.Ml * d.D * d.e);
-    s.rstd1 = sim_.act(d.Ml * 4);
-    s.h1 = gather_rows(s.h1, d.D, d.e);
-  }
-  if (!s.h2) {
-    s.h2 = sim_.act(d.Ml * d.D * d.e);
-    s.rstd2 = sim_.act(d.Ml * 4);
-    s.h2 = gather_rows(s.h2, d.D, d.e);
-  }
+  if (!s.h1) rms_norm(s.h1, s.rstd1);
+  if (!s.h2) rms_norm(s.h2, s.rstd2);
   if (!s.s) s.s = sim_.act(d.M * d.F * d.e);
 }
 
@@ -329,7 +325,6 @@ MemSim::Buf ModelSim::backward(int stage, SimStageSaved& saved, MemSim::Buf d_ou
 
 MemSim::Buf ModelSim::backward_blocks(int stage, SimStageSaved& saved, MemSim::Buf dh, bool split) {
   const ModuleRange& r = stages_.at(static_cast<size_t>(stage));
-  saved.split = split;
   const int first_block = std::max(r.first, 1);
   for (size_t i = saved.blocks.size(); i-- > 0;) {
     const int g = group_of_module(first_block + static_cast<int>(i));

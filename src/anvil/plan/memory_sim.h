@@ -93,7 +93,6 @@ struct SimStageSaved {
   std::vector<SimBlockSaved> blocks;
   MemSim::Buf output;       // the head's stage: the last block's output
   MemSim::Buf d_embedding;  // a split backward's embedding gradient
-  bool split = false;
 };
 
 class ModelSim {
@@ -129,6 +128,7 @@ class ModelSim {
   MemSim::Buf row_parallel_out();
   MemSim::Buf column_input_grad();
   MemSim::Buf block_forward(MemSim::Buf x, int layer, SimBlockSaved& s);
+  void rms_norm(MemSim::Buf& out, MemSim::Buf& rstd);
   void run_forward(SimBlockSaved& s);
   void recompute(SimBlockSaved& s);
   MemSim::Buf block_backward(SimBlockSaved& s, MemSim::Buf dout, bool split);

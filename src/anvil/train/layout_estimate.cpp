@@ -324,14 +324,6 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
 
 }  // namespace
 
-std::vector<const RankEstimate*> LayoutEstimate::roles() const {
-  std::vector<const RankEstimate*> out;
-  for (const RankEstimate& r : ranks)
-    if (std::none_of(out.begin(), out.end(), [&](const RankEstimate* o) { return o->pp_rank == r.pp_rank; }))
-      out.push_back(&r);
-  return out;
-}
-
 LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size) {
   LayoutEstimate est;
   est.par = resolve_parallel(cfg, args, world_size, 0);

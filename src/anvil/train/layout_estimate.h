@@ -34,9 +34,6 @@ struct LayoutEstimate {
   Parallel par;                     // the resolved layout (no mesh)
   std::vector<RankEstimate> ranks;  // every rank, by world rank
   double flops_per_token = 0;
-  // Ranks that differ only in their data-parallel or tensor-parallel
-  // coordinates hold the same bytes: one per pipeline rank.
-  std::vector<const RankEstimate*> roles() const;
 };
 
 // `world_size`: the ranks the run would have (data_parallel_shard_degree = -1
