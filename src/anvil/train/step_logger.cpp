@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <sys/resource.h>
 #include <vector>
 
 #include "anvil/core/error.h"
@@ -121,9 +120,7 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     // Activations apart: what a pipeline schedule keeps in flight shows there.
     log.activation_peak_mib_by_rank = par_.gather_world(
         static_cast<double>(log.memory.peak[static_cast<int>(MemCategory::activations)]) / (1 << 20));
-    rusage usage{};
-    getrusage(RUSAGE_SELF, &usage);
-    log.peak_rss_mib_by_rank = par_.gather_world(static_cast<double>(usage.ru_maxrss) / 1024);  // ru_maxrss: KiB
+    log.peak_rss_mib_by_rank = par_.gather_world(static_cast<double>(log.peak_rss) / (1 << 20));
     log.untracked_mib_by_rank = par_.gather_world(static_cast<double>(untracked_) / (1 << 20));
     log.peak_reserved_mib_by_rank = par_.gather_world(static_cast<double>(log.memory.peak_reserved) / (1 << 20));
     // Each category's peak on every rank: what the per-rank estimate is held against.
@@ -173,13 +170,11 @@ void StepLogger::log_validation(int64_t step, double loss, int64_t tokens) {
 }
 
 void StepLogger::print_done(const TrainResult& result) const {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
   if (!result.interrupted)
     std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs; peak RSS %s, peak tracked %s, untracked "
                 "%s\n",
                 static_cast<long long>(result.steps_done), result.first_loss, result.last_loss,
-                seconds_since(t_start_), human_bytes(static_cast<size_t>(usage.ru_maxrss) * 1024).c_str(),
+                seconds_since(t_start_), human_bytes(peak_resident_set_bytes()).c_str(),
                 human_bytes(std::max(run_peak_, TrackingAllocator::instance().stats().peak_total)).c_str(),
                 human_bytes(untracked_).c_str());
 }
