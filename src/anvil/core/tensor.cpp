@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "anvil/core/parallel.h"
+#include "anvil/core/op_timer.h"
 
 namespace anvil {
 
@@ -62,12 +63,14 @@ Tensor Tensor::slice(int64_t start, int64_t length) const {
 }
 
 void Tensor::zero_() {
+  const ScopedOpTime op("zero");
   char* p = static_cast<char*>(raw());
   const int64_t n = static_cast<int64_t>(nbytes());
   parallel_for(0, n, 1 << 20, [&](int64_t lo, int64_t hi) { std::memset(p + lo, 0, static_cast<size_t>(hi - lo)); });
 }
 
 void Tensor::copy_from(const Tensor& src) {
+  const ScopedOpTime op("copy");
   ANVIL_ASSERT(src.numel() == numel(), "copy of ", shape_str(src.shape_), " into ", shape_str(shape_));
   if (src.dtype_ == dtype_) {
     char* d = static_cast<char*>(raw());

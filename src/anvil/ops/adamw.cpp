@@ -4,6 +4,7 @@
 
 #include "anvil/core/parallel.h"
 #include "anvil/ops/avx512_math.h"
+#include "anvil/core/op_timer.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -99,6 +100,7 @@ void check_adamw_config(const AdamWConfig& c) {
 
 void adamw_step(const AdamWConfig& cfg, int64_t step, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
                 Tensor* p_bf16, float grad_scale) {
+  const ScopedOpTime op("adamw");
   check_adamw_config(cfg);
   ANVIL_CHECK(step >= 1, "AdamW: step = ", step, " is invalid; steps are counted from 1 (the bias correction ",
               "divides by 1 - beta^step). Pass the number of this optimizer step, starting at 1.");

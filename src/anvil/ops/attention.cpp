@@ -33,6 +33,7 @@
 
 #include <numeric>
 
+#include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/matmul.h"
 
@@ -77,6 +78,12 @@ void check_like(const Tensor& t, const Tensor& like, const char* name) {
 void check_lse(const Tensor& lse, const Dims& d) {
   ANVIL_ASSERT(lse.dtype() == DType::f32 && lse.shape() == Shape({d.B, d.Hq, d.T}), "attention: lse ",
                shape_str(lse.shape()), " must be f32 (B, Hq, T)");
+}
+
+// The FLOPs the model's count credits (plan/flops.cpp, torchtitan's convention): the products as if
+// not causal, 4·T²·head_dim per query head forward and twice that backward.
+double attention_flops(const Dims& d, double per_element) {
+  return per_element * static_cast<double>(d.B * d.Hq * d.D) * static_cast<double>(d.T) * static_cast<double>(d.T);
 }
 
 constexpr float kLog2e = 1.44269504088896341f;
@@ -536,6 +543,7 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
                        const AttentionTiles& tiles) {
   const Dims d = attention_dims(q, k, v, scale);
+  const ScopedOpTime op("attention.forward", attention_flops(d, 4));
   check_like(out, q, "out");
   check_lse(lse, d);
   ANVIL_ASSERT(tiles.fwd_q > 0 && tiles.fwd_k > 0, "attention: tile sizes must be positive");
@@ -550,6 +558,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, float scale,
                         const AttentionTiles& tiles) {
   const Dims d = attention_dims(q, k, v, scale);
+  const ScopedOpTime op("attention.backward", attention_flops(d, 8));
   check_like(dout, q, "dout");
   check_like(out, q, "out");
   check_like(dq, q, "dq");

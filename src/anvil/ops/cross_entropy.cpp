@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/avx512_math.h"
 #include "anvil/ops/matmul.h"
@@ -283,6 +284,12 @@ void check_shard_operands(const Tensor& x, const Tensor& w, const Tensor& target
                dtype_name(x.dtype()), " w ", dtype_name(w.dtype()), " targets ", dtype_name(targets.dtype()));
 }
 
+// The FLOPs the model's count credits for the head's products: 2·M·V·D each
+// (forward; backward dx and dw), whatever is recomputed.
+double head_flops(const Tensor& x, const Tensor& w, double per_element) {
+  return per_element * static_cast<double>(x.size(0)) * static_cast<double>(w.size(0)) * static_cast<double>(x.size(1));
+}
+
 // One row's online log-sum-exp update over a chunk of n logits: (max, Σ exp(l − max)).
 void online_lse_update(const float* l, int64_t n, float& max, float& sum) {
   const float m = std::max(max, max_of(l, n));
@@ -302,18 +309,21 @@ void shard_logits(const Tensor& x, const Tensor& w, int64_t r0, int64_t Bn, int6
 
 CrossEntropyResult cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
                                          const CrossEntropyOptions& opt) {
+  const ScopedOpTime op("cross_entropy.forward", head_flops(x, w, 2));
   return run(x, w, targets, opt, 0.0f, nullptr, nullptr);
 }
 
 CrossEntropyResult cross_entropy_forward_backward(const Tensor& x, const Tensor& w, const Tensor& targets,
                                                   float grad_scale, Tensor& dx, Tensor& dw,
                                                   const CrossEntropyOptions& opt) {
+  const ScopedOpTime op("cross_entropy.forward_backward", head_flops(x, w, 6));
   return run(x, w, targets, opt, grad_scale, &dx, &dw);
 }
 
 int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor& targets, int64_t vocab_begin,
                                   int64_t vocab_size, Tensor& stats, const CrossEntropyOptions& opt) {
   check_shard_operands(x, w, targets, "cross_entropy_shard_stats");
+  const ScopedOpTime op("cross_entropy.shard_stats", head_flops(x, w, 2));
   const int64_t M = x.size(0), V = w.size(0);
   ANVIL_ASSERT(stats.dtype() == DType::f32 && stats.numel() == 3 * M && vocab_begin >= 0 &&
                    vocab_begin + V <= vocab_size,
@@ -410,6 +420,7 @@ void cross_entropy_shard_backward(const Tensor& x, const Tensor& w, const Tensor
                                   const Tensor& lse, float grad_scale, Tensor& dx, Tensor& dw,
                                   const CrossEntropyOptions& opt) {
   check_shard_operands(x, w, targets, "cross_entropy_shard_backward");
+  const ScopedOpTime op("cross_entropy.shard_backward", head_flops(x, w, 4));
   const int64_t M = x.size(0), D = x.size(1), V = w.size(0);
   ANVIL_ASSERT(dx.shape() == x.shape() && dw.shape() == w.shape() && dx.dtype() != DType::i32 &&
                    dw.dtype() != DType::i32 && lse.dtype() == DType::f32 && lse.numel() == M,

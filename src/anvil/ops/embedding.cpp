@@ -8,6 +8,7 @@
 
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
+#include "anvil/core/op_timer.h"
 
 namespace anvil {
 
@@ -135,6 +136,7 @@ void dispatch2(const Tensor& a, const Tensor& b, F&& fn) {
 }  // namespace
 
 void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
+  const ScopedOpTime op("embedding.forward");
   ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
   ANVIL_ASSERT(table.ndim() == 2 && table.dtype() != DType::i32 && out.dtype() != DType::i32,
                "embedding: table ", shape_str(table.shape()), " ", dtype_name(table.dtype()), ", out ",
@@ -149,6 +151,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
 }
 
 void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable) {
+  const ScopedOpTime op("embedding.backward");
   ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
   ANVIL_ASSERT(dtable.ndim() == 2 && dtable.dtype() != DType::i32 && dout.dtype() != DType::i32,
                "embedding backward: dtable ", shape_str(dtable.shape()), " ", dtype_name(dtable.dtype()), ", dout ",
@@ -164,6 +167,7 @@ void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable
 
 void embedding_forward_shard(const Tensor& tokens, const Tensor& table, int64_t vocab_begin, int64_t vocab_size,
                              Tensor& out) {
+  const ScopedOpTime op("embedding.forward");
   ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
   ANVIL_ASSERT(table.ndim() == 2 && table.dtype() != DType::i32 && out.dtype() != DType::i32 && vocab_begin >= 0,
                "embedding shard: table ", shape_str(table.shape()), " from row ", vocab_begin);
@@ -179,6 +183,7 @@ void embedding_forward_shard(const Tensor& tokens, const Tensor& table, int64_t 
 
 void embedding_backward_shard(const Tensor& dout, const Tensor& tokens, int64_t vocab_begin, int64_t vocab_size,
                               Tensor& dtable) {
+  const ScopedOpTime op("embedding.backward");
   ANVIL_ASSERT(tokens.dtype() == DType::i32, "embedding: tokens must be i32, got ", dtype_name(tokens.dtype()));
   ANVIL_ASSERT(dtable.ndim() == 2 && dtable.dtype() != DType::i32 && dout.dtype() != DType::i32 && vocab_begin >= 0,
                "embedding shard backward: dtable ", shape_str(dtable.shape()), " from row ", vocab_begin);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "anvil/core/parallel.h"
+#include "anvil/core/op_timer.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -129,6 +130,7 @@ int for_each_piece(std::span<const Tensor> grads, F&& fn) {
 }  // namespace
 
 double grad_sum_of_squares(std::span<const Tensor> grads) {
+  const ScopedOpTime op("grad_norm");
   for (const Tensor& t : grads) check_grad(t);
   // One slot per part, summed below in part order: reproducible for a given thread count.
   std::vector<double> partial(static_cast<size_t>(num_threads()), 0.0);
@@ -150,6 +152,7 @@ double clip_coefficient(double total_norm, double max_norm) {
 }
 
 void scale_grads_(std::span<const Tensor> grads, float s) {
+  const ScopedOpTime op("scale_grads");
   for (const Tensor& t : grads) check_grad(t);
   for_each_piece(grads, [&](int, const Tensor& t, int64_t lo, int64_t hi) {
     if (t.dtype() == DType::f32)

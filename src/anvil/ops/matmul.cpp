@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "anvil/core/error.h"
+#include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 
 namespace anvil {
@@ -109,9 +110,11 @@ const GemmPrimitive& primitive_for(const GemmShape& s) {
   return ctx.cache.emplace(GemmKey{s}, std::move(g)).first->second;
 }
 
-}  // namespace
+double gemm_flops(int64_t M, int64_t N, int64_t K) {
+  return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+}
 
-void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
+void run_gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   if (shape.M == 0 || shape.N == 0) return;
   const GemmShape s = normalised(shape);
   if (s.K == 0) {
@@ -136,6 +139,13 @@ void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   stream.wait();
 }
 
+}  // namespace
+
+void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
+  const ScopedOpTime op("gemm", gemm_flops(shape.M, shape.N, shape.K));
+  run_gemm(shape, A, B, C);
+}
+
 std::string matmul_impl_name(DType dtype, int64_t size) {
   GemmShape s;
   s.M = s.N = s.K = size;
@@ -150,8 +160,9 @@ void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
   ANVIL_ASSERT(x.ndim() == 2 && w.ndim() == 2 && w.size(1) == K, "linear: x ", shape_str(x.shape()), " w ",
                shape_str(w.shape()));
   ANVIL_ASSERT(y.size(0) == M && y.size(1) == N && x.dtype() == w.dtype(), "linear: y ", shape_str(y.shape()));
+  const ScopedOpTime op("linear.forward", gemm_flops(M, N, K));
   GemmShape s{.M = M, .N = N, .K = K, .trans_b = true, .ab = x.dtype(), .c = y.dtype()};
-  gemm(s, x.raw(), w.raw(), y.raw());
+  run_gemm(s, x.raw(), w.raw(), y.raw());
 }
 
 void linear_forward_accumulate(const Tensor& x, const Tensor& w, Tensor& y) {
@@ -159,8 +170,9 @@ void linear_forward_accumulate(const Tensor& x, const Tensor& w, Tensor& y) {
   ANVIL_ASSERT(x.ndim() == 2 && w.ndim() == 2 && w.size(1) == K && x.dtype() == w.dtype(), "linear: x ",
                shape_str(x.shape()), " w ", shape_str(w.shape()));
   ANVIL_ASSERT(y.size(0) == M && y.size(1) == N, "linear: y ", shape_str(y.shape()));
+  const ScopedOpTime op("linear.forward", gemm_flops(M, N, K));
   GemmShape s{.M = M, .N = N, .K = K, .trans_b = true, .ab = x.dtype(), .c = y.dtype(), .accumulate = true};
-  gemm(s, x.raw(), w.raw(), y.raw());
+  run_gemm(s, x.raw(), w.raw(), y.raw());
 }
 
 void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate_dx) {
@@ -168,8 +180,9 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, bool a
   ANVIL_ASSERT(w.size(0) == N && dx.size(0) == M && dx.size(1) == K && dy.dtype() == w.dtype(),
                "linear backward: dy ", shape_str(dy.shape()), " w ", shape_str(w.shape()), " dx ",
                shape_str(dx.shape()));
+  const ScopedOpTime op("linear.backward_input", gemm_flops(M, N, K));
   GemmShape s{.M = M, .N = K, .K = N, .ab = dy.dtype(), .c = dx.dtype(), .accumulate = accumulate_dx};
-  gemm(s, dy.raw(), w.raw(), dx.raw());
+  run_gemm(s, dy.raw(), w.raw(), dx.raw());
 }
 
 namespace {
@@ -218,6 +231,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw) {
                "linear backward: dy ", shape_str(dy.shape()), " x ", shape_str(x.shape()), " dw ",
                shape_str(dw.shape()));
   if (M == 0) return;
+  const ScopedOpTime op("linear.backward_weight", gemm_flops(M, N, K));
   if (dy.dtype() == DType::bf16 && dw.dtype() == DType::f32 && !omp_in_parallel()) {
     const WeightGradPrimitive& g = weight_grad_primitive(M, N, K);
     Context& ctx = context();
@@ -235,7 +249,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw) {
     return;
   }
   GemmShape s{.M = N, .N = K, .K = M, .trans_a = true, .ab = dy.dtype(), .c = dw.dtype(), .accumulate = true};
-  gemm(s, dy.raw(), x.raw(), dw.raw());
+  run_gemm(s, dy.raw(), x.raw(), dw.raw());
 }
 
 }  // namespace anvil

@@ -7,6 +7,7 @@
 
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
+#include "anvil/core/op_timer.h"
 
 namespace anvil {
 
@@ -135,6 +136,7 @@ void backward_kernel(const T* dy, const T* x, const T* w, const float* rstd, flo
 }  // namespace
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, const Tensor& rstd) {
+  const ScopedOpTime op("rmsnorm.forward");
   ANVIL_ASSERT(x.ndim() >= 1 && w.ndim() == 1 && x.size(-1) == w.size(0), "rmsnorm: x ", shape_str(x.shape()),
                " w ", shape_str(w.shape()));
   ANVIL_ASSERT(x.dtype() != DType::i32 && w.dtype() == x.dtype() && y.dtype() == x.dtype(),
@@ -155,6 +157,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, con
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, float eps, Tensor& dx,
                       Tensor& dw, bool accumulate_dx) {
+  const ScopedOpTime op("rmsnorm.backward");
   ANVIL_ASSERT(x.ndim() >= 1 && w.ndim() == 1 && x.size(-1) == w.size(0), "rmsnorm: x ", shape_str(x.shape()),
                " w ", shape_str(w.shape()));
   ANVIL_ASSERT(x.dtype() != DType::i32 && w.dtype() == x.dtype() && dy.dtype() == x.dtype() &&

@@ -7,6 +7,7 @@
 
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
+#include "anvil/core/op_timer.h"
 
 namespace anvil {
 
@@ -136,10 +137,12 @@ RopeTable rope_table(int64_t max_positions, int64_t head_dim, double theta, cons
 }
 
 void rope_forward(const Tensor& x, const RopeTable& table, int64_t pos_offset, Tensor& y) {
+  const ScopedOpTime op("rope.forward");
   rope_apply<false>(x, table, pos_offset, y, "rope_forward");
 }
 
 void rope_backward(const Tensor& dy, const RopeTable& table, int64_t pos_offset, Tensor& dx) {
+  const ScopedOpTime op("rope.backward");
   rope_apply<true>(dy, table, pos_offset, dx, "rope_backward");
 }
 

@@ -4,6 +4,7 @@
 
 #include "anvil/core/parallel.h"
 #include "anvil/ops/avx512_math.h"
+#include "anvil/core/op_timer.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -140,6 +141,7 @@ void check_same(const Tensor& a, const Tensor& b, const char* what) {
 }  // namespace
 
 void swiglu_forward(const Tensor& g, const Tensor& u, Tensor& h) {
+  const ScopedOpTime op("swiglu.forward");
   check_same(g, u, "u");
   check_same(g, h, "h");
   const int64_t n = g.numel();
@@ -159,6 +161,7 @@ void swiglu_forward(const Tensor& g, const Tensor& u, Tensor& h) {
 }
 
 void swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u, Tensor& dg, Tensor& du) {
+  const ScopedOpTime op("swiglu.backward");
   check_same(g, dh, "dh");
   check_same(g, u, "u");
   check_same(g, dg, "dg");

@@ -103,6 +103,9 @@ std::vector<Key> key_table(JobConfig& c) {
        "runs out)"},
       {"profiling", "save_memory_snapshot_folder", &c.profiling.save_memory_snapshot_folder,
        "memory snapshot folder, inside dump_folder"},
+      {"profiling", "op_times", &c.profiling.op_times,
+       "time every op (matrix products, attention, norms, the optimizer, copies) over the steps after the first "
+       "and print a per-op table at the end (also op_times.md and op_times.json in dump_folder; rank 0's ops)"},
 
       {"checkpoint", "enable", &c.checkpoint.enable, "save checkpoints"},
       {"checkpoint", "folder", &c.checkpoint.folder, "checkpoint folder, inside dump_folder"},

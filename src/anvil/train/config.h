@@ -66,6 +66,7 @@ struct JobConfig {
     int64_t profile_freq = 10;
     bool enable_memory_snapshot = false;
     std::string save_memory_snapshot_folder = "memory_snapshot";
+    bool op_times = false;
   } profiling;
   struct Checkpoint {
     bool enable = false;

@@ -13,6 +13,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/process_memory.h"
+#include "anvil/core/op_timer.h"
 #include "anvil/core/profiler.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
@@ -23,6 +24,7 @@
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/parallel.h"
 #include "anvil/train/parallelize.h"
+#include "anvil/obs/op_table.h"
 #include "anvil/train/profiling.h"
 #include "anvil/train/schedule.h"
 #include "anvil/train/step_logger.h"
@@ -198,6 +200,19 @@ void report_stop_after_step(int signal, const Parallel& par, int64_t step, int64
     std::fprintf(stderr, "anvil: rank %d: stopped after step %lld\n", par.rank, static_cast<long long>(step));
 }
 
+// The per-op table of the steps after the first, on rank 0's console and in the dump folder.
+void print_op_table(const JobConfig& cfg, const Parallel& par, OpTable& table) {
+  if (!par.rank0()) return;
+  if (table.steps == 0) {
+    std::printf("anvil: op times: no step after the first (which builds the kernels) was timed; run 2 or more steps\n");
+    return;
+  }
+  table.rows = OpTimer::rows();
+  std::printf("anvil: time per op, the mean of %lld steps after the first (also op_times.md, op_times.json in %s):\n%s",
+              static_cast<long long>(table.steps), cfg.job.dump_folder.c_str(), op_table_markdown(table).c_str());
+  write_op_table(table, cfg.job.dump_folder);
+}
+
 }  // namespace
 
 TrainResult train(const JobConfig& cfg) {
@@ -252,9 +267,14 @@ TrainResult train(const JobConfig& cfg) {
   logger.start();
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
+  OpTable op_table;
+  OpTimer::reset();
   try {
     for (; step <= tc.steps; ++step) {
       std::unique_ptr<StepCapture> capture = capture_if_profiled(cfg, par, step, first_step);
+      // Ops are timed from the second step on: the first makes every kernel and buffer.
+      const auto t_step = Clock::now();
+      OpTimer::set_enabled(cfg.profiling.op_times && step > first_step);
       std::optional<ScopedPhase> step_phase(std::in_place, SpanCategory::step, "step");
       const auto t_fetch = Clock::now();
       const int64_t step_tokens = data.next_step();
@@ -287,6 +307,11 @@ TrainResult train(const JobConfig& cfg) {
         layout.release_grads();
       }
       step_phase.reset();
+      if (OpTimer::enabled()) {
+        OpTimer::set_enabled(false);  // validation and checkpoint saves are not the step's
+        op_table.step_seconds += seconds_since(t_step);
+        ++op_table.steps;
+      }
 
       record_step(result, step, loss);
       logger.step_done(step, loss, grad_norm, lr, step_tokens);
@@ -313,7 +338,9 @@ TrainResult train(const JobConfig& cfg) {
   } catch (const OutOfMemoryError& e) {
     rethrow_with_oom_snapshot(e, cfg, par, step);
   }
+  OpTimer::set_enabled(false);
   logger.print_done(result);
+  if (cfg.profiling.op_times) print_op_table(cfg, par, op_table);
   return result;
 }
 
