@@ -188,8 +188,12 @@ TEST(Gemm, ConcurrentCallsMatchSerialOnes) {
       auto at = [&](const Tensor& t, int64_t i, int64_t elems, size_t bytes) {
         return static_cast<char*>(t.raw()) + static_cast<size_t>(i * elems) * bytes;
       };
-      for (int64_t i = 0; i < tasks; ++i)
-        gemm(s, at(a, i, c.M * c.K, es), at(b, i, c.K * c.N, es), at(serial, i, c.M * c.N, 4));
+      // The serial calls also run inside a parallel region (on its first thread), as the
+      // concurrent ones do: a bf16 product outside one may run widened, in another order.
+#pragma omp parallel num_threads(2)
+      if (omp_get_thread_num() == 0)
+        for (int64_t i = 0; i < tasks; ++i)
+          gemm(s, at(a, i, c.M * c.K, es), at(b, i, c.K * c.N, es), at(serial, i, c.M * c.N, 4));
       for (int rep = 0; rep < 3; ++rep) {
         parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
           for (int64_t i = lo; i < hi; ++i)
@@ -198,4 +202,53 @@ TEST(Gemm, ConcurrentCallsMatchSerialOnes) {
         EXPECT_EQ(max_abs_error(to_double(parallel), to_double(serial)), 0.0) << "rep " << rep;
       }
     }
+}
+
+// bf16 products widened to f32 (matmul.h): both routes, on any CPU, against a
+// double reference, in every layout gemm() is called with; sizes that take more
+// than one panel of A (or of K, with Aᵀ); bf16 C with a product added into it.
+TEST(Gemm, Bf16ProductsMatchADoubleReferenceWidenedAndNative) {
+  struct Case {
+    int64_t M, N, K;
+    bool trans_a, trans_b;
+    DType c;
+  };
+  const Case cases[] = {
+      {37, 65, 129, false, true, DType::f32},  {37, 65, 129, false, false, DType::bf16},
+      {37, 65, 129, true, false, DType::f32},  {37, 65, 129, true, false, DType::bf16},
+      {37, 65, 129, true, true, DType::f32},   {2100, 48, 2048, false, true, DType::f32},  // 2 panels of A
+      {2100, 48, 2048, false, false, DType::bf16},  // 2 panels of A and of C
+      {2100, 40, 2100, true, false, DType::f32},    // 2 panels of K
+  };
+  const bool chosen = bf16_products_widened();
+  for (const bool widened : {false, true}) {
+    set_bf16_products_widened(widened);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << (widened ? "widened" : "native") << " M=" << c.M << " N=" << c.N
+                                        << " K=" << c.K << " ta=" << c.trans_a << " tb=" << c.trans_b << " C "
+                                        << dtype_name(c.c));
+      const int64_t lda = (c.trans_a ? c.M : c.K) + 3, ldb = (c.trans_b ? c.K : c.N) + 1, ldc = c.N + 2;
+      Tensor a = random_tensor({c.trans_a ? c.K : c.M, lda}, DType::bf16, "a");
+      Tensor b = random_tensor({c.trans_b ? c.N : c.K, ldb}, DType::bf16, "b");
+      Tensor out = random_tensor({c.M, ldc}, c.c, "c");
+      const std::vector<double> ad = to_double(a), bd = to_double(b), c0 = to_double(out);
+      std::vector<double> want = c0;
+      for (int64_t m = 0; m < c.M; ++m)
+        for (int64_t n = 0; n < c.N; ++n) {
+          double s = 0;
+          for (int64_t k = 0; k < c.K; ++k)
+            s += ad[c.trans_a ? k * lda + m : m * lda + k] * bd[c.trans_b ? n * ldb + k : k * ldb + n];
+          want[m * ldc + n] += 0.5 * s;
+        }
+      GemmShape s{.M = c.M, .N = c.N, .K = c.K, .trans_a = c.trans_a, .trans_b = c.trans_b, .lda = lda, .ldb = ldb,
+                  .ldc = ldc, .ab = DType::bf16, .c = c.c, .alpha = 0.5f, .accumulate = true};
+      const WidenedBytes bytes = widened_operand_bytes(s);
+      EXPECT_EQ(bytes.a > 0, widened);
+      EXPECT_LE(bytes.a, kWidenedPanelBytes);
+      gemm(s, a.raw(), b.raw(), out.raw());
+      // f32 C: only f32 summation error; bf16 C: one rounding of the result (2^-8 relative).
+      EXPECT_LT(rel_error(out, want), c.c == DType::f32 ? 1e-5 : 8e-3);
+    }
+  }
+  set_bf16_products_widened(chosen);
 }

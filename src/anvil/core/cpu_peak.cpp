@@ -211,6 +211,13 @@ std::pair<double, std::string> flops_per_cycle(DType dt) {
 
 }  // namespace
 
+bool bf16_products_faster_widened() {
+  const CpuFeatures& f = cpu_features();
+  if (f.amx_bf16) return false;
+  if (!f.avx512_bf16) return true;
+  return architectural_rate(cpu_measurements().dpbf16_per_cycle) * 64.0 < fp32_flops_per_cycle().first;
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;

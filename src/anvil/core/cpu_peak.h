@@ -41,6 +41,14 @@ struct PeakFlops {
 // The peak of `cores` cores for matrix products in `compute_dtype` (f32 or bf16).
 PeakFlops cpu_peak_flops(DType compute_dtype, int cores);
 
+// Whether a bf16 matrix product runs faster with its operands widened to fp32
+// (exactly: every bf16 is an fp32) and fp32 FMAs than on the CPU's bf16
+// instructions: true without AMX when vdpbf16ps is slower than two FMA pipes
+// (measured issue rates, rounded to the architectural 0.5/1/2 per cycle, so the
+// choice does not flip with the host's noise) or is missing. Both routes
+// accumulate in fp32; the results differ only in summation order.
+bool bf16_products_faster_widened();
+
 // Multi-line description for `anvil info`: features, the measurements, and both peaks.
 std::string cpu_peak_report(int cores);
 

@@ -1,5 +1,7 @@
 #include "anvil/ops/matmul.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -7,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
+#include "anvil/core/cpu_peak.h"
 #include "anvil/core/error.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
@@ -114,6 +117,24 @@ double gemm_flops(int64_t M, int64_t N, int64_t K) {
   return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
 }
 
+void run_widened(const GemmShape& s, const void* A, const void* B, void* C);
+
+// Whether this (normalised, bf16) product runs widened: see matmul.h. A product
+// with Aᵀ whose bf16 C would be rounded between K panels stays native.
+bool widens(const GemmShape& s) {
+  if (s.ab != DType::bf16 || omp_in_parallel() || !bf16_products_widened()) return false;
+  if (s.trans_a && !s.trans_b && s.c == DType::bf16) {
+    const int64_t k_panel = std::max<int64_t>(1, static_cast<int64_t>(kWidenedPanelBytes / 4) / std::max(s.M, s.N));
+    return k_panel >= s.K;
+  }
+  return true;
+}
+
+// Rows of a panel: as many as fit in kWidenedPanelBytes of f32 `cols` wide, at least one.
+int64_t panel_rows(int64_t rows, int64_t cols) {
+  return std::clamp<int64_t>(static_cast<int64_t>(kWidenedPanelBytes / 4) / std::max<int64_t>(1, cols), 1, rows);
+}
+
 void run_gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   if (shape.M == 0 || shape.N == 0) return;
   const GemmShape s = normalised(shape);
@@ -121,6 +142,7 @@ void run_gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
     ANVIL_ASSERT(s.accumulate, "gemm with K = 0 must accumulate");  // C += 0: nothing to do
     return;
   }
+  if (widens(s)) return run_widened(s, A, B, C);
   const GemmPrimitive& g = primitive_for(s);
   Context& ctx = context();
   // A stream per thread: kernels may call gemm from inside a parallel region,
@@ -139,7 +161,123 @@ void run_gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   stream.wait();
 }
 
+// rows × cols of bf16 at src (row stride ld) into dense f32 at dst.
+void widen_rows(const void* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  const bf16* in = static_cast<const bf16*>(src);
+  parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, cols)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const bf16* row = in + r * ld;
+      float* out = dst + r * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) out[c] = bf16::to_float(row[c].bits);
+    }
+  });
+}
+
+// This thread's f32 buffer `t`, grown (the old one freed first) to at least `bytes`.
+float* grown(Tensor& t, size_t bytes, const char* tag) {
+  if (!t.defined() || t.nbytes() < bytes) {
+    t = Tensor();
+    t = Tensor::empty({static_cast<int64_t>((bytes + 3) / 4)}, DType::f32, MemCategory::workspace, tag);
+  }
+  return t.data<float>();
+}
+
+// f32 rows of C (row stride ldc, dense in `f`) back into bf16 C, or from it when accumulating.
+void narrow_rows(const float* f, int64_t rows, int64_t cols, void* dst, int64_t ld) {
+  bf16* out = static_cast<bf16*>(dst);
+  parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, cols)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) convert_f32_to_bf16(f + r * cols, out + r * ld, cols);
+  });
+}
+
+// One widened panel product: C (p.M × p.N, row stride ldc, in s.c) (+)= fa · fb, through
+// the f32 rows in fc when C is bf16.
+void run_panel(const GemmShape& p, const GemmShape& s, const float* fa, const float* fb, float* fc, void* C) {
+  if (s.c != DType::bf16) return run_gemm(p, fa, fb, C);
+  GemmShape q = p;
+  q.c = DType::f32;
+  q.ldc = p.N;
+  if (q.accumulate) widen_rows(C, s.ldc, p.M, p.N, fc);
+  run_gemm(q, fa, fb, fc);
+  narrow_rows(fc, p.M, p.N, C, s.ldc);
+}
+
+void run_widened(const GemmShape& s, const void* A, const void* B, void* C) {
+  thread_local Tensor buf_a, buf_b, buf_c;
+  const WidenedBytes need = widened_operand_bytes(s);
+  float* fa = grown(buf_a, need.a, "gemm.widened_a");
+  float* fb = grown(buf_b, need.b, "gemm.widened_b");
+  float* fc = need.c > 0 ? grown(buf_c, need.c, "gemm.widened_c") : nullptr;
+  const char* a = static_cast<const char*>(A);
+  const char* b = static_cast<const char*>(B);
+  GemmShape p = s;
+  p.ab = DType::f32;
+  if (!s.trans_a) {
+    // B whole, A in panels of rows of C.
+    const int64_t b_rows = s.trans_b ? s.N : s.K, b_cols = s.trans_b ? s.K : s.N;
+    widen_rows(b, s.ldb, b_rows, b_cols, fb);
+    p.ldb = b_cols;
+    p.lda = s.K;
+    const int64_t rows = panel_rows(s.M, s.K);
+    for (int64_t m0 = 0; m0 < s.M; m0 += rows) {
+      p.M = std::min(rows, s.M - m0);
+      widen_rows(a + m0 * s.lda * 2, s.lda, p.M, s.K, fa);
+      run_panel(p, s, fa, fb, fc, static_cast<char*>(C) + m0 * s.ldc * static_cast<int64_t>(dtype_size(s.c)));
+    }
+    return;
+  }
+  // Aᵀ (A stored K × M): panels of K for A and, stored K × N, for B; each adds into C.
+  const int64_t k_rows = s.trans_b ? s.K : panel_rows(s.K, std::max(s.M, s.N));
+  p.lda = s.M;
+  for (int64_t k0 = 0; k0 < s.K; k0 += k_rows) {
+    p.K = std::min(k_rows, s.K - k0);
+    p.accumulate = s.accumulate || k0 > 0;
+    widen_rows(a + k0 * s.lda * 2, s.lda, p.K, s.M, fa);
+    if (s.trans_b) {  // B stored N × K, whole (then K is one panel)
+      widen_rows(b, s.ldb, s.N, s.K, fb);
+      p.ldb = s.K;
+    } else {
+      widen_rows(b + k0 * s.ldb * 2, s.ldb, p.K, s.N, fb);
+      p.ldb = s.N;
+    }
+    run_panel(p, s, fa, fb, fc, C);
+  }
+}
+
 }  // namespace
+
+namespace {
+std::atomic<int> g_bf16_widened{-1};  // -1: not chosen yet
+}  // namespace
+
+bool bf16_products_widened() {
+  int widened = g_bf16_widened.load(std::memory_order_relaxed);
+  if (widened < 0) {
+    const char* env = std::getenv("ANVIL_BF16_PRODUCTS");
+    const std::string choice = env ? env : "";
+    ANVIL_CHECK(choice.empty() || choice == "native" || choice == "widened", "ANVIL_BF16_PRODUCTS is \"", choice,
+                "\"; set it to native or widened, or unset it to let Anvil choose by the CPU");
+    widened = choice.empty() ? bf16_products_faster_widened() : choice == "widened";
+    g_bf16_widened.store(widened, std::memory_order_relaxed);
+  }
+  return widened != 0;
+}
+
+void set_bf16_products_widened(bool widened) { g_bf16_widened.store(widened, std::memory_order_relaxed); }
+
+WidenedBytes widened_operand_bytes(const GemmShape& shape) {
+  if (shape.M == 0 || shape.N == 0 || shape.K == 0) return {};
+  const GemmShape s = normalised(shape);
+  if (!widens(s)) return {};
+  const size_t c_rows = s.c == DType::bf16 ? static_cast<size_t>(s.trans_a ? s.M : panel_rows(s.M, s.K)) : 0;
+  if (!s.trans_a)
+    return {static_cast<size_t>(panel_rows(s.M, s.K) * s.K) * 4, static_cast<size_t>(s.K * s.N) * 4,
+            c_rows * static_cast<size_t>(s.N) * 4};
+  const int64_t k_rows = s.trans_b ? s.K : panel_rows(s.K, std::max(s.M, s.N));
+  return {static_cast<size_t>(k_rows * s.M) * 4, static_cast<size_t>((s.trans_b ? s.K : k_rows) * s.N) * 4,
+          c_rows * static_cast<size_t>(s.N) * 4};
+}
 
 void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   const ScopedOpTime op("gemm", gemm_flops(shape.M, shape.N, shape.K));
@@ -151,8 +289,13 @@ std::string matmul_impl_name(DType dtype, int64_t size) {
   s.M = s.N = s.K = size;
   s.ab = s.c = dtype;
   s = normalised(s);
-  const GemmPrimitive& g = primitive_for(s);
-  return g.impl;
+  if (widens(s)) {
+    s.ab = s.c = DType::f32;
+    std::string name = "widened to f32: ";
+    name += primitive_for(s).impl;
+    return name;
+  }
+  return primitive_for(s).impl;
 }
 
 void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
@@ -232,7 +375,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw) {
                shape_str(dw.shape()));
   if (M == 0) return;
   const ScopedOpTime op("linear.backward_weight", gemm_flops(M, N, K));
-  if (dy.dtype() == DType::bf16 && dw.dtype() == DType::f32 && !omp_in_parallel()) {
+  if (dy.dtype() == DType::bf16 && dw.dtype() == DType::f32 && !omp_in_parallel() && !bf16_products_widened()) {
     const WeightGradPrimitive& g = weight_grad_primitive(M, N, K);
     Context& ctx = context();
     thread_local dnnl::stream stream(ctx.engine);

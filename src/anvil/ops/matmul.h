@@ -26,8 +26,33 @@ struct GemmShape {
 void gemm(const GemmShape& s, const void* A, const void* B, void* C);
 
 // The name of the kernel oneDNN picks for a square product in `dtype`
-// (e.g. "brg:avx512_core_amx"); used to check that bf16 runs on AMX.
+// (e.g. "brg:avx512_core_amx"); used to check that bf16 runs on AMX. A bf16
+// product that runs widened reads "widened to f32: " and the f32 kernel.
 std::string matmul_impl_name(DType dtype, int64_t size = 512);
+
+// ---- bf16 products widened to f32 ----
+// On CPUs whose bf16 instructions are slower than their fp32 FMAs
+// (bf16_products_faster_widened(), core/cpu_peak.h), gemm() runs a bf16
+// product as an f32 one: it widens the operands (exactly) into f32 buffers,
+// A in panels of rows so that a panel stays under kWidenedPanelBytes, and
+// runs oneDNN's f32 kernel; the result is the bf16 kernel's up to summation
+// order (both accumulate in f32). Products called inside a parallel region
+// (attention's tiles, single-threaded) stay native: widening per tile costs
+// more than it gains. The environment variable ANVIL_BF16_PRODUCTS=native or
+// =widened overrides the choice, to measure one against the other.
+bool bf16_products_widened();
+// Sets the choice for this process (tests run both routes on any CPU).
+void set_bf16_products_widened(bool widened);
+inline constexpr size_t kWidenedPanelBytes = size_t{16} << 20;
+// The f32 buffers a widened product of this shape needs, each grown per
+// thread to the largest seen and kept ("gemm.widened_a", "_b", "_c"): an A
+// panel and B whole; for a product with Aᵀ, panels of both along K; and, when
+// C is bf16 (oneDNN has no f32 product into bf16), the f32 rows of C the panel
+// writes. Zero when the product is not widened (f32, or bf16 running natively).
+struct WidenedBytes {
+  size_t a = 0, b = 0, c = 0;
+};
+WidenedBytes widened_operand_bytes(const GemmShape& s);
 
 // ---- Linear layer: Y = X·Wᵀ (no bias, as in Llama) ----
 // x  (M, K)  activations, f32 or bf16

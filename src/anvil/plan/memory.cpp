@@ -9,6 +9,7 @@
 #include "anvil/model/params.h"
 #include "anvil/ops/attention.h"
 #include "anvil/ops/cross_entropy.h"
+#include "anvil/ops/matmul.h"
 #include "anvil/plan/memory_sim.h"
 
 namespace anvil {
@@ -120,7 +121,8 @@ std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& 
                           (bwd_splits > 1 ? bwd_splits * d.M * Dq * 4 : 0);
   // A weight gradient's f32 partial (ops/matmul.cpp, bf16 only): the largest
   // block weight, w1/w2/w3 (F × D) or wq/wo (Dq × D).
-  const size_t weight_grad = bf16 ? std::max(F, Dq) * d.D * 4 : 0;
+  // (Widened bf16 products take the f32 route instead, without one.)
+  const size_t weight_grad = bf16 && !bf16_products_widened() ? std::max(F, Dq) * d.D * 4 : 0;
   // RMSNorm's weight gradient (ops/rmsnorm.cpp): one f32 row per chunk of rows.
   // (M rows at most: sequence parallelism gives each rank M / tp.)
   const size_t norm_rows = std::max<size_t>(16, (size_t{1} << 19) / d.D);
@@ -128,6 +130,49 @@ std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& 
   return {ce, attn_fwd, attn_bwd, weight_grad, norm};
 }
 }  // namespace
+
+size_t widened_product_bytes(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel,
+                             bool with_head) {
+  if (shape.compute_dtype != DType::bf16 || !bf16_products_widened()) return 0;
+  // Every product a step runs outside a parallel region, as the model calls
+  // it (transformer_block.cpp, parallel_plan.cpp, tensor_parallel.cpp,
+  // cross_entropy.cpp); attention's tile products run natively.
+  const Dims d = dims_of(args, shape);
+  const auto t = static_cast<int64_t>(tp);
+  const auto M = static_cast<int64_t>(d.M), D = static_cast<int64_t>(d.D), Dq = static_cast<int64_t>(d.Dq) / t,
+             Dkv = static_cast<int64_t>(d.Dkv) / t, F = static_cast<int64_t>(d.F) / t;
+  const DType bf = DType::bf16;
+  // Row-parallel outputs and input gradients go into an f32 partial under tensor parallelism.
+  const DType summed = tp > 1 ? DType::f32 : bf;
+  std::vector<GemmShape> products;
+  const auto forward = [&](int64_t K, int64_t N, DType c) {  // y (M, N) (+)= x (M, K) · w (N, K)ᵀ
+    products.push_back({.M = M, .N = N, .K = K, .trans_b = true, .ab = bf, .c = c, .accumulate = c == summed});
+  };
+  const auto input_grad = [&](int64_t N, int64_t K, DType c) {  // dx (M, K) = dy (M, N) · w (N, K)
+    products.push_back({.M = M, .N = K, .K = N, .ab = bf, .c = c});
+  };
+  const auto weight_grad = [&](int64_t N, int64_t K) {  // dw (N, K) += dyᵀ · x, dw f32
+    products.push_back({.M = N, .N = K, .K = M, .trans_a = true, .ab = bf, .c = DType::f32, .accumulate = true});
+  };
+  forward(D, Dq, bf), forward(D, Dkv, bf), forward(Dq, D, summed), forward(D, F, bf), forward(F, D, summed);
+  input_grad(D, F, bf), input_grad(F, D, summed), input_grad(D, Dq, bf), input_grad(Dq, D, summed),
+      input_grad(Dkv, D, summed);
+  weight_grad(D, F), weight_grad(F, D), weight_grad(D, Dq), weight_grad(Dq, D), weight_grad(Dkv, D);
+  if (with_head) {
+    // The loss head: per row block, the logits of a vocabulary chunk, then dx and dw products.
+    const int64_t V = tp > 1 && loss_parallel ? (args.vocab_size + t - 1) / t : args.vocab_size;
+    const int64_t R = std::min(M, kCrossEntropyRowBlock), C = std::min(V, kCrossEntropyVocabChunk);
+    products.push_back({.M = R, .N = C, .K = D, .trans_b = true, .ab = bf, .c = DType::f32});
+    products.push_back({.M = R, .N = D, .K = C, .ab = bf, .c = DType::f32, .accumulate = true});
+    products.push_back({.M = C, .N = D, .K = R, .trans_a = true, .ab = bf, .c = DType::f32, .accumulate = true});
+  }
+  WidenedBytes most;
+  for (const GemmShape& p : products) {
+    const WidenedBytes w = widened_operand_bytes(p);
+    most.a = std::max(most.a, w.a), most.b = std::max(most.b, w.b), most.c = std::max(most.c, w.c);
+  }
+  return most.a + most.b + most.c;
+}
 
 MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
   MemoryEstimate est;
@@ -148,7 +193,8 @@ MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
     (void)model.backward_from_loss(0, saved, /*split=*/false);
     est.peak[static_cast<int>(MemCategory::activations)] = sim.peak(MemCategory::activations);
   }
-  est.peak[static_cast<int>(MemCategory::workspace)] = step_workspace_bytes(args, shape) + op_scratch_bytes(args, shape);
+  est.peak[static_cast<int>(MemCategory::workspace)] =
+      step_workspace_bytes(args, shape) + widened_product_bytes(args, shape) + op_scratch_bytes(args, shape);
 
   for (size_t b : est.peak) est.peak_total += b;
   return est;

@@ -217,6 +217,13 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
   if (dt == DType::bf16) sim.hold(MemCategory::parameters, owned * 2);  // their bf16 compute copy
   const TrainShape step_shape{cfg.training.local_batch_size, cfg.training.seq_len, dt, ac, par.accum_steps};
   sim.hold(MemCategory::workspace, step_workspace_bytes(args, step_shape));  // RoPE table, token batches
+  {  // the widened bf16 products' f32 buffers, kept from the first step on
+    TrainShape mb = step_shape;
+    mb.local_batch_size = pipeline ? p.pipeline_parallel_microbatch_size : cfg.training.local_batch_size;
+    const bool with_head = std::any_of(stages.begin(), stages.end(),
+                                       [&](const ModuleRange& r) { return r.end == llama_num_modules(args); });
+    sim.hold(MemCategory::workspace, widened_product_bytes(args, mb, tp, !p.disable_loss_parallel, with_head));
+  }
 
   Buf grads, adam_m, adam_v;
   const auto ensure_grads = [&] {
