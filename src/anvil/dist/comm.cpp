@@ -1,5 +1,6 @@
 #include "anvil/dist/comm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -429,14 +430,42 @@ Work Communicator::all_gather_impl(const Tensor& shard, const Tensor& full, bool
   return run(std::move(c), async);
 }
 
-void Communicator::reduce_scatter(const Tensor& full, const Tensor& shard, ReduceOp op) {
-  reduce_scatter_impl(full, shard, op, false);
-}
-Work Communicator::ireduce_scatter(const Tensor& full, const Tensor& shard, ReduceOp op) {
-  return reduce_scatter_impl(full, shard, op, true);
+namespace {
+
+// out ← the n pieces (n × out.numel(), one per rank, in rank order) combined by
+// op: summed (divided by n for avg, f32 only) or their elementwise largest.
+template <class T>
+void combine_pieces(const T* in, int n, ReduceOp op, T* dst, int64_t k) {
+  parallel_for(0, k, 1 << 14, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      T acc = in[i];
+      for (int r = 1; r < n; ++r) {
+        const T v = in[static_cast<int64_t>(r) * k + i];
+        acc = op == ReduceOp::max ? std::max(acc, v) : acc + v;
+      }
+      dst[i] = op == ReduceOp::avg ? acc / static_cast<T>(n) : acc;
+    }
+  });
 }
 
-Work Communicator::reduce_scatter_impl(const Tensor& full, const Tensor& shard, ReduceOp op, bool async) {
+void sum_pieces(const Tensor& pieces, int n, ReduceOp op, const Tensor& out) {
+  if (out.dtype() == DType::i32)
+    combine_pieces(pieces.data<int32_t>(), n, op, out.data<int32_t>(), out.numel());
+  else
+    combine_pieces(pieces.data<float>(), n, op, out.data<float>(), out.numel());
+}
+
+}  // namespace
+
+void Communicator::reduce_scatter(const Tensor& full, const Tensor& shard, ReduceOp op) {
+  reduce_scatter_impl(full, shard, op, false, Tensor());
+}
+Work Communicator::ireduce_scatter(const Tensor& full, const Tensor& shard, ReduceOp op, const Tensor& pieces) {
+  return reduce_scatter_impl(full, shard, op, true, pieces);
+}
+
+Work Communicator::reduce_scatter_impl(const Tensor& full, const Tensor& shard, ReduceOp op, bool async,
+                                       Tensor pieces) {
   check_stacked(shard, full, size_, "reduce_scatter");
   check_reduction(full, op, "reduce_scatter");
   ANVIL_CHECK(!overlaps(shard, full), "reduce_scatter: the shard must not overlap the full input");
@@ -454,20 +483,41 @@ Work Communicator::reduce_scatter_impl(const Tensor& full, const Tensor& shard, 
   if (widen) convert_bf16_to_f32(full.data<bf16>(), in.data<float>(), full.numel());
   const MPI_Datatype type = wire_type(in.dtype());
 
-  Call c(CommOp::reduce_scatter, "MPI_Reduce_scatter_block", "MPI_Ireduce_scatter_block");
+  Call c(CommOp::reduce_scatter, "MPI_Reduce_scatter_block", "MPI_Ialltoall");
   c.wire_bytes = in.nbytes();
-  c.keep_alive = {full, shard, in, out};
   const MPI_Op mop = mpi_op(op);
-  c.issue = [in, out, count, type, comm, mop](MPI_Request* req, MPI_Status*) {
-    return req ? MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, type, mop, comm, req)
-               : MPI_Reduce_scatter_block(in.raw(), out.raw(), count, type, mop, comm);
-  };
-  if (widen || op == ReduceOp::avg) {
-    c.finish = [shard, out, op, n, widen] {
-      if (op == ReduceOp::avg) divide_(out.data<float>(), out.numel(), n);
-      if (widen) convert_f32_to_bf16(out.data<float>(), shard.data<bf16>(), shard.numel());
+  if (!async) {
+    c.keep_alive = {full, shard, in, out};
+    c.issue = [in, out, count, type, comm, mop](MPI_Request*, MPI_Status*) {
+      return MPI_Reduce_scatter_block(in.raw(), out.raw(), count, type, mop, comm);
     };
+    if (widen || op == ReduceOp::avg) {
+      c.finish = [shard, out, op, n, widen] {
+        if (op == ReduceOp::avg) divide_(out.data<float>(), out.numel(), n);
+        if (widen) convert_f32_to_bf16(out.data<float>(), shard.data<bf16>(), shard.numel());
+      };
+    }
+    return run(std::move(c), async);
   }
+  // Non-blocking: every rank sends rank r its rows of `in` (an all-to-all, the
+  // same (n−1)/n · S on the wire as any reduce-scatter) and sums the n pieces
+  // it receives, in rank order, when the exchange completes. Open MPI's
+  // MPI_Ireduce_scatter_block (libnbc) instead reduces everything into rank 0
+  // through a hidden buffer of twice the full input, then scatters: rank 0 did
+  // all the arithmetic and held memory nothing could account for.
+  if (pieces.defined())
+    ANVIL_ASSERT(pieces.numel() == full.numel() && pieces.dtype() == in.dtype(), "ireduce_scatter: pieces ",
+                 shape_str(pieces.shape()), " ", dtype_name(pieces.dtype()), " for a full input of ", full.numel());
+  else
+    pieces = Tensor::empty({full.numel()}, in.dtype(), MemCategory::communication, "reduce_scatter.pieces");
+  c.keep_alive = {full, shard, in, out, pieces};
+  c.issue = [in, pieces, count, type, comm](MPI_Request* req, MPI_Status*) {
+    return MPI_Ialltoall(in.raw(), count, type, pieces.raw(), count, type, comm, req);
+  };
+  c.finish = [shard, out, pieces, op, n, widen] {
+    sum_pieces(pieces, n, op, out);
+    if (widen) convert_f32_to_bf16(out.data<float>(), shard.data<bf16>(), shard.numel());
+  };
   return run(std::move(c), async);
 }
 

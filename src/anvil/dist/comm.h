@@ -187,9 +187,13 @@ class Communicator {
   Work iall_gather(const Tensor& shard, const Tensor& full);
 
   // shard (k, ...) ← Σ over ranks of rows [rank·k, (rank+1)·k) of full
-  // (size·k, ...). shard must not overlap full.
+  // (size·k, ...). shard must not overlap full. The non-blocking one is an
+  // all-to-all into `pieces` (size·k elements, f32, or i32 for i32), summed in
+  // rank order when it completes; the caller may pass that buffer, to free it
+  // when it chooses, else the Work keeps its own until completion.
   void reduce_scatter(const Tensor& full, const Tensor& shard, ReduceOp op = ReduceOp::sum);
-  Work ireduce_scatter(const Tensor& full, const Tensor& shard, ReduceOp op = ReduceOp::sum);
+  Work ireduce_scatter(const Tensor& full, const Tensor& shard, ReduceOp op = ReduceOp::sum,
+                       const Tensor& pieces = Tensor());
 
   // t ← root's t, on every rank.
   void broadcast(const Tensor& t, int root);
@@ -217,7 +221,7 @@ class Communicator {
   Work run(Call call, bool async);
   Work all_reduce_impl(const Tensor& t, ReduceOp op, bool async);
   Work all_gather_impl(const Tensor& shard, const Tensor& full, bool async);
-  Work reduce_scatter_impl(const Tensor& full, const Tensor& shard, ReduceOp op, bool async);
+  Work reduce_scatter_impl(const Tensor& full, const Tensor& shard, ReduceOp op, bool async, Tensor pieces);
   Work broadcast_impl(const Tensor& t, int root, bool async);
   Work send_impl(const Tensor& t, int dst, int tag, bool async);
   Work recv_impl(const Tensor& t, int src, int tag, bool async);

@@ -175,7 +175,9 @@ void FsdpParams::after_backward(int group) {
   if (!hold_for_step_) gathered_[g] = Tensor();
   p.partial = Tensor::empty({shard_numel_[g]}, DType::f32, MemCategory::communication, "fsdp.grad_partial");
   p.id = tracker_.start("fsdp.reduce_scatter", layer_of(group), CommOp::reduce_scatter, p.full.nbytes(), n_);
-  p.work = shard_.ireduce_scatter(p.full, p.partial);
+  // Held here, not by the Work, so it goes at complete() whenever the exchange ends.
+  p.pieces = Tensor::empty({p.full.numel()}, DType::f32, MemCategory::communication, "fsdp.grad_pieces");
+  p.work = shard_.ireduce_scatter(p.full, p.partial, ReduceOp::sum, p.pieces);
   reducing_.push_back(std::move(p));
   // At most two groups' gradients in flight: enough to overlap the next
   // group's backward, bounded in memory.
@@ -199,7 +201,7 @@ void FsdpParams::complete(Pending& p) {
   parallel_for(0, mine.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) dst[i] += src[i];
   });
-  p.full = p.partial = Tensor();
+  p.full = p.partial = p.pieces = Tensor();
 }
 
 void FsdpParams::finish() {

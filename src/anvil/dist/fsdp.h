@@ -88,6 +88,7 @@ class FsdpParams : public ParamGroupHooks {
   struct Pending {
     Work work;
     Tensor full, partial;  // full gradients being reduced; partial receives this rank's sum
+    Tensor pieces;         // every rank's rows of this rank's shard, summed into partial
     int group;
     int id;  // in tracker_
   };

@@ -60,7 +60,10 @@ class FsdpSim : public GroupHooksSim {
     if (--open_[i] > 0) return;
     Buf full = std::move(full_grads_[i]);
     if (!hold_) gathered_[i] = nullptr;
-    reducing_.push_back({std::move(full), sim_.alloc(MemCategory::communication, shard_[i] * 4)});
+    // The f32 partial, then the pieces the other ranks send (dist/comm.cpp's ireduce_scatter).
+    Buf partial = sim_.alloc(MemCategory::communication, shard_[i] * 4);
+    Buf pieces = sim_.alloc(MemCategory::communication, static_cast<size_t>(n_) * shard_[i] * 4);
+    reducing_.push_back({std::move(full), std::move(partial), std::move(pieces)});
     while (reducing_.size() > 2) reducing_.pop_front();
   }
   void finish() {
@@ -83,7 +86,10 @@ class FsdpSim : public GroupHooksSim {
   std::vector<size_t> shard_;
   std::vector<Buf> gathered_, full_grads_;
   std::vector<int> open_;
-  std::deque<std::pair<Buf, Buf>> reducing_;
+  struct Reducing {
+    Buf full, partial, pieces;
+  };
+  std::deque<Reducing> reducing_;
 };
 
 // PipelineStage::run (dist/pipeline.cpp) in the replay: this rank's actions in
