@@ -9,7 +9,9 @@
 #   bench/step_vs_gemm.sh [flavor seq_len batch dtype]...
 #       dtype: bf16 or fp32. Default cases: debugmodel 512 4, 25M 1024 1 and 4,
 #       125M 1024 1 and 4, each in bf16 and fp32.
-# Environment: STEPS (timed steps per run, 4; one more runs first as warm-up).
+# Environment: STEPS (timed steps per run, 4; one more runs first as warm-up);
+# OPS=1 also prints each run's per-op time table ([profiling] op_times);
+# ANVIL_BF16_PRODUCTS=native|widened overrides how bf16 products run (matmul.h).
 # Prints the CPU, the oneDNN kernels and a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +43,8 @@ step() {  # flavor seq batch dtype -> TFLOP/s over the timed steps
   build/anvil train --model.flavor "$1" --training.seq_len "$2" --training.local_batch_size "$3" \
     --training.mixed_precision_param $precision --training.steps $((STEPS + 1)) --metrics.log_freq 1 \
     --checkpoint.enable false --profiling.enable_profiling false --profiling.enable_memory_snapshot false \
-    --metrics.enable_tensorboard false --job.dump_folder "$out/run" >/dev/null
+    --metrics.enable_tensorboard false --profiling.op_times true --job.dump_folder "$out/run" >/dev/null
+  cp "$out/run/op_times.md" "$out/ops.$1.$2.$3.$4.md"
   # The mean of the timed steps' TFLOP/s (step 1, the warm-up, left out).
   python3 -c '
 import json, sys
@@ -68,6 +71,13 @@ g0, r, g1 = float(g0), float(r), float(g1)
 print(f"| {f} | {s} | {b} | {dt} | {g0:.3f} | {r:.3f} | {g1:.3f} | {r / ((g0 + g1) / 2):.2f} |")' \
     "$flavor" "$seq" "$batch" "$dt" "$before" "$rate" "$after"
 done
+if [ "${OPS:-0}" = 1 ]; then
+  for f in "$out"/ops.*.md; do
+    echo
+    echo "per-op time, $(basename "$f" .md | sed 's/^ops\.//; s/\./ /g') (flavor seq batch dtype):"
+    cat "$f"
+  done
+fi
 echo
 echo "TFLOP/s; GEMM: Anvil's linear_forward of 4096 x 2048 by 2048 x 2048 in the case's dtype; step: the"
 echo "mean of $STEPS timed steps' TFLOP/s (torchtitan's FLOPs per token), after one warm-up step."

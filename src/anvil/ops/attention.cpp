@@ -32,6 +32,7 @@
 #include <limits>
 
 #include <numeric>
+#include <type_traits>
 
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
@@ -273,11 +274,18 @@ inline void grad_row(const float* s, const float* dp, const float* lse, const fl
 // buffers: one extra pass over q/k/v (and dout), 5–9% of the time measured at
 // T = 512–2048, far less than the strided products would lose.
 
-// dst (rows, D) = rows t0.. of head h of src (B, T, H, D), for batch b.
-template <class T>
-void pack_head(const T* src, const Dims& d, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows, T* dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + r * d.D, src + ((b * d.T + t0 + r) * H + h) * d.D, size_t(d.D) * sizeof(T));
+// dst (rows, D) = rows t0.. of head h of src (B, T, H, D), for batch b; widened
+// from bf16 to f32 when the products run in f32 (see attention_forward).
+template <class T, class C>
+void pack_head(const T* src, const Dims& d, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows, C* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = src + ((b * d.T + t0 + r) * H + h) * d.D;
+    if constexpr (std::is_same_v<T, C>) {
+      std::memcpy(dst + r * d.D, row, size_t(d.D) * sizeof(T));
+    } else {
+      for (int64_t e = 0; e < d.D; ++e) dst[r * d.D + e] = to_f32(row[e]);
+    }
+  }
 }
 
 // The inverse, converting from f32: rows t0.. of head h of dst (B, T, H, D) = src (rows, D).
@@ -307,11 +315,13 @@ int64_t scratch_slots(int64_t tasks) { return omp_in_parallel() ? 1 : std::min<i
 
 // ---- Forward ----
 
-template <class T>
+// T: the tensors' dtype; C: the packed operands' and products' (T, or f32 for
+// bf16 tensors whose products run widened).
+template <class T, class C>
 void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, float* lse, const AttentionTiles& tiles) {
   const int64_t T_ = d.T, D = d.D;
   const int64_t Bq = diagonal_tile(tiles.fwd_q, T_), Bk = std::min(tiles.fwd_k, T_);
-  const DType ab = dtype_of<T>();
+  const DType ab = dtype_of<C>();
   const int64_t n_qtiles = (T_ + Bq - 1) / Bq;
   // Under the causal mask query tile i costs ∝ i + 1 key blocks, so tiles go
   // in pairs (i, n_qtiles − 1 − i) of equal total cost; splits take pairs
@@ -333,11 +343,11 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   std::atomic<int64_t> next_task{0};
   parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
     ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
-    T* Kp = kv_buf.data<T>() + slot * 2 * T_ * D;
-    T* Vp = Kp + T_ * D;
-    T* Qp = q_buf.data<T>() + slot * Bq * D;
+    C* Kp = kv_buf.data<C>() + slot * 2 * T_ * D;
+    C* Vp = Kp + T_ * D;
+    C* Qp = q_buf.data<C>() + slot * Bq * D;
     float* S = s_buf.data<float>() + slot * Bq * Bk;
-    T* P = p_buf.data<T>() + slot * Bq * Bk;
+    C* P = p_buf.data<C>() + slot * Bq * Bk;
     float* O = o_buf.data<float>() + slot * Bq * D;
     float* row_m = ml_buf.data<float>() + slot * 2 * Bq;
     float* row_l = row_m + Bq;
@@ -355,7 +365,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
         for (int64_t r = 0; r < mq; ++r) {
           const int64_t n_valid = std::min(nk, q0 + r - k0 + 1);  // causal: keys ≤ q0 + r
           float* srow = S + r * nk;
-          T* prow = P + r * nk;
+          C* prow = P + r * nk;
           if (n_valid <= 0) {  // the whole block is above the diagonal for this row (only when Bk > Bq)
             exp_row(srow, 0.0f, 0, nk, prow);
             continue;
@@ -413,12 +423,12 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
 // dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i are plain products and only dQ_i += dS
 // K_j reads a transposed operand, which oneDNN runs ~1.5× slower.
 
-template <class T>
+template <class T, class C>
 void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
                    T* dq, T* dk, T* dv, const AttentionTiles& tiles) {
   const int64_t T_ = d.T, D = d.D, G = d.group;
   const int64_t Bq = std::min(tiles.bwd_q, T_), Bk = diagonal_tile(tiles.bwd_k, T_);
-  const DType ab = dtype_of<T>();
+  const DType ab = dtype_of<C>();
   const int64_t n_ktiles = (T_ + Bk - 1) / Bk;
   // Key tile j costs ∝ (T − k0): pair j with n_ktiles − 1 − j as the forward does.
   const int64_t pairs = (n_ktiles + 1) / 2;
@@ -446,25 +456,25 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   std::atomic<int64_t> next_task{0};
   parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
     ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
-    T* Kp = kv_buf.data<T>() + slot * 2 * T_ * D;
-    T* Vp = Kp + T_ * D;
-    T* Qp = q_buf.data<T>() + slot * 2 * G * T_ * D;  // (G, T, D)
-    T* dOp = Qp + G * T_ * D;                          // (G, T, D)
+    C* Kp = kv_buf.data<C>() + slot * 2 * T_ * D;
+    C* Vp = Kp + T_ * D;
+    C* Qp = q_buf.data<C>() + slot * 2 * G * T_ * D;  // (G, T, D)
+    C* dOp = Qp + G * T_ * D;                          // (G, T, D)
     float* dQp = dq_buf.data<float>() + slot * G * T_ * D;
     float* delta = stats_buf.data<float>() + slot * 2 * G * T_;  // (G, T) Δ per query row
     float* lse2 = delta + G * T_;                                 // (G, T) lse in log2 units
     float* St = s_buf.data<float>() + slot * 2 * Bk * Bq;
     float* dPt = St + Bk * Bq;
-    T* Pt = p_buf.data<T>() + slot * 2 * Bk * Bq;
-    T* dSt = Pt + Bk * Bq;
+    C* Pt = p_buf.data<C>() + slot * 2 * Bk * Bq;
+    C* dSt = Pt + Bk * Bq;
     float* dK_acc = acc_buf.data<float>() + slot * 2 * Bk * D;
     float* dV_acc = dK_acc + Bk * D;
 
     // Key tile j (keys k0 .. k0 + nk) of kv head g, against all later queries.
     auto key_tile = [&](int64_t b, int64_t g, int64_t j) {
       const int64_t k0 = j * Bk, nk = std::min(Bk, T_ - k0);
-      const T* Kj = Kp + k0 * D;
-      const T* Vj = Vp + k0 * D;
+      const C* Kj = Kp + k0 * D;
+      const C* Vj = Vp + k0 * D;
       // Key tile 0 is seen by every query row, so its dQ products write
       // instead of adding and dQp needs no zeroing in the task that owns it.
       const bool dq_first = j == 0;
@@ -473,8 +483,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
         for (int64_t q0 = k0; q0 < T_; q0 += Bq) {  // queries before k0 see none of these keys
           const int64_t mq = std::min(Bq, T_ - q0);
           const int64_t ne = std::min(nk, q0 + mq - k0);  // keys after the tile's last query are masked
-          const T* Qi = Qp + (hh * T_ + q0) * D;
-          const T* dOi = dOp + (hh * T_ + q0) * D;
+          const C* Qi = Qp + (hh * T_ + q0) * D;
+          const C* dOi = dOp + (hh * T_ + q0) * D;
           gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Kj, Qi, St);
           gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}, Vj, dOi, dPt);
           for (int64_t r = 0; r < ne; ++r)  // key k0 + r is seen by queries q0 + i with i ≥ k0 + r − q0
@@ -540,6 +550,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 
 }  // namespace
 
+bool attention_products_widened(DType dtype) { return dtype == DType::bf16 && bf16_products_widened(); }
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
                        const AttentionTiles& tiles) {
   const Dims d = attention_dims(q, k, v, scale);
@@ -549,9 +561,14 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   ANVIL_ASSERT(tiles.fwd_q > 0 && tiles.fwd_k > 0, "attention: tile sizes must be positive");
   if (q.numel() == 0) return;
   if (q.dtype() == DType::f32)
-    forward_impl(d, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(), tiles);
+    forward_impl<float, float>(d, q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                               lse.data<float>(), tiles);
+  else if (attention_products_widened(q.dtype()))
+    forward_impl<bf16, float>(d, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(), lse.data<float>(),
+                              tiles);
   else
-    forward_impl(d, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(), lse.data<float>(), tiles);
+    forward_impl<bf16, bf16>(d, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(), lse.data<float>(),
+                             tiles);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -568,11 +585,17 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   ANVIL_ASSERT(tiles.bwd_q > 0 && tiles.bwd_k > 0, "attention: tile sizes must be positive");
   if (q.numel() == 0) return;
   if (q.dtype() == DType::f32)
-    backward_impl(d, dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                  lse.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>(), tiles);
+    backward_impl<float, float>(d, dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
+                                out.data<float>(), lse.data<float>(), dq.data<float>(), dk.data<float>(),
+                                dv.data<float>(), tiles);
+  else if (attention_products_widened(q.dtype()))
+    backward_impl<bf16, float>(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(),
+                               out.data<bf16>(), lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(),
+                               tiles);
   else
-    backward_impl(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(),
-                  lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), tiles);
+    backward_impl<bf16, bf16>(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(),
+                              out.data<bf16>(), lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(),
+                              tiles);
 }
 
 }  // namespace anvil

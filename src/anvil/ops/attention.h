@@ -52,6 +52,12 @@ int64_t attention_task_splits(int64_t owners, int64_t max_splits, int64_t thread
 
 // scale = 0 means the usual 1/sqrt(D).
 // q, k, v, out share a dtype (f32 or bf16); lse is always f32.
+// Whether attention on `dtype` tensors packs its operands as f32 and runs its
+// tile products in f32: for bf16 where bf16 products run widened (matmul.h),
+// since a tile is too small to widen per product. The softmax is f32 either
+// way; P and dS are then not rounded to bf16 before their products.
+bool attention_products_widened(DType dtype);
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale = 0.0f,
                        const AttentionTiles& tiles = {});
 

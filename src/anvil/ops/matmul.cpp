@@ -203,8 +203,19 @@ void run_panel(const GemmShape& p, const GemmShape& s, const float* fa, const fl
   narrow_rows(fc, p.M, p.N, C, s.ldc);
 }
 
+// This thread's widened operands (run_widened), kept between products.
+struct WidenedBuffers {
+  Tensor a, b, c;
+};
+WidenedBuffers& widened_buffers() {
+  thread_local WidenedBuffers buffers;
+  return buffers;
+}
+
 void run_widened(const GemmShape& s, const void* A, const void* B, void* C) {
-  thread_local Tensor buf_a, buf_b, buf_c;
+  Tensor& buf_a = widened_buffers().a;
+  Tensor& buf_b = widened_buffers().b;
+  Tensor& buf_c = widened_buffers().c;
   const WidenedBytes need = widened_operand_bytes(s);
   float* fa = grown(buf_a, need.a, "gemm.widened_a");
   float* fb = grown(buf_b, need.b, "gemm.widened_b");
@@ -263,6 +274,8 @@ bool bf16_products_widened() {
   }
   return widened != 0;
 }
+
+void release_widened_buffers() { widened_buffers() = WidenedBuffers{}; }
 
 void set_bf16_products_widened(bool widened) { g_bf16_widened.store(widened, std::memory_order_relaxed); }
 

@@ -53,6 +53,9 @@ struct WidenedBytes {
   size_t a = 0, b = 0, c = 0;
 };
 WidenedBytes widened_operand_bytes(const GemmShape& s);
+// Frees the calling thread's widened buffers (they grow again on the next
+// widened product): for a measurement that must start from nothing kept.
+void release_widened_buffers();
 
 // ---- Linear layer: Y = X·Wᵀ (no bias, as in Llama) ----
 // x  (M, K)  activations, f32 or bf16

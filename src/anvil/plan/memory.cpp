@@ -110,12 +110,14 @@ std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& 
                                                      static_cast<int64_t>(threads)));
   };
   const size_t fq = diagonal_tile(tiles.fwd_q), fk = std::min<size_t>(static_cast<size_t>(tiles.fwd_k), T);
-  const size_t attn_fwd_thread = 2 * T * hd * d.e + fq * hd * d.e + fq * fk * (4 + d.e) + fq * hd * 4 + 2 * fq * 4;
+  // Packed operands and P/dS in the products' dtype: f32 when bf16 attention runs widened.
+  const size_t ea = attention_products_widened(shape.compute_dtype) ? 4 : d.e;
+  const size_t attn_fwd_thread = 2 * T * hd * ea + fq * hd * ea + fq * fk * (4 + ea) + fq * hd * 4 + 2 * fq * 4;
   const size_t fwd_splits = splits_for((T + fq - 1) / fq);
   const size_t attn_fwd = std::min(threads, owners * fwd_splits) * attn_fwd_thread;
   const size_t bq = std::min<size_t>(static_cast<size_t>(tiles.bwd_q), T), bk = diagonal_tile(tiles.bwd_k);
-  const size_t attn_bwd_thread = 2 * T * hd * d.e + 2 * group * T * hd * d.e + group * T * hd * 4 + 2 * group * T * 4 +
-                                 2 * bk * bq * (4 + d.e) + 2 * bk * hd * 4;
+  const size_t attn_bwd_thread = 2 * T * hd * ea + 2 * group * T * hd * ea + group * T * hd * 4 + 2 * group * T * 4 +
+                                 2 * bk * bq * (4 + ea) + 2 * bk * hd * 4;
   const size_t bwd_splits = splits_for((T + bk - 1) / bk);
   const size_t attn_bwd = std::min(threads, owners * bwd_splits) * attn_bwd_thread +
                           (bwd_splits > 1 ? bwd_splits * d.M * Dq * 4 : 0);
