@@ -4,6 +4,7 @@
 // multi-tile path (online-softmax rescaling, partial tiles, blocks above the
 // diagonal, several query tiles per key tile) runs in a fraction of a second.
 #include "anvil/ops/attention.h"
+#include "anvil/ops/matmul.h"
 
 #include <gtest/gtest.h>
 
@@ -209,16 +210,24 @@ TEST(Attention, F32MatchesDoubleReference) {
 // dq/dk/dv. Products average the roundings over many terms, so errors stay a
 // small multiple of 2^-9: measured 2e-3 to 4e-3 (largest at D = 8, where dS =
 // P (dP − Δ) cancels most) → bound 1e-2.
+// Both routes of the products, whichever this CPU picks: native bf16 tiles, and
+// operands widened to f32 (no rounding of P and dS, so the bounds hold a fortiori).
 TEST(Attention, Bf16MatchesDoubleReference) {
-  for (const Case& c : cases()) {
-    SCOPED_TRACE(describe(c));
-    const Errors e = compare_with_reference(c, DType::bf16);
-    EXPECT_LT(e.out, 5e-3);
-    EXPECT_LT(e.lse, 1e-4);
-    EXPECT_LT(e.dq, 1e-2);
-    EXPECT_LT(e.dk, 1e-2);
-    EXPECT_LT(e.dv, 1e-2);
+  const bool chosen = bf16_products_widened();
+  for (const bool widened : {false, true}) {
+    set_bf16_products_widened(widened);
+    ASSERT_EQ(attention_products_widened(DType::bf16), widened);
+    for (const Case& c : cases()) {
+      SCOPED_TRACE(::testing::Message() << (widened ? "widened " : "native ") << describe(c));
+      const Errors e = compare_with_reference(c, DType::bf16);
+      EXPECT_LT(e.out, 5e-3);
+      EXPECT_LT(e.lse, 1e-4);
+      EXPECT_LT(e.dq, 1e-2);
+      EXPECT_LT(e.dk, 1e-2);
+      EXPECT_LT(e.dv, 1e-2);
+    }
   }
+  set_bf16_products_widened(chosen);
 }
 
 // More threads than B·Hkv: the backward splits each kv head's key tiles over
