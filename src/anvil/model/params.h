@@ -120,6 +120,12 @@ class ParamStore {
   void release_grads() {
     if (allocate_) grads_ = Tensor();
   }
+  // Zeroes the gradients if they exist, keeping their pages: freeing and
+  // re-creating them each step cost a page fault per 4 KiB (0.7 s a step for
+  // 125M's 475 MiB, 6% of it), zeroing resident pages a memset.
+  void zero_kept_grads() {
+    if (grads_.defined()) grads_.zero_();
+  }
   void ensure_grads();
   bool has_grads() const { return grads_.defined(); }
 

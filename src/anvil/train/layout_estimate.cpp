@@ -241,8 +241,8 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
   RankEstimate out;
   for (int step = 0; step < 2; ++step) {
     if (step == 1) out.tensor_parallel_bytes += static_cast<double>(model.tp_bytes);  // the first step's
-    grads = nullptr;  // begin_step
-    if (fsdp) grads = sim.alloc(MemCategory::gradients, owned * 4);
+    // begin_step: gradients kept from the last step are zeroed; FSDP makes its shard's here.
+    if (fsdp && !grads) grads = sim.alloc(MemCategory::gradients, owned * 4);
     for (int64_t i = 0; i < par.accum_steps; ++i) {
       if (pipeline) {
         PipelineSim pass(sim, model, par.pp_schedule, pp_rank, p.pipeline_parallel_keep_outputs);
@@ -265,7 +265,6 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
       adam_m = sim.alloc(MemCategory::optimizer_state, owned * 4);
       adam_v = sim.alloc(MemCategory::optimizer_state, owned * 4);
     }
-    grads = nullptr;  // release_grads
     sim.trim_cache();  // as the trainer, after each step
   }
 
@@ -273,6 +272,7 @@ RankEstimate simulate_rank(const JobConfig& cfg, const ModelArgs& args, const Pa
   // the weights and both moments, gathered over FSDP (a full copy of each,
   // group by group), then over tp, then over pp onto pp rank 0; an
   // asynchronous save also stages a copy of every tensor on rank 0.
+  grads = nullptr;  // the trainer releases the gradients before a save or a validation pass
   if (cfg.checkpoint.enable) {
     sim.release_cache();  // the trainer empties the cache before a save
     const size_t numel = static_cast<size_t>(local.numel());

@@ -281,7 +281,7 @@ void ParallelizedModel::sum_loss_over_pp(double& loss_sum, int64_t& tokens) {
 }
 
 void ParallelizedModel::begin_step() {
-  model_->params().release_grads();
+  model_->params().zero_kept_grads();  // the first step's backward creates them
   if (fsdp_) fsdp_->zero_grad();
 }
 

@@ -304,7 +304,6 @@ TrainResult train(const JobConfig& cfg) {
         adamw.lr = static_cast<float>(lr);
         layout.optimizer_step(adamw, step, clip_factor(cfg, grad_norm));
         logger.record_live_after_optimizer();
-        layout.release_grads();
       }
       step_phase.reset();
       if (OpTimer::enabled()) {
@@ -321,6 +320,9 @@ TrainResult train(const JobConfig& cfg) {
       TrackingAllocator& allocator = TrackingAllocator::instance();
       allocator.trim_cache();
       const bool one_off = validation_due(cfg, step) || checkpoint_due(cfg, step, checkpointer.get());
+      // The gradients stay from step to step (begin_step zeroes them), but
+      // not through a validation pass or a save, which do not need them.
+      if (one_off) layout.release_grads();
       if (one_off) allocator.release_cache();
       validate_if_due(cfg, step, data, layout, par, logger);
       save_checkpoint_if_due(cfg, step, layout, checkpointer.get(), checkpoint_meta);
