@@ -83,8 +83,20 @@ std::string name_of(const Case& c) {
 
 // The f32 op against the double reference: loss, token count, dx and dw (accumulation onto a
 // non-zero dw is checked in DwAccumulatesDxOverwrites).
+void check_f32(const Case& c, KeepLogits keep);
+
+// Every case each way: the backward keeping the first pass's logits, recomputing them, and as
+// cross_entropy_blocking chooses (which may also shrink the row block).
 void check_f32(const Case& c) {
-  SCOPED_TRACE(name_of(c));
+  check_f32(c, KeepLogits::keep);
+  check_f32(c, KeepLogits::recompute);
+  check_f32(c, KeepLogits::automatic);
+}
+
+void check_f32(const Case& c, KeepLogits keep) {
+  SCOPED_TRACE(name_of(c) + (keep == KeepLogits::keep        ? " keep"
+                              : keep == KeepLogits::recompute ? " recompute"
+                                                              : " automatic"));
   const int32_t ignore = -100;
   const float scale = 1.0f / 37.0f;
   Tensor x = random_tensor({c.M, c.D}, DType::f32, "x");
@@ -92,7 +104,8 @@ void check_f32(const Case& c) {
   Tensor t = make_targets(c.M, c.V, c.ignore_every, ignore, "t");
   Tensor dx = random_tensor({c.M, c.D}, DType::f32, "dx_garbage");  // must be overwritten
   Tensor dw = Tensor::zeros({c.V, c.D}, DType::f32, MemCategory::workspace, "dw");
-  CrossEntropyOptions opt{.ignore_index = ignore, .row_block = c.row_block, .vocab_chunk = c.vocab_chunk};
+  CrossEntropyOptions opt{
+      .ignore_index = ignore, .row_block = c.row_block, .vocab_chunk = c.vocab_chunk, .keep_logits = keep};
 
   const CrossEntropyResult res = cross_entropy_forward_backward(x, w, t, scale, dx, dw, opt);
   const CrossEntropyResult fwd = cross_entropy_forward(x, w, t, opt);
@@ -222,16 +235,17 @@ TEST(CrossEntropy, DwAccumulatesDxOverwrites) {
 // - dx, dw: dlogits are rounded to bf16 before the products (relative 2^-9 ≈ 0.002 per value, each
 //   independent, so the norm-relative error of a sum of many such terms stays around 2^-9/√3);
 //   a bf16 output (dx here, dw in the second case) adds another 2^-9 rounding. Tolerance 5e-3.
-void check_bf16(DType dx_dtype, DType dw_dtype) {
+void check_bf16(DType dx_dtype, DType dw_dtype, KeepLogits keep) {
   const int64_t M = 70, D = 48, V = 333;
   const float scale = 1.0f / 64.0f;
-  SCOPED_TRACE(std::string("dx ") + dtype_name(dx_dtype) + " dw " + dtype_name(dw_dtype));
+  SCOPED_TRACE(std::string("dx ") + dtype_name(dx_dtype) + " dw " + dtype_name(dw_dtype) +
+               (keep == KeepLogits::keep ? " keep" : " recompute"));
   Tensor x = random_tensor({M, D}, DType::bf16, "x");
   Tensor w = random_tensor({V, D}, DType::bf16, "w", 0.5f);
   Tensor t = make_targets(M, V, 6, -100, "t");
   Tensor dx = random_tensor({M, D}, dx_dtype, "dx_garbage");
   Tensor dw = Tensor::zeros({V, D}, dw_dtype, MemCategory::workspace, "dw");
-  const CrossEntropyOptions opt{.row_block = 32, .vocab_chunk = 128};
+  const CrossEntropyOptions opt{.row_block = 32, .vocab_chunk = 128, .keep_logits = keep};
   const CrossEntropyResult res = cross_entropy_forward_backward(x, w, t, scale, dx, dw, opt);
   const CrossEntropyResult fwd = cross_entropy_forward(x, w, t, opt);
   const Ref ref = reference(to_double(x), to_double(w), to_vec(t), M, D, V, -100, scale);
@@ -247,9 +261,29 @@ void check_bf16(DType dx_dtype, DType dw_dtype) {
 }
 
 TEST(CrossEntropy, Bf16MixedPrecisionAgainstDouble) {
-  check_bf16(DType::bf16, DType::f32);  // the trainer's configuration: bf16 activations, f32 gradients
-  check_bf16(DType::f32, DType::bf16);
-  check_bf16(DType::bf16, DType::bf16);
+  for (const KeepLogits keep : {KeepLogits::keep, KeepLogits::recompute}) {
+    check_bf16(DType::bf16, DType::f32, keep);  // the trainer's configuration: bf16 activations, f32 gradients
+    check_bf16(DType::f32, DType::bf16, keep);
+    check_bf16(DType::bf16, DType::bf16, keep);
+  }
+}
+
+// Which way the backward goes by default, and the row block it then takes.
+TEST(CrossEntropy, BlockingKeepsLogitsWhenEnoughRowsFitTheBudget) {
+  // 125M's head (V = 32000) at 4096 tokens: 524 rows of every chunk's logits fit in 64 MiB.
+  const CrossEntropyBlocking b = cross_entropy_blocking(4096, 32000, /*backward=*/true);
+  EXPECT_TRUE(b.keep_logits);
+  EXPECT_EQ(b.rows, kCrossEntropyKeptLogitsBytes / (4 * 32000));
+  EXPECT_EQ(b.chunk, kCrossEntropyVocabChunk);
+  // Llama 3's 128256 entries keep 130 rows, too few: recompute in full blocks.
+  const CrossEntropyBlocking big = cross_entropy_blocking(8192, 128256, true);
+  EXPECT_FALSE(big.keep_logits);
+  EXPECT_EQ(big.rows, kCrossEntropyRowBlock);
+  // Fewer tokens than the minimum still keep, all in one block; the forward alone never keeps.
+  EXPECT_TRUE(cross_entropy_blocking(100, 128256, true).keep_logits);
+  EXPECT_FALSE(cross_entropy_blocking(4096, 32000, /*backward=*/false).keep_logits);
+  // One chunk holds the whole vocabulary: nothing to recompute, nothing to keep.
+  EXPECT_FALSE(cross_entropy_blocking(4096, 1000, true).keep_logits);
 }
 
 TEST(CrossEntropy, OutOfRangeTargetThrows) {

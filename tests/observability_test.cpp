@@ -154,7 +154,8 @@ TEST(Observability, AProfiledStepShowsEveryPhaseAndTheMemoryStory) {
   // The memory story of step 1 (seed 002): no gradients or optimizer state
   // while the forward stores activations; gradients appear as the backward
   // starts; AdamW's state is created by the first optimizer step; the
-  // gradients are freed after it and the activations are gone.
+  // activations are gone after it and the gradients stay for the next step
+  // (zeroed there: PyTorch's zero_grad(set_to_none=False)).
   const Span& loss = *t.find("loss");
   const Span& optimizer = *t.find("optimizer");
   const Span& last_forward = *t.find("layers." + std::to_string(args.n_layers - 1) + ".forward");
@@ -166,13 +167,14 @@ TEST(Observability, AProfiledStepShowsEveryPhaseAndTheMemoryStory) {
   EXPECT_EQ(t.memory_at(loss.end, "gradients"), grad_bytes);
   EXPECT_EQ(t.memory_at(optimizer.begin, "optimizer_state"), 0);
   EXPECT_EQ(t.memory_at(optimizer.end, "optimizer_state"), 2 * grad_bytes);
-  EXPECT_EQ(t.memory_at(step->end, "gradients"), 0);
+  EXPECT_EQ(t.memory_at(step->end, "gradients"), grad_bytes);
   EXPECT_EQ(t.memory_at(step->end, "activations"), 0);
 
-  // Step 2 starts with the optimizer state in place.
+  // Step 2 starts with the optimizer state and the gradients in place.
   const Trace t2 = parse_trace(dump / "profile_traces" / "step-2.trace.json");
   ASSERT_FALSE(t2.memory.empty());
   EXPECT_EQ(t2.memory.front().second.at("optimizer_state"), 2 * grad_bytes);
+  EXPECT_EQ(t2.memory.front().second.at("gradients"), grad_bytes);
 
   // The snapshot is taken at the trace's highest point and adds up.
   const json snap = read_json(dump / "memory_snapshot" / "step-1.snapshot.json");

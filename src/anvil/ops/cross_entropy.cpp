@@ -28,11 +28,13 @@
 //   pass 2 (gradients): for each vocab chunk, recompute the logits, turn them into
 //     dlogits = (softmax − onehot)·grad_scale (f32: in place; bf16 mode: converted to bf16 for the AMX
 //     products), then dx_blk += dlogits·w_chunk and dw_chunk += dlogitsᵀ·x_blk (gemm accumulate).
-// FLOPs: forward 2·M·V·D + recompute 2·M·V·D + dx 2·M·V·D + dw 2·M·V·D = 8·M·V·D
-// (the forward-only variant: 2·M·V·D). Recomputing costs a quarter of the work but keeps memory at one
+// FLOPs: forward 2·M·V·D + dx 2·M·V·D + dw 2·M·V·D = 6·M·V·D when pass 1 keeps every chunk's logits
+// of the row block for pass 2 (cross_entropy_blocking: when enough rows fit in
+// kCrossEntropyKeptLogitsBytes), else + a recompute of 2·M·V·D = 8·M·V·D, which keeps memory at one
 // block × chunk of logits instead of (M, V): a 4096-token batch with a 128k vocabulary would need 2 GB.
-// Pass 2 walks the chunks in reverse, so it starts with the chunk pass 1 left in the buffer and skips
-// that one recompute (with a single chunk, V ≤ vocab_chunk, nothing is recomputed at all).
+// Recomputing, pass 2 walks the chunks in reverse, so it starts with the chunk pass 1 left in the buffer
+// and skips that one recompute (with a single chunk, V ≤ vocab_chunk, nothing is recomputed at all).
+// (The forward-only variant: 2·M·V·D.)
 //
 // Parallelism: the matrix products run one at a time, each multi-threaded inside oneDNN on a whole
 // block × chunk, so dw_chunk has exactly one writer (race-free without reductions); the element-wise
@@ -166,18 +168,20 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
 
   const DType dt = x.dtype();
   const size_t esz = dtype_size(dt);
-  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kCrossEntropyRowBlock, M);
-  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kCrossEntropyVocabChunk, V);
+  const CrossEntropyBlocking blocking = cross_entropy_blocking(M, V, backward, opt);
+  const int64_t B = blocking.rows, C = blocking.chunk;
   const int64_t n_chunks = (V + C - 1) / C;
+  const bool keep = blocking.keep_logits;
 
   // Workspace, allocated once per call:
-  // - the f32 logits of one block × chunk. Every chunk's matrices are stored densely (row stride Cn,
-  //   the chunk's own width): oneDNN 2.6 leaves AMX for a slower kernel when an operand is strided.
+  // - the f32 logits of one block × chunk, or of one block × every chunk when they are kept. Every
+  //   chunk's matrices are stored densely (row stride Cn, the chunk's own width; a kept chunk c at
+  //   c·C·Bn): oneDNN 2.6 leaves AMX for a slower kernel when an operand is strided.
   // - in bf16 mode the bf16 dlogits of one block × chunk (the AMX operand of the two gradient
   //   products); in f32 mode dlogits overwrite the logits in place.
   // - four per-row stats, and for a bf16 dx an f32 accumulator of the block's dx (summing V/C chunk
   //   products into bf16 would round once per chunk).
-  Tensor logits = Tensor::empty({B, C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");
+  Tensor logits = Tensor::empty({B, keep ? V : C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");
   Tensor stats = Tensor::empty({4, B}, DType::f32, MemCategory::workspace, "cross_entropy.row_stats");
   Tensor dlogits_bf16, dx_acc;
   if (backward && dt == DType::bf16)
@@ -185,17 +189,15 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
   if (backward && dx->dtype() == DType::bf16)
     dx_acc = Tensor::empty({B, D}, DType::f32, MemCategory::workspace, "cross_entropy.dx_f32");
 
-  float* L = logits.data<float>();
+  float* const logits_base = logits.data<float>();
+  float* L = logits_base;                 // the current chunk's logits
   float* row_max = stats.data<float>();   // running max of the logits seen so far
   float* row_sum = row_max + B;           // running Σ exp(logit − row_max)
   float* row_lse = row_max + 2 * B;       // log Σ exp(logit), after pass 1
   float* row_target = row_max + 3 * B;    // the target's logit
   const char* xp = static_cast<const char*>(x.raw());
   const char* wp = static_cast<const char*>(w.raw());
-  // dlogits (Bn, Cn), dense: in place over the logits (f32) or in their own buffer (bf16).
-  void* DL = dlogits_bf16.defined() ? dlogits_bf16.raw() : static_cast<void*>(L);
-
-  // logits (Bn, Cn) = x[r0 : r0+Bn] · w[v0 : v0+Cn]ᵀ, f32
+  // logits (Bn, Cn) = x[r0 : r0+Bn] · w[v0 : v0+Cn]ᵀ, f32, into L
   auto compute_logits = [&](int64_t r0, int64_t Bn, int64_t v0, int64_t Cn) {
     GemmShape s{.M = Bn, .N = Cn, .K = D, .trans_b = true, .ab = dt, .c = DType::f32};
     gemm(s, xp + r0 * D * esz, wp + v0 * D * esz, L);
@@ -217,6 +219,7 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
     std::fill(row_sum, row_sum + Bn, 0.0f);
     for (int64_t c = 0; c < n_chunks; ++c) {
       const int64_t v0 = c * C, Cn = std::min(C, V - v0);
+      if (keep) L = logits_base + v0 * Bn;
       compute_logits(r0, Bn, v0, Cn);
       parallel_for(0, Bn, kRowGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
@@ -239,13 +242,16 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
     result.loss_sum += block_loss;
     if (!backward) continue;
 
-    // ---- pass 2: gradients, chunks in reverse (the last chunk's logits are still in L) ----
+    // ---- pass 2: gradients, chunks in reverse (the last chunk's logits are still in L; kept, all are) ----
     float* dx_blk = dx->dtype() == DType::f32 ? dx->data<float>() + r0 * D : dx_acc.data<float>();
     char* dwp = static_cast<char*>(dw->raw());
     const size_t dw_esz = dtype_size(dw->dtype());
     for (int64_t c = n_chunks - 1; c >= 0; --c) {
       const int64_t v0 = c * C, Cn = std::min(C, V - v0);
-      if (c != n_chunks - 1) compute_logits(r0, Bn, v0, Cn);
+      if (keep) L = logits_base + v0 * Bn;
+      else if (c != n_chunks - 1) compute_logits(r0, Bn, v0, Cn);
+      // dlogits (Bn, Cn), dense: in place over the logits (f32) or in their own buffer (bf16).
+      void* DL = dlogits_bf16.defined() ? dlogits_bf16.raw() : static_cast<void*>(L);
       parallel_for(0, Bn, kRowGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           const float* in = L + i * Cn;
@@ -306,6 +312,23 @@ void shard_logits(const Tensor& x, const Tensor& w, int64_t r0, int64_t Bn, int6
 }
 
 }  // namespace
+
+CrossEntropyBlocking cross_entropy_blocking(int64_t M, int64_t V, bool backward, const CrossEntropyOptions& opt) {
+  CrossEntropyBlocking b;
+  b.chunk = std::max<int64_t>(1, std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kCrossEntropyVocabChunk, V));
+  const int64_t rows = std::max<int64_t>(1, std::min(opt.row_block > 0 ? opt.row_block : kCrossEntropyRowBlock, M));
+  // The rows whose logits over the whole vocabulary fit the budget, at most the default block.
+  const int64_t kept_rows = std::min(rows, kCrossEntropyKeptLogitsBytes / (4 * std::max<int64_t>(1, V)));
+  switch (opt.keep_logits) {
+    case KeepLogits::keep: b.keep_logits = backward; break;
+    case KeepLogits::recompute: b.keep_logits = false; break;
+    case KeepLogits::automatic:
+      b.keep_logits = backward && V > b.chunk && kept_rows >= std::min(M, kCrossEntropyKeptRowsMin);
+      break;
+  }
+  b.rows = b.keep_logits && opt.keep_logits == KeepLogits::automatic ? kept_rows : rows;
+  return b;
+}
 
 CrossEntropyResult cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
                                          const CrossEntropyOptions& opt) {

@@ -14,6 +14,18 @@ namespace anvil {
 inline constexpr int64_t kCrossEntropyRowBlock = 2048;
 inline constexpr int64_t kCrossEntropyVocabChunk = 1024;
 
+// The backward keeps a row block's logits of every chunk from the first pass
+// for the second, instead of computing them again, when at least
+// kCrossEntropyKeptRowsMin rows fit in kCrossEntropyKeptLogitsBytes of f32
+// logits (the row block shrinks to what fits): recomputing costs a quarter of
+// the head's work (8·M·V·D against 6), the smaller blocks only re-read dw
+// more often. A vocabulary too large for that (128k entries keep 131 rows)
+// recomputes, in blocks of kCrossEntropyRowBlock rows.
+inline constexpr int64_t kCrossEntropyKeptLogitsBytes = int64_t{64} << 20;
+inline constexpr int64_t kCrossEntropyKeptRowsMin = 256;
+
+enum class KeepLogits : uint8_t { automatic, keep, recompute };
+
 struct CrossEntropyOptions {
   // Rows whose target equals this contribute no loss, no token count and no gradient.
   int32_t ignore_index = -100;
@@ -21,7 +33,18 @@ struct CrossEntropyOptions {
   // Tests set small values to exercise the edges.
   int64_t row_block = 0;
   int64_t vocab_chunk = 0;
+  // Whether the backward keeps the first pass's logits; tests force either way.
+  KeepLogits keep_logits = KeepLogits::automatic;
 };
+
+// How the fused kernel blocks an (M, D) × (V, D) head: rows per block, vocabulary
+// entries per chunk, and whether the backward keeps every chunk's logits of a
+// block (its f32 logits buffer is then rows × V, else rows × chunk).
+struct CrossEntropyBlocking {
+  int64_t rows = 0, chunk = 0;
+  bool keep_logits = false;
+};
+CrossEntropyBlocking cross_entropy_blocking(int64_t M, int64_t V, bool backward, const CrossEntropyOptions& opt = {});
 
 struct CrossEntropyResult {
   double loss_sum = 0;     // Σ over counted rows of −log softmax(x·wᵀ)[target]  (not averaged)

@@ -92,9 +92,16 @@ std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& 
   // accumulator of the row block. Loss parallel adds 5 f32 per row (stats, max, lse).
   const size_t vocab = tp > 1 && loss_parallel ? (static_cast<size_t>(args.vocab_size) + t - 1) / t
                                                : static_cast<size_t>(args.vocab_size);
-  const size_t row_block = std::min<size_t>(d.M, kCrossEntropyRowBlock);
-  const size_t vocab_chunk = std::min<size_t>(vocab, kCrossEntropyVocabChunk);
-  const size_t ce = row_block * vocab_chunk * 4 + 4 * row_block * 4 +
+  // The fused kernel may keep a row block's logits of every chunk (cross_entropy_blocking); the
+  // loss-parallel shard kernels never do.
+  const CrossEntropyBlocking blocking =
+      tp > 1 && loss_parallel
+          ? CrossEntropyBlocking{std::min<int64_t>(static_cast<int64_t>(d.M), kCrossEntropyRowBlock),
+                                 std::min<int64_t>(static_cast<int64_t>(vocab), kCrossEntropyVocabChunk), false}
+          : cross_entropy_blocking(static_cast<int64_t>(d.M), static_cast<int64_t>(vocab), /*backward=*/true);
+  const auto row_block = static_cast<size_t>(blocking.rows), vocab_chunk = static_cast<size_t>(blocking.chunk);
+  const size_t logits_width = blocking.keep_logits ? vocab : vocab_chunk;
+  const size_t ce = row_block * logits_width * 4 + 4 * row_block * 4 +
                     (bf16 ? row_block * vocab_chunk * 2 + row_block * d.D * 4 : 0) +
                     (tp > 1 && loss_parallel ? 5 * d.M * 4 : 0);
   // Attention (ops/attention.cpp): scratch per thread, each thread of the
@@ -163,7 +170,11 @@ size_t widened_product_bytes(const ModelArgs& args, const TrainShape& shape, int
   if (with_head) {
     // The loss head: per row block, the logits of a vocabulary chunk, then dx and dw products.
     const int64_t V = tp > 1 && loss_parallel ? (args.vocab_size + t - 1) / t : args.vocab_size;
-    const int64_t R = std::min(M, kCrossEntropyRowBlock), C = std::min(V, kCrossEntropyVocabChunk);
+    const CrossEntropyBlocking blocking =
+        tp > 1 && loss_parallel
+            ? CrossEntropyBlocking{std::min(M, kCrossEntropyRowBlock), std::min(V, kCrossEntropyVocabChunk), false}
+            : cross_entropy_blocking(M, V, /*backward=*/true);
+    const int64_t R = blocking.rows, C = blocking.chunk;
     products.push_back({.M = R, .N = C, .K = D, .trans_b = true, .ab = bf, .c = DType::f32});
     products.push_back({.M = R, .N = D, .K = C, .ab = bf, .c = DType::f32, .accumulate = true});
     products.push_back({.M = C, .N = D, .K = R, .trans_a = true, .ab = bf, .c = DType::f32, .accumulate = true});
