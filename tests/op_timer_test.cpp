@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "anvil/core/op_timer.h"
 #include "anvil/core/profiler.h"
@@ -106,6 +107,16 @@ TEST(OpTimer, OpsCalledInsideAParallelRegionBelongToTheOpThatOpenedIt) {
   const std::vector<OpTimeRow> rows = OpTimer::rows();
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].op, "attention.forward");
+}
+
+TEST(OpTimer, OnlyTheThreadThatTurnedTimingOnIsTimed) {
+  const TimingOn on;
+  std::thread other([] { const ScopedOpTime op("copy"); });
+  other.join();
+  { const ScopedOpTime op("adamw"); }
+  const std::vector<OpTimeRow> rows = OpTimer::rows();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].op, "adamw");
 }
 
 TEST(OpTable, TheMarkdownSumsToTheStepAndCountsNestedFlopsOnce) {

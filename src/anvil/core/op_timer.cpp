@@ -32,10 +32,16 @@ Table& table() {
 }
 
 thread_local ScopedOpTime* t_current = nullptr;
+thread_local bool t_timed = false;  // this thread turned timing on
 
 }  // namespace
 
 std::atomic<bool> OpTimer::enabled_{false};
+
+void OpTimer::set_enabled(bool on) {
+  t_timed = on;
+  enabled_.store(on, std::memory_order_relaxed);
+}
 
 void OpTimer::reset() {
   Table& t = table();
@@ -59,7 +65,7 @@ std::vector<OpTimeRow> OpTimer::rows() {
 }
 
 ScopedOpTime::ScopedOpTime(const char* name, double flops) : name_(name), flops_(flops) {
-  if (!OpTimer::enabled() || omp_in_parallel()) return;
+  if (!OpTimer::enabled() || !t_timed || omp_in_parallel()) return;
   parent_ = t_current;
   t_current = this;
   begin_us_ = steady_now_us();

@@ -29,8 +29,10 @@ struct OpTimeRow {
 
 class OpTimer {
  public:
-  // Starts (or pauses) timing; what was summed stays until reset().
-  static void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
+  // Starts (or pauses) timing of the ops the calling thread runs (the
+  // trainer's main thread: another thread's ops, a data loader's copies,
+  // would overlap the step's time); what was summed stays until reset().
+  static void set_enabled(bool on);
   static bool enabled() { return enabled_.load(std::memory_order_relaxed); }
   static void reset();
   // Every (phase, parent, op) seen since the last reset, the longest first.
