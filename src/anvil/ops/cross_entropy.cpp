@@ -25,7 +25,7 @@
 //   pass 1 (log-sum-exp): for each vocab chunk, logits = x_blk·w_chunkᵀ (gemm, f32 result), then per
 //     row an online max / Σexp update and, when the target falls in the chunk, its logit.
 //     loss_row = lse − logit[target].
-//   pass 2 (gradients): for each vocab chunk, recompute the logits, turn them into
+//   pass 2 (gradients): for each vocab chunk, take pass 1's logits (kept) or recompute them, turn them into
 //     dlogits = (softmax − onehot)·grad_scale (f32: in place; bf16 mode: converted to bf16 for the AMX
 //     products), then dx_blk += dlogits·w_chunk and dw_chunk += dlogitsᵀ·x_blk (gemm accumulate).
 // FLOPs: forward 2·M·V·D + dx 2·M·V·D + dw 2·M·V·D = 6·M·V·D when pass 1 keeps every chunk's logits
