@@ -284,6 +284,10 @@ TEST(CrossEntropy, BlockingKeepsLogitsWhenEnoughRowsFitTheBudget) {
   EXPECT_FALSE(cross_entropy_blocking(4096, 32000, /*backward=*/false).keep_logits);
   // One chunk holds the whole vocabulary: nothing to recompute, nothing to keep.
   EXPECT_FALSE(cross_entropy_blocking(4096, 1000, true).keep_logits);
+  // The loss-parallel shard kernels always recompute, in full blocks.
+  const CrossEntropyBlocking shard = cross_entropy_shard_blocking(4096, 32000);
+  EXPECT_FALSE(shard.keep_logits);
+  EXPECT_EQ(shard.rows, kCrossEntropyRowBlock);
 }
 
 TEST(CrossEntropy, OutOfRangeTargetThrows) {

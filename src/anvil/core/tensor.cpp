@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "anvil/core/parallel.h"
 #include "anvil/core/op_timer.h"
+#include "anvil/core/parallel.h"
 
 namespace anvil {
 

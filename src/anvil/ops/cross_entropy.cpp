@@ -330,6 +330,12 @@ CrossEntropyBlocking cross_entropy_blocking(int64_t M, int64_t V, bool backward,
   return b;
 }
 
+CrossEntropyBlocking cross_entropy_shard_blocking(int64_t M, int64_t V, const CrossEntropyOptions& opt) {
+  CrossEntropyOptions recompute = opt;
+  recompute.keep_logits = KeepLogits::recompute;
+  return cross_entropy_blocking(M, V, /*backward=*/true, recompute);
+}
+
 CrossEntropyResult cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
                                          const CrossEntropyOptions& opt) {
   const ScopedOpTime op("cross_entropy.forward", head_flops(x, w, 2));
@@ -370,8 +376,8 @@ int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor
   std::fill(row_sum, row_sum + 2 * M, 0.0f);
   if (counted == 0 || V == 0) return counted;
 
-  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kCrossEntropyRowBlock, M);
-  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kCrossEntropyVocabChunk, V);
+  const CrossEntropyBlocking blocking = cross_entropy_shard_blocking(M, V, opt);
+  const int64_t B = blocking.rows, C = blocking.chunk;
   Tensor logits = Tensor::empty({B, C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");
   float* L = logits.data<float>();
   for (int64_t r0 = 0; r0 < M; r0 += B) {
@@ -456,8 +462,8 @@ void cross_entropy_shard_backward(const Tensor& x, const Tensor& w, const Tensor
   }
   const DType dt = x.dtype();
   const size_t esz = dtype_size(dt);
-  const int64_t B = std::min(opt.row_block > 0 ? opt.row_block : kCrossEntropyRowBlock, M);
-  const int64_t C = std::min(opt.vocab_chunk > 0 ? opt.vocab_chunk : kCrossEntropyVocabChunk, V);
+  const CrossEntropyBlocking blocking = cross_entropy_shard_blocking(M, V, opt);
+  const int64_t B = blocking.rows, C = blocking.chunk;
   // Workspace as in run(): f32 logits of one block × chunk (dlogits in place for f32), a bf16
   // dlogits buffer in bf16 mode, and an f32 accumulator when dx is bf16.
   Tensor logits = Tensor::empty({B, C}, DType::f32, MemCategory::workspace, "cross_entropy.logits");

@@ -45,6 +45,9 @@ struct CrossEntropyBlocking {
   bool keep_logits = false;
 };
 CrossEntropyBlocking cross_entropy_blocking(int64_t M, int64_t V, bool backward, const CrossEntropyOptions& opt = {});
+// The loss-parallel shard kernels' blocking (below): rows and chunk as the fused
+// kernel's defaults, the logits always recomputed.
+CrossEntropyBlocking cross_entropy_shard_blocking(int64_t M, int64_t V, const CrossEntropyOptions& opt = {});
 
 struct CrossEntropyResult {
   double loss_sum = 0;     // Σ over counted rows of −log softmax(x·wᵀ)[target]  (not averaged)

@@ -6,9 +6,9 @@
 #include <string>
 #include <type_traits>
 
+#include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
-#include "anvil/core/op_timer.h"
 
 namespace anvil {
 

@@ -4,8 +4,8 @@
 #include <limits>
 #include <vector>
 
-#include "anvil/core/parallel.h"
 #include "anvil/core/op_timer.h"
+#include "anvil/core/parallel.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>

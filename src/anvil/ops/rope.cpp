@@ -5,9 +5,9 @@
 #include <cmath>
 #include <numbers>
 
+#include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
-#include "anvil/core/op_timer.h"
 
 namespace anvil {
 

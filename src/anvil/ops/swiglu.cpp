@@ -2,9 +2,9 @@
 
 #include <cmath>
 
+#include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/avx512_math.h"
-#include "anvil/core/op_timer.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>

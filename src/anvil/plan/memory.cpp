@@ -59,6 +59,12 @@ size_t step_workspace_bytes(const ModelArgs& args, const TrainShape& shape) {
 
 namespace {
 std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel);
+
+// How a training step's loss head blocks M rows of a V-entry vocabulary (per
+// rank): the fused kernel's blocking, or the loss-parallel shard kernels'.
+CrossEntropyBlocking loss_head_blocking(int64_t M, int64_t V, bool shards) {
+  return shards ? cross_entropy_shard_blocking(M, V) : cross_entropy_blocking(M, V, /*backward=*/true);
+}
 }  // namespace
 
 size_t op_scratch_bytes(const ModelArgs& args, const TrainShape& shape, int tp, bool loss_parallel) {
@@ -95,10 +101,7 @@ std::array<size_t, 5> op_scratch_terms(const ModelArgs& args, const TrainShape& 
   // The fused kernel may keep a row block's logits of every chunk (cross_entropy_blocking); the
   // loss-parallel shard kernels never do.
   const CrossEntropyBlocking blocking =
-      tp > 1 && loss_parallel
-          ? CrossEntropyBlocking{std::min<int64_t>(static_cast<int64_t>(d.M), kCrossEntropyRowBlock),
-                                 std::min<int64_t>(static_cast<int64_t>(vocab), kCrossEntropyVocabChunk), false}
-          : cross_entropy_blocking(static_cast<int64_t>(d.M), static_cast<int64_t>(vocab), /*backward=*/true);
+      loss_head_blocking(static_cast<int64_t>(d.M), static_cast<int64_t>(vocab), tp > 1 && loss_parallel);
   const auto row_block = static_cast<size_t>(blocking.rows), vocab_chunk = static_cast<size_t>(blocking.chunk);
   const size_t logits_width = blocking.keep_logits ? vocab : vocab_chunk;
   const size_t ce = row_block * logits_width * 4 + 4 * row_block * 4 +
@@ -155,7 +158,7 @@ size_t widened_product_bytes(const ModelArgs& args, const TrainShape& shape, int
   const DType summed = tp > 1 ? DType::f32 : bf;
   std::vector<GemmShape> products;
   const auto forward = [&](int64_t K, int64_t N, DType c) {  // y (M, N) (+)= x (M, K) · w (N, K)ᵀ
-    products.push_back({.M = M, .N = N, .K = K, .trans_b = true, .ab = bf, .c = c, .accumulate = c == summed});
+    products.push_back({.M = M, .N = N, .K = K, .trans_b = true, .ab = bf, .c = c});
   };
   const auto input_grad = [&](int64_t N, int64_t K, DType c) {  // dx (M, K) = dy (M, N) · w (N, K)
     products.push_back({.M = M, .N = K, .K = N, .ab = bf, .c = c});
@@ -170,10 +173,7 @@ size_t widened_product_bytes(const ModelArgs& args, const TrainShape& shape, int
   if (with_head) {
     // The loss head: per row block, the logits of a vocabulary chunk, then dx and dw products.
     const int64_t V = tp > 1 && loss_parallel ? (args.vocab_size + t - 1) / t : args.vocab_size;
-    const CrossEntropyBlocking blocking =
-        tp > 1 && loss_parallel
-            ? CrossEntropyBlocking{std::min(M, kCrossEntropyRowBlock), std::min(V, kCrossEntropyVocabChunk), false}
-            : cross_entropy_blocking(M, V, /*backward=*/true);
+    const CrossEntropyBlocking blocking = loss_head_blocking(M, V, tp > 1 && loss_parallel);
     const int64_t R = blocking.rows, C = blocking.chunk;
     products.push_back({.M = R, .N = C, .K = D, .trans_b = true, .ab = bf, .c = DType::f32});
     products.push_back({.M = R, .N = D, .K = C, .ab = bf, .c = DType::f32, .accumulate = true});

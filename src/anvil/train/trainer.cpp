@@ -12,11 +12,12 @@
 #include <optional>
 
 #include "anvil/core/error.h"
-#include "anvil/core/process_memory.h"
 #include "anvil/core/op_timer.h"
+#include "anvil/core/process_memory.h"
 #include "anvil/core/profiler.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
+#include "anvil/obs/op_table.h"
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/train/checkpoint.h"
@@ -24,7 +25,6 @@
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/parallel.h"
 #include "anvil/train/parallelize.h"
-#include "anvil/obs/op_table.h"
 #include "anvil/train/profiling.h"
 #include "anvil/train/schedule.h"
 #include "anvil/train/step_logger.h"
@@ -269,6 +269,14 @@ TrainResult train(const JobConfig& cfg) {
   int64_t step = first_step;
   OpTable op_table;
   OpTimer::reset();
+  // Ends a timed step's op timing (validation and checkpoint saves are not the
+  // step's) and adds its wall time to the table, so the ops sum to it.
+  const auto end_op_timing = [&](Clock::time_point step_start) {
+    if (!OpTimer::enabled()) return;
+    OpTimer::set_enabled(false);
+    op_table.step_seconds += seconds_since(step_start);
+    ++op_table.steps;
+  };
   try {
     for (; step <= tc.steps; ++step) {
       std::unique_ptr<StepCapture> capture = capture_if_profiled(cfg, par, step, first_step);
@@ -290,6 +298,7 @@ TrainResult train(const JobConfig& cfg) {
       logger.add_comm(layout.take_comm_stats());
       sum_loss_over_dp(par, run.loss_sum, run.loss_tokens);
       if (run.stopped_after > 0) {
+        end_op_timing(t_step);
         report_stop_in_step(stop.signal(), par, step, run.stopped_after);
         result.interrupted = true;
         break;
@@ -300,17 +309,16 @@ TrainResult train(const JobConfig& cfg) {
         const ScopedPhase phase(SpanCategory::optimizer, "optimizer");
         grad_norm = layout.grad_norm();
         lr = schedule.at(step);
-        if (skip_nonfinite_step(cfg, step, loss, grad_norm)) continue;
+        if (skip_nonfinite_step(cfg, step, loss, grad_norm)) {
+          end_op_timing(t_step);
+          continue;
+        }
         adamw.lr = static_cast<float>(lr);
         layout.optimizer_step(adamw, step, clip_factor(cfg, grad_norm));
         logger.record_live_after_optimizer();
       }
       step_phase.reset();
-      if (OpTimer::enabled()) {
-        OpTimer::set_enabled(false);  // validation and checkpoint saves are not the step's
-        op_table.step_seconds += seconds_since(t_step);
-        ++op_table.steps;
-      }
+      end_op_timing(t_step);
 
       record_step(result, step, loss);
       logger.step_done(step, loss, grad_norm, lr, step_tokens);
@@ -340,7 +348,7 @@ TrainResult train(const JobConfig& cfg) {
   } catch (const OutOfMemoryError& e) {
     rethrow_with_oom_snapshot(e, cfg, par, step);
   }
-  OpTimer::set_enabled(false);
+  OpTimer::set_enabled(false);  // a step that threw
   logger.print_done(result);
   if (cfg.profiling.op_times) print_op_table(cfg, par, op_table);
   return result;
