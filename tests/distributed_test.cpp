@@ -311,7 +311,7 @@ TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
   }
 }
 
-// The trainer's closed form (dist/comm_volume.h) against the traffic it
+// The trainer's closed form (distributed/comm_volume.h) against the traffic it
 // measures, for HSDP and for FSDP with gradient accumulation.
 TEST(Distributed, ClosedFormTrafficHoldsForHsdpAndAccumulation) {
   const struct {

@@ -8,7 +8,7 @@
 
 #include "anvil/cli/estimate_cmd.h"
 #include "anvil/core/error.h"
-#include "anvil/train/layout_estimate.h"
+#include "anvil/train/estimate.h"
 #include "anvil/train/preflight.h"
 #include "test_util.h"
 
@@ -153,6 +153,30 @@ TEST(Preflight, EverySuggestedChangeFits) {
   bool batch = false;
   for (const FitOption& o : near) batch = batch || o.what == "training.local_batch_size = 2";
   EXPECT_TRUE(batch) << near.front().what;
+}
+
+// Sequence parallelism splits the tokens of the micro-batch that runs: under
+// pipeline parallelism a pipeline micro-batch's, not the local batch's. An odd
+// seq_len with local batch 2 and pipeline micro-batches of 1 divides as a local
+// batch (66 tokens) but not as the micro-batch that runs (33): the layout check
+// refuses it before any rank starts, naming the micro-batch size, instead of
+// the first forward failing on a shape.
+TEST(Estimate, SequenceParallelChecksThePipelineMicroBatch) {
+  const ModelArgs args = model_flavor("llama3", "debugmodel");
+  const JobConfig bad = config(
+      "--parallelism.tensor_parallel_degree 2 --parallelism.pipeline_parallel_degree 2 "
+      "--parallelism.data_parallel_shard_degree 1 --parallelism.pipeline_parallel_schedule GPipe "
+      "--training.seq_len 33 --training.local_batch_size 2 --parallelism.pipeline_parallel_microbatch_size 1");
+  const std::string err = anvil::testing::error_of([&] { (void)resolve_parallel(bad, args, 4, 0); });
+  EXPECT_NE(err.find("33 tokens of a micro-batch"), std::string::npos) << err;
+  EXPECT_NE(err.find("pipeline_parallel_microbatch_size 1"), std::string::npos) << err;
+  // The estimator takes the same check.
+  EXPECT_THROW((void)estimate_layout(bad, args, 4), Error);
+  // Micro-batches of 2 rows (66 tokens) divide.
+  JobConfig good = bad;
+  good.parallelism.pipeline_parallel_microbatch_size = 2;
+  good.training.local_batch_size = 4;
+  EXPECT_NO_THROW((void)resolve_parallel(good, args, 4, 0));
 }
 
 }  // namespace

@@ -41,7 +41,8 @@
 
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
-#include "anvil/train/layout_estimate.h"
+#include "anvil/train/estimate.h"
+#include "allocation_timeline.h"
 #include "mpi_test_util.h"
 #include "test_util.h"
 
@@ -201,7 +202,8 @@ inline std::string tag_of(const std::string& s) {
 
 // anvil train runs in this test program's scratch folder, each in its own dump
 // folder, on a small text corpus: 10 fp32 steps (flags given later win), a
-// metrics line per step, checkpoints at steps 5 and 10, both kept.
+// metrics line per step, checkpoints at steps 5 and 10, both kept, and every
+// rank's allocations and frees of step 2 logged.
 class TrainRuns {
  public:
   TrainRuns() : dir_(scratch_root() / "runs") {
@@ -219,7 +221,7 @@ class TrainRuns {
     return "train --training.dataset text --training.dataset_path " + (dir_ / "text.txt").string() +
            " --training.seq_len 32 --training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32"
            " --lr_scheduler.warmup_steps 2 --checkpoint.enable --checkpoint.interval 5 --checkpoint.keep_latest_k 0"
-           " --metrics.enable_tensorboard false --job.dump_folder " +
+           " --metrics.enable_tensorboard false --profiling.allocation_log_step 2 --job.dump_folder " +
            (dir_ / dump).string() + " " + extra;
   }
 
@@ -282,6 +284,7 @@ inline TrainRuns& runs() {
 // categories and of the total.
 struct EstimateCheck {
   double categories = 0, total = 0;
+  size_t events = 0;  // allocations and frees of step 2 found equal in the dry run, over the ranks
 };
 inline EstimateCheck expect_estimate_matches_allocator(const std::filesystem::path& dump, const std::string& train_args,
                                                        int ranks) {
@@ -292,6 +295,9 @@ inline EstimateCheck expect_estimate_matches_allocator(const std::filesystem::pa
   const JobConfig cfg = parse_config(words);
   const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
   const LayoutEstimate est = estimate_layout(cfg, args, ranks);
+  // Step 2 of every rank, event by event, against its dry run.
+  // (TrainRuns runs a single process on 2 threads, mpirun's ranks on 1 each.)
+  const size_t events = expect_dry_run_matches_log(dump, cfg, ranks, ranks == 1 ? 2 : 1);
   // Measured: per rank, the largest of each category's peak and of the total over the logged steps.
   std::vector<std::array<double, kNumMemCategories>> measured(static_cast<size_t>(ranks));
   std::vector<double> total(static_cast<size_t>(ranks), 0);
@@ -327,6 +333,7 @@ inline EstimateCheck expect_estimate_matches_allocator(const std::filesystem::pa
     }
   }
   EstimateCheck worst;
+  worst.events = events;
   for (int r = 0; r < ranks && steps > 0; ++r) {
     const RankEstimate& e = est.ranks[static_cast<size_t>(r)];
     for (MemCategory c : {MemCategory::parameters, MemCategory::gradients, MemCategory::optimizer_state,
@@ -411,9 +418,10 @@ inline void expect_matches_single_process(const ParityCase& c) {
   const double wdiff = r.checkpoint_difference(tag, ref);
   EXPECT_LE(wdiff, layout.bound);
   std::printf("%-34s AC %-5s worst loss difference %.2e, grad norm %.2e, final weights %.2e (relative); memory "
-              "estimate per rank: categories within %.2e, total %.2e (single process: %.2e, %.2e)\n",
+              "estimate per rank: categories within %.2e, total %.2e (single process: %.2e, %.2e); step 2's %zu "
+              "allocations and frees equal in the dry run\n",
               c.name().c_str(), c.ac.c_str(), worst, worst_norm, wdiff, mem.categories, mem.total, ref_mem.categories,
-              ref_mem.total);
+              ref_mem.total, mem.events + ref_mem.events);
 }
 
 // bf16: `layout` against the single process on 4 sequences per step (times
@@ -443,8 +451,8 @@ inline void expect_bf16_within(const Layout& layout, int accumulation, double bo
     EXPECT_LE(rel, bound) << "step " << step;
   }
   std::printf("%-17s bf16: worst loss difference %.2e (bound %.0e), final weights %.2e; memory estimate per rank: "
-              "categories within %.2e, total %.2e\n",
-              name.c_str(), worst, bound, r.checkpoint_difference(name, ref), mem.categories, mem.total);
+              "categories within %.2e, total %.2e; step 2's %zu allocations and frees equal in the dry run\n",
+              name.c_str(), worst, bound, r.checkpoint_difference(name, ref), mem.categories, mem.total, mem.events);
 }
 
 // Each test program instantiates this for its rows of the table:

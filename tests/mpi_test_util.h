@@ -59,7 +59,7 @@ inline double safetensors_relative_difference(const std::filesystem::path& a, co
   return std::sqrt(diff / norm);
 }
 
-// On ranks other than 0 of a GoogleTest program run under mpirun (dist_worker,
+// On ranks other than 0 of a GoogleTest program run under mpirun (comm_worker,
 // tp_worker), GoogleTest stays quiet except for failures, each prefixed with
 // the rank, so a 4-rank run prints one report, not four.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {

@@ -1,8 +1,8 @@
 // Pipeline schedules as programs: placements, each schedule's order, what it
 // keeps in flight, its simulated bubble beside the closed forms, the CSV
 // format, and the checks that refuse a bad schedule naming the action or
-// cell (dist/pipeline_schedule.h).
-#include "anvil/dist/pipeline_schedule.h"
+// cell (distributed/pipeline_schedule.h).
+#include "anvil/distributed/pipeline_schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "anvil/train/config.h"
-#include "anvil/train/layout_estimate.h"
+#include "anvil/train/estimate.h"
 #include "mpi_test_util.h"
 #include "test_util.h"
 

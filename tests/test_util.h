@@ -15,6 +15,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/rng.h"
+#include "anvil/core/parallel.h"
 #include "anvil/core/tensor.h"
 
 namespace anvil::testing {
@@ -50,6 +51,16 @@ inline std::string error_of(const std::function<void()>& f) {
   }
   return "";
 }
+
+// The ops' thread count set for a scope (a dry run must use the ranks' own:
+// attention's scratch is per thread).
+struct ScopedThreads {
+  explicit ScopedThreads(int n) : before(num_threads()) { set_num_threads(n); }
+  ~ScopedThreads() { set_num_threads(before); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+  int before;
+};
 
 inline std::filesystem::path scratch_root() {
   struct Root {

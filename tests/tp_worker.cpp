@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "anvil/dist/comm.h"
-#include "anvil/dist/tensor_parallel.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/tensor_parallel.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
 #include "mpi_test_util.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "anvil/train/layout_estimate.h"
+#include "anvil/train/estimate.h"
 
 namespace anvil {
 

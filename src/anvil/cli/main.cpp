@@ -17,7 +17,7 @@
 #include "anvil/core/cpu_peak.h"
 #include "anvil/core/error.h"
 #include "anvil/core/parallel.h"
-#include "anvil/dist/mesh.h"
+#include "anvil/distributed/mesh.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/matmul.h"
 #include "anvil/plan/flops.h"

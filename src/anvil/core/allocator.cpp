@@ -1,6 +1,8 @@
 #include "anvil/core/allocator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sys/mman.h>
@@ -29,22 +31,39 @@ const char* category_name(MemCategory c) {
   return "?";
 }
 
+namespace {
+std::atomic<TrackingAllocator*> g_installed{nullptr};  // a dry run's allocator, or null
+}  // namespace
+
 TrackingAllocator& TrackingAllocator::instance() {
-  static TrackingAllocator a;
-  return a;
+  if (TrackingAllocator* a = g_installed.load(std::memory_order_acquire)) return *a;
+  static TrackingAllocator process(/*dry=*/false);
+  return process;
 }
+
+TrackingAllocator* TrackingAllocator::install(TrackingAllocator* a) { return g_installed.exchange(a); }
+
+TrackingAllocator::TrackingAllocator(bool dry) : dry_(dry) {}
+
+TrackingAllocator::~TrackingAllocator() { release_cache(); }
 
 size_t cached_block_bytes(size_t bytes) {
   constexpr size_t kPage = 4096;
   return bytes >= kCachedBlockMin ? (bytes + kPage - 1) / kPage * kPage : 0;
 }
 
-namespace {
-void* map_block(size_t block) {
+void* TrackingAllocator::map_block(size_t block) const {
+  if (dry_) {
+    // A dry block is an address and nothing more: one from the non-canonical
+    // range of x86-64 (bit 62 set), which no mapping can ever occupy, so the
+    // dry run takes no address space (a `ulimit -v` would otherwise refuse
+    // it) and any access to it faults. Addresses are never reused.
+    static std::atomic<uintptr_t> next{uintptr_t{1} << 62};
+    return reinterpret_cast<void*>(next.fetch_add(block));
+  }
   void* p = mmap(nullptr, block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
-}  // namespace
 
 void* TrackingAllocator::allocate(size_t bytes, MemCategory category, std::string_view tag) {
   const size_t block = cached_block_bytes(bytes);
@@ -115,10 +134,11 @@ void TrackingAllocator::deallocate(void* ptr) {
     live_.erase(it);
   }
   if (block == 0) std::free(ptr);
-  else if (block > kCachedBlockMax) munmap(ptr, block);
+  else if (block > kCachedBlockMax && !dry_) munmap(ptr, block);
 }
 
 void TrackingAllocator::release_blocks(const std::vector<std::pair<void*, size_t>>& blocks) {
+  if (dry_) return;  // its blocks are addresses only
   for (const auto& [p, size] : blocks) munmap(p, size);
 }
 
@@ -171,6 +191,10 @@ void TrackingAllocator::reset_peak() {
 void TrackingAllocator::set_timeline(bool on) {
   std::lock_guard lock(mutex_);
   timeline_on_ = on;
+}
+bool TrackingAllocator::timeline_on() const {
+  std::lock_guard lock(mutex_);
+  return timeline_on_;
 }
 std::vector<MemEvent> TrackingAllocator::timeline() const {
   std::lock_guard lock(mutex_);

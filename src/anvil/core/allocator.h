@@ -88,7 +88,19 @@ size_t cached_block_bytes(size_t bytes);
 
 class TrackingAllocator {
  public:
+  // The allocator in use: the process's, or a dry run's while one is on
+  // (core/dry_run.h). Tensors go back to the allocator that made them.
   static TrackingAllocator& instance();
+  // A dry allocator records every allocation exactly as the process's does
+  // (tags, categories, bytes, the block cache, the timeline) but commits no
+  // memory: a large allocation is an address no mapping can hold, so code
+  // that would touch it faults, and a small one a heap block nobody reads.
+  // Made by core/dry_run.h's DryRun.
+  explicit TrackingAllocator(bool dry);
+  ~TrackingAllocator();
+  TrackingAllocator(const TrackingAllocator&) = delete;
+  TrackingAllocator& operator=(const TrackingAllocator&) = delete;
+  bool dry() const { return dry_; }
 
   // 64-byte aligned; never returns null (throws anvil::Error when out of memory).
   void* allocate(size_t bytes, MemCategory category, std::string_view tag);
@@ -109,6 +121,7 @@ class TrackingAllocator {
 
   // The timeline records every allocation and free while switched on.
   void set_timeline(bool on);
+  bool timeline_on() const;
   std::vector<MemEvent> timeline() const;
   void clear_timeline();
 
@@ -118,8 +131,12 @@ class TrackingAllocator {
   std::vector<LiveAllocation> live_allocations() const;
 
  private:
-  TrackingAllocator() = default;
+  friend class DryRun;
+  // Makes `a` the allocator in use (null: the process's); returns the one before.
+  static TrackingAllocator* install(TrackingAllocator* a);
+  void* map_block(size_t block) const;
   void release_blocks(const std::vector<std::pair<void*, size_t>>& blocks);
+  bool dry_ = false;
   mutable std::mutex mutex_;
   MemStats stats_;
   std::unordered_map<size_t, std::vector<void*>> free_blocks_;  // by block size

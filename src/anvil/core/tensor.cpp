@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 
@@ -20,9 +21,12 @@ int64_t shape_numel(const Shape& s) {
 }
 
 Buffer::Buffer(size_t bytes, MemCategory category, std::string_view tag)
-    : data_(TrackingAllocator::instance().allocate(bytes, category, tag)), bytes_(bytes), category_(category) {}
+    : owner_(TrackingAllocator::instance()),
+      data_(owner_.allocate(bytes, category, tag)),
+      bytes_(bytes),
+      category_(category) {}
 
-Buffer::~Buffer() { TrackingAllocator::instance().deallocate(data_); }
+Buffer::~Buffer() { owner_.deallocate(data_); }
 
 Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category, std::string_view tag) {
   for (int64_t d : shape) ANVIL_CHECK(d >= 0, "tensor '", tag, "': negative dimension in shape ", shape_str(shape));
@@ -63,6 +67,7 @@ Tensor Tensor::slice(int64_t start, int64_t length) const {
 }
 
 void Tensor::zero_() {
+  if (dry_run()) return;
   const ScopedOpTime op("zero");
   char* p = static_cast<char*>(raw());
   const int64_t n = static_cast<int64_t>(nbytes());
@@ -72,6 +77,7 @@ void Tensor::zero_() {
 void Tensor::copy_from(const Tensor& src) {
   const ScopedOpTime op("copy");
   ANVIL_ASSERT(src.numel() == numel(), "copy of ", shape_str(src.shape_), " into ", shape_str(shape_));
+  if (dry_run()) return;
   if (src.dtype_ == dtype_) {
     char* d = static_cast<char*>(raw());
     const char* s = static_cast<const char*>(src.raw());

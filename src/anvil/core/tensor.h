@@ -30,6 +30,7 @@ class Buffer {
   MemCategory category() const { return category_; }
 
  private:
+  TrackingAllocator& owner_;  // the allocator in use when it was made (a dry run's, or the process's)
   void* data_;
   size_t bytes_;
   MemCategory category_;

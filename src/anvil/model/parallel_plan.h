@@ -3,7 +3,7 @@
 // this rank holds, and what happens at each seam between kernels. The base
 // class is the single process: every seam is the plain computation, and the
 // modules call nothing else, so the model has one code path and no
-// parallelism in it. Tensor parallelism (dist/tensor_parallel.h) overrides
+// parallelism in it. Tensor parallelism (distributed/tensor_parallel.h) overrides
 // the seams with Megatron's column-, row- and vocabulary-parallel products,
 // sequence parallelism and loss parallelism.
 //

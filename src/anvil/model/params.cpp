@@ -1,5 +1,6 @@
 #include "anvil/model/params.h"
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/rng.h"
 
 namespace anvil {
@@ -86,6 +87,7 @@ int ParamStore::index_of(const std::string& name) const {
 }
 
 void ParamStore::init(uint64_t seed) {
+  if (dry_run()) return;
   master_.zero_();  // the alignment padding stays zero
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];

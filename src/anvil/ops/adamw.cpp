@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/avx512_math.h"
@@ -117,6 +118,7 @@ void adamw_step(const AdamWConfig& cfg, int64_t step, Tensor& p, const Tensor& g
     ANVIL_ASSERT(p_bf16->numel() == n, "adamw: the compute copy has ", p_bf16->numel(), " elements, p has ", n);
   }
 
+  if (dry_run()) return;
   const double t = static_cast<double>(step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), t);
   const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), t);

@@ -32,8 +32,10 @@
 #include <limits>
 
 #include <numeric>
+#include <set>
 #include <type_traits>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/matmul.h"
@@ -311,6 +313,22 @@ int64_t diagonal_tile(int64_t tile, int64_t T) { return attention_diagonal_tile(
 // the same whichever threads the OS happens to run first (the memory
 // estimator's bound is reached on every run, not only when all threads start
 // together).
+// oneDNN's scratchpads of the tile products, `bytes` (rounded to 64) per slot.
+class TileScratch {
+ public:
+  TileScratch(int64_t slots, size_t bytes, const char* tag) : stride_((bytes + 63) / 64 * 64) {
+    if (stride_ > 0)
+      buf_ = Tensor::empty({slots * static_cast<int64_t>(stride_ / 2)}, DType::bf16, MemCategory::workspace, tag);
+  }
+  void* of(int64_t slot) const {
+    return stride_ > 0 ? static_cast<char*>(buf_.raw()) + static_cast<size_t>(slot) * stride_ : nullptr;
+  }
+
+ private:
+  size_t stride_;
+  Tensor buf_;
+};
+
 int64_t scratch_slots(int64_t tasks) { return omp_in_parallel() ? 1 : std::min<int64_t>(num_threads(), tasks); }
 
 // ---- Forward ----
@@ -340,6 +358,22 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   Tensor p_buf = Tensor::empty({slots, Bq * Bk}, ab, MemCategory::workspace, "attention.fwd.probs");
   Tensor o_buf = Tensor::empty({slots, Bq, D}, DType::f32, MemCategory::workspace, "attention.fwd.out_acc");
   Tensor ml_buf = Tensor::empty({slots, 2, Bq}, DType::f32, MemCategory::workspace, "attention.fwd.max_sum");
+  // oneDNN's scratchpad for the tile products, one per slot: the most any
+  // (query tile, key block) of the loop below needs.
+  std::set<std::pair<int64_t, int64_t>> tile_shapes;
+  for (int64_t q0 = 0; q0 < T_; q0 += Bq)
+    for (int64_t k0 = 0, mq = std::min(Bq, T_ - q0); k0 < q0 + mq; k0 += Bk)
+      tile_shapes.insert({mq, std::min(Bk, q0 + mq - k0)});
+  size_t tile_scratch = 0;
+  for (const auto& [mq, nk] : tile_shapes)
+    for (bool acc : {false, true})
+      tile_scratch = std::max({tile_scratch,
+                               gemm_scratchpad_bytes({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab,
+                                                      .c = DType::f32, .alpha = scale2}),
+                               gemm_scratchpad_bytes({.M = mq, .N = D, .K = nk, .ab = ab, .c = DType::f32,
+                                                      .accumulate = acc})});
+  const TileScratch gemm_scratch(slots, tile_scratch, "attention.fwd.gemm_scratchpad");
+  if (dry_run()) return;  // what the call allocates, and nothing more
   std::atomic<int64_t> next_task{0};
   parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
     ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
@@ -351,6 +385,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
     float* O = o_buf.data<float>() + slot * Bq * D;
     float* row_m = ml_buf.data<float>() + slot * 2 * Bq;
     float* row_l = row_m + Bq;
+    void* const sp = gemm_scratch.of(slot);
 
     // Rows q0 .. q0 + mq of query head h. Blocks are packed densely (row
     // stride = their width nk) so every product sees dense operands.
@@ -361,7 +396,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
         const int64_t nk = std::min(Bk, q_end - k0);  // keys past the tile's last query are masked for all rows
         const bool first = k0 == 0;
         gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Qp, Kp + k0 * D,
-             S);
+             S, sp);
         for (int64_t r = 0; r < mq; ++r) {
           const int64_t n_valid = std::min(nk, q0 + r - k0 + 1);  // causal: keys ≤ q0 + r
           float* srow = S + r * nk;
@@ -382,7 +417,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
             row_m[r] = m_new;
           }
         }
-        gemm({.M = mq, .N = D, .K = nk, .ab = ab, .c = DType::f32, .accumulate = !first}, P, Vp + k0 * D, O);
+        gemm({.M = mq, .N = D, .K = nk, .ab = ab, .c = DType::f32, .accumulate = !first}, P, Vp + k0 * D, O, sp);
       }
       for (int64_t r = 0; r < mq; ++r) {
         store_scaled_row(O + r * D, 1.0f / row_l[r], D, out + ((b * T_ + q0 + r) * d.Hq + h) * D);
@@ -453,6 +488,24 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   Tensor s_buf = Tensor::empty({slots, 2, Bk * Bq}, DType::f32, MemCategory::workspace, "attention.bwd.scores_dprobs");
   Tensor p_buf = Tensor::empty({slots, 2, Bk * Bq}, ab, MemCategory::workspace, "attention.bwd.probs_dscores");
   Tensor acc_buf = Tensor::empty({slots, 2, Bk, D}, DType::f32, MemCategory::workspace, "attention.bwd.dk_dv_acc");
+  // oneDNN's scratchpad for the tile products, one per slot: the most any
+  // (key tile, query tile) of the loop below needs.
+  std::set<std::pair<int64_t, int64_t>> tile_shapes;  // (keys ne, queries mq)
+  for (int64_t k0 = 0; k0 < T_; k0 += Bk)
+    for (int64_t q0 = k0, nk = std::min(Bk, T_ - k0); q0 < T_; q0 += Bq)
+      tile_shapes.insert({std::min(nk, q0 + std::min(Bq, T_ - q0) - k0), std::min(Bq, T_ - q0)});
+  size_t tile_scratch = 0;
+  for (const auto& [ne, mq] : tile_shapes)
+    for (bool acc : {false, true})
+      tile_scratch = std::max(
+          {tile_scratch,
+           gemm_scratchpad_bytes({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}),
+           gemm_scratchpad_bytes({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}),
+           gemm_scratchpad_bytes({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}),
+           gemm_scratchpad_bytes(
+               {.M = mq, .N = D, .K = ne, .trans_a = true, .ab = ab, .c = DType::f32, .accumulate = acc})});
+  const TileScratch gemm_scratch(slots, tile_scratch, "attention.bwd.gemm_scratchpad");
+  if (dry_run()) return;  // what the call allocates, and nothing more
   std::atomic<int64_t> next_task{0};
   parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
     ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
@@ -469,6 +522,7 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
     C* dSt = Pt + Bk * Bq;
     float* dK_acc = acc_buf.data<float>() + slot * 2 * Bk * D;
     float* dV_acc = dK_acc + Bk * D;
+    void* const sp = gemm_scratch.of(slot);
 
     // Key tile j (keys k0 .. k0 + nk) of kv head g, against all later queries.
     auto key_tile = [&](int64_t b, int64_t g, int64_t j) {
@@ -485,15 +539,16 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
           const int64_t ne = std::min(nk, q0 + mq - k0);  // keys after the tile's last query are masked
           const C* Qi = Qp + (hh * T_ + q0) * D;
           const C* dOi = dOp + (hh * T_ + q0) * D;
-          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Kj, Qi, St);
-          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}, Vj, dOi, dPt);
+          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Kj, Qi, St,
+               sp);
+          gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}, Vj, dOi, dPt, sp);
           for (int64_t r = 0; r < ne; ++r)  // key k0 + r is seen by queries q0 + i with i ≥ k0 + r − q0
             grad_row(St + r * mq, dPt + r * mq, lse2 + hh * T_ + q0, delta + hh * T_ + q0, d.scale,
                      std::max<int64_t>(0, k0 + r - q0), mq, Pt + r * mq, dSt + r * mq);
-          gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, Pt, dOi, dV_acc);
-          gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, dSt, Qi, dK_acc);
+          gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, Pt, dOi, dV_acc, sp);
+          gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, dSt, Qi, dK_acc, sp);
           gemm({.M = mq, .N = D, .K = ne, .trans_a = true, .ab = ab, .c = DType::f32, .accumulate = !dq_first}, dSt, Kj,
-               dQp + (hh * T_ + q0) * D);
+               dQp + (hh * T_ + q0) * D, sp);
         }
       }
       unpack_head(dK_acc, d, d.Hkv, b, g, k0, nk, dk);

@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/avx512_math.h"
@@ -153,7 +154,10 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
   const int32_t ignore = opt.ignore_index;
   const int32_t* tgt = targets.data<int32_t>();
   CrossEntropyResult result;
-  for (int64_t i = 0; i < M; ++i) {
+  // A dry run has no targets: every row counts (no padding), as in training on packed windows.
+  const bool dry = dry_run();
+  if (dry) result.num_tokens = M;
+  for (int64_t i = 0; i < M && !dry; ++i) {
     if (tgt[i] == ignore) continue;
     ANVIL_CHECK(tgt[i] >= 0 && tgt[i] < V, "cross_entropy: target id ", tgt[i], " at row ", i,
                 " is outside the vocabulary [0, ", V, ") and is not the ignore_index (", ignore,
@@ -206,7 +210,7 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
   for (int64_t r0 = 0; r0 < M; r0 += B) {
     const int64_t Bn = std::min(B, M - r0);
     const int32_t* t = tgt + r0;
-    if (std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) {
+    if (!dry_run() && std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) {
       if (backward) {
         Tensor rows = dx->slice(r0, Bn);
         rows.zero_();
@@ -215,8 +219,11 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
     }
 
     // ---- pass 1: online log-sum-exp over the vocabulary chunks ----
-    std::fill(row_max, row_max + Bn, -std::numeric_limits<float>::infinity());
-    std::fill(row_sum, row_sum + Bn, 0.0f);
+    // (A dry run makes the block's products, and computes nothing: parallel_for runs no body.)
+    if (!dry_run()) {
+      std::fill(row_max, row_max + Bn, -std::numeric_limits<float>::infinity());
+      std::fill(row_sum, row_sum + Bn, 0.0f);
+    }
     for (int64_t c = 0; c < n_chunks; ++c) {
       const int64_t v0 = c * C, Cn = std::min(C, V - v0);
       if (keep) L = logits_base + v0 * Bn;
@@ -234,7 +241,7 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
       });
     }
     double block_loss = 0;
-    for (int64_t i = 0; i < Bn; ++i) {
+    for (int64_t i = 0; i < Bn && !dry; ++i) {
       if (t[i] == ignore) continue;
       row_lse[i] = row_max[i] + std::log(row_sum[i]);
       block_loss += static_cast<double>(row_lse[i]) - static_cast<double>(row_target[i]);
@@ -273,7 +280,7 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
       GemmShape sdw{.M = Cn, .N = D, .K = Bn, .trans_a = true, .ab = dt, .c = dw->dtype(), .accumulate = true};
       gemm(sdw, DL, xp + r0 * D * esz, dwp + v0 * D * dw_esz);
     }
-    if (dx->dtype() == DType::bf16) convert_f32_to_bf16(dx_blk, dx->data<bf16>() + r0 * D, Bn * D);
+    if (dx->dtype() == DType::bf16 && !dry_run()) convert_f32_to_bf16(dx_blk, dx->data<bf16>() + r0 * D, Bn * D);
   }
   return result;
 }
@@ -360,8 +367,9 @@ int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor
                vocab_begin + V, ") of ", vocab_size);
   const int32_t ignore = opt.ignore_index;
   const int32_t* tgt = targets.data<int32_t>();
-  int64_t counted = 0;
-  for (int64_t i = 0; i < M; ++i) {
+  const bool dry = dry_run();
+  int64_t counted = dry ? M : 0;  // a dry run's rows all count, as in run()
+  for (int64_t i = 0; i < M && !dry; ++i) {
     if (tgt[i] == ignore) continue;
     ANVIL_CHECK(tgt[i] >= 0 && tgt[i] < vocab_size, "cross_entropy: target id ", tgt[i], " at row ", i,
                 " is outside the vocabulary [0, ", vocab_size, ") and is not the ignore_index (", ignore,
@@ -372,8 +380,10 @@ int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor
   float* row_max = stats.data<float>();
   float* row_sum = row_max + M;
   float* row_target = row_max + 2 * M;
-  std::fill(row_max, row_max + M, -std::numeric_limits<float>::infinity());
-  std::fill(row_sum, row_sum + 2 * M, 0.0f);
+  if (!dry_run()) {
+    std::fill(row_max, row_max + M, -std::numeric_limits<float>::infinity());
+    std::fill(row_sum, row_sum + 2 * M, 0.0f);
+  }
   if (counted == 0 || V == 0) return counted;
 
   const CrossEntropyBlocking blocking = cross_entropy_shard_blocking(M, V, opt);
@@ -383,7 +393,7 @@ int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor
   for (int64_t r0 = 0; r0 < M; r0 += B) {
     const int64_t Bn = std::min(B, M - r0);
     const int32_t* t = tgt + r0;
-    if (std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) continue;
+    if (!dry_run() && std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) continue;
     float *mx = row_max + r0, *sm = row_sum + r0, *tg = row_target + r0;
     for (int64_t v0 = 0; v0 < V; v0 += C) {
       const int64_t Cn = std::min(C, V - v0);
@@ -409,6 +419,7 @@ void cross_entropy_rescale_sumexp(Tensor& stats, const Tensor& global_max, const
                    global_max.numel() == M && targets.dtype() == DType::i32,
                "cross_entropy_rescale_sumexp: stats ", shape_str(stats.shape()), " max ",
                shape_str(global_max.shape()));
+  if (dry_run()) return;
   const float* mx = stats.data<float>();
   float* sm = stats.data<float>() + M;
   const float* g = global_max.data<float>();
@@ -432,6 +443,10 @@ CrossEntropyResult cross_entropy_combine_rows(const Tensor& global_max, const Te
   const int32_t* t = targets.data<int32_t>();
   float* out = lse.data<float>();
   CrossEntropyResult r;
+  if (dry_run()) {  // every row counts, as in run()
+    r.num_tokens = M;
+    return r;
+  }
   for (int64_t i = 0; i < M; ++i) {
     if (t[i] == opt.ignore_index) {
       out[i] = 0.0f;
@@ -482,7 +497,7 @@ void cross_entropy_shard_backward(const Tensor& x, const Tensor& w, const Tensor
   for (int64_t r0 = 0; r0 < M; r0 += B) {
     const int64_t Bn = std::min(B, M - r0);
     const int32_t* t = tgt + r0;
-    if (std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) {
+    if (!dry_run() && std::all_of(t, t + Bn, [&](int32_t id) { return id == ignore; })) {
       Tensor rows = dx.slice(r0, Bn);
       rows.zero_();
       continue;
@@ -512,7 +527,7 @@ void cross_entropy_shard_backward(const Tensor& x, const Tensor& w, const Tensor
       GemmShape sdw{.M = Cn, .N = D, .K = Bn, .trans_a = true, .ab = dt, .c = dw.dtype(), .accumulate = true};
       gemm(sdw, DL, xp + r0 * D * esz, dwp + v0 * D * dw_esz);
     }
-    if (dx.dtype() == DType::bf16) convert_f32_to_bf16(dx_blk, dx.data<bf16>() + r0 * D, Bn * D);
+    if (dx.dtype() == DType::bf16 && !dry_run()) convert_f32_to_bf16(dx_blk, dx.data<bf16>() + r0 * D, Bn * D);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
@@ -144,6 +145,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
   const int64_t V = table.size(0), D = table.size(1), M = tokens.numel();
   ANVIL_ASSERT(out.numel() == M * D && (out.ndim() == 0 || out.size(-1) == D), "embedding: out ",
                shape_str(out.shape()), " for ", M, " tokens of width ", D);
+  if (dry_run()) return;
   check_tokens(tokens, V, "embedding_forward");
   if (M == 0 || D == 0) return;
   const int32_t* tok = tokens.data<int32_t>();
@@ -159,6 +161,7 @@ void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable
   const int64_t V = dtable.size(0), D = dtable.size(1), M = tokens.numel();
   ANVIL_ASSERT(dout.numel() == M * D && (dout.ndim() == 0 || dout.size(-1) == D), "embedding backward: dout ",
                shape_str(dout.shape()), " for ", M, " tokens of width ", D);
+  if (dry_run()) return;
   check_tokens(tokens, V, "embedding_backward");
   if (M == 0 || D == 0) return;
   const int32_t* tok = tokens.data<int32_t>();
@@ -174,6 +177,7 @@ void embedding_forward_shard(const Tensor& tokens, const Tensor& table, int64_t 
   const int64_t D = table.size(1), M = tokens.numel();
   ANVIL_ASSERT(out.numel() == M * D && (out.ndim() == 0 || out.size(-1) == D), "embedding: out ",
                shape_str(out.shape()), " for ", M, " tokens of width ", D);
+  if (dry_run()) return;
   check_tokens(tokens, vocab_size, "embedding_forward");
   if (M == 0 || D == 0) return;
   const int64_t rows = std::clamp<int64_t>(vocab_size - vocab_begin, 0, table.size(0));  // without the padding
@@ -190,6 +194,7 @@ void embedding_backward_shard(const Tensor& dout, const Tensor& tokens, int64_t 
   const int64_t D = dtable.size(1), M = tokens.numel();
   ANVIL_ASSERT(dout.numel() == M * D && (dout.ndim() == 0 || dout.size(-1) == D), "embedding backward: dout ",
                shape_str(dout.shape()), " for ", M, " tokens of width ", D);
+  if (dry_run()) return;
   check_tokens(tokens, vocab_size, "embedding_backward");
   if (M == 0 || D == 0) return;
   const int64_t rows = std::clamp<int64_t>(vocab_size - vocab_begin, 0, dtable.size(0));

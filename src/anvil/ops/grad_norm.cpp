@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 
@@ -132,6 +133,7 @@ int for_each_piece(std::span<const Tensor> grads, F&& fn) {
 double grad_sum_of_squares(std::span<const Tensor> grads) {
   const ScopedOpTime op("grad_norm");
   for (const Tensor& t : grads) check_grad(t);
+  if (dry_run()) return 0.0;  // a dry run's gradients are no values: its norm is 0
   // One slot per part, summed below in part order: reproducible for a given thread count.
   std::vector<double> partial(static_cast<size_t>(num_threads()), 0.0);
   const int parts = for_each_piece(grads, [&](int part, const Tensor& t, int64_t lo, int64_t hi) {
@@ -154,6 +156,7 @@ double clip_coefficient(double total_norm, double max_norm) {
 void scale_grads_(std::span<const Tensor> grads, float s) {
   const ScopedOpTime op("scale_grads");
   for (const Tensor& t : grads) check_grad(t);
+  if (dry_run()) return;
   for_each_piece(grads, [&](int, const Tensor& t, int64_t lo, int64_t hi) {
     if (t.dtype() == DType::f32)
       scale(t.data<float>() + lo, hi - lo, s);

@@ -5,11 +5,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
 #include "anvil/core/cpu_peak.h"
+#include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
@@ -23,12 +25,15 @@ dnnl::memory::data_type dnnl_type(DType t) {
   return t == DType::f32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
 }
 
+// A primitive is made for the threads the process runs (oneDNN sizes its
+// scratchpad by them), so a change of thread count makes new ones.
 struct GemmKey {
   GemmShape s;
+  int threads = num_threads();
   bool operator==(const GemmKey& o) const {
     const GemmShape& a = s;
     const GemmShape& b = o.s;
-    return a.M == b.M && a.N == b.N && a.K == b.K && a.trans_a == b.trans_a && a.trans_b == b.trans_b &&
+    return threads == o.threads && a.M == b.M && a.N == b.N && a.K == b.K && a.trans_a == b.trans_a && a.trans_b == b.trans_b &&
            a.lda == b.lda && a.ldb == b.ldb && a.ldc == b.ldc && a.ab == b.ab && a.c == b.c && a.alpha == b.alpha &&
            a.accumulate == b.accumulate;
   }
@@ -44,6 +49,7 @@ struct GemmKeyHash {
     mix(alpha_bits);
     mix((s.trans_a ? 1 : 0) | (s.trans_b ? 2 : 0) | (s.accumulate ? 4 : 0) | (static_cast<int>(s.ab) << 3) |
         (static_cast<int>(s.c) << 5));
+    mix(static_cast<uint64_t>(k.threads));
     return h;
   }
 };
@@ -113,6 +119,27 @@ const GemmPrimitive& primitive_for(const GemmShape& s) {
   return ctx.cache.emplace(GemmKey{s}, std::move(g)).first->second;
 }
 
+// What a thread keeps between products, grown to the largest need and
+// tracked as workspace: oneDNN's scratchpad, and the widened operands of bf16
+// products run in f32 (run_widened). A dry run has its own, dropped when it
+// ends (its allocator goes with it).
+struct ThreadBuffers {
+  Tensor scratch, a, b, c;
+};
+ThreadBuffers& thread_buffers() {
+  thread_local ThreadBuffers mine;
+  if (!dry_run()) return mine;
+  static std::mutex mutex;
+  static std::map<std::thread::id, ThreadBuffers> dry;
+  const std::lock_guard lock(mutex);
+  if (dry.empty())
+    DryRun::release_at_end([] {
+      const std::lock_guard lock(mutex);
+      dry.clear();
+    });
+  return dry[std::this_thread::get_id()];  // map nodes stay put as others are added
+}
+
 double gemm_flops(int64_t M, int64_t N, int64_t K) {
   return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
 }
@@ -135,6 +162,31 @@ int64_t panel_rows(int64_t rows, int64_t cols) {
   return std::clamp<int64_t>(static_cast<int64_t>(kWidenedPanelBytes / 4) / std::max<int64_t>(1, cols), 1, rows);
 }
 
+// A native product with `scratchpad` (at least the primitive's need), or,
+// when null, this thread's own, grown to the largest need it has run.
+void run_native(const GemmShape& s, const void* A, const void* B, void* C, void* scratchpad) {
+  const GemmPrimitive& g = primitive_for(s);
+  Context& ctx = context();
+  const size_t need = g.scratch.get_size();
+  if (scratchpad == nullptr && need > 0) {  // tracked as workspace
+    Tensor& scratch_buf = thread_buffers().scratch;
+    if (!scratch_buf.defined() || scratch_buf.nbytes() < need)
+      scratch_buf = Tensor::empty({static_cast<int64_t>((need + 1) / 2)}, DType::bf16, MemCategory::workspace,
+                                  "gemm.scratchpad");
+    scratchpad = scratch_buf.raw();
+  }
+  if (dry_run()) return;
+  // A stream per thread: kernels may call gemm from inside a parallel region,
+  // where oneDNN runs the product on the calling thread alone.
+  thread_local dnnl::stream stream(ctx.engine);
+  dnnl::memory a(g.a, ctx.engine, const_cast<void*>(A));
+  dnnl::memory b(g.b, ctx.engine, const_cast<void*>(B));
+  dnnl::memory c(g.c, ctx.engine, C);
+  dnnl::memory scratch(g.scratch, ctx.engine, need > 0 ? scratchpad : nullptr);
+  g.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, scratch}});
+  stream.wait();
+}
+
 void run_gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   if (shape.M == 0 || shape.N == 0) return;
   const GemmShape s = normalised(shape);
@@ -143,22 +195,7 @@ void run_gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
     return;
   }
   if (widens(s)) return run_widened(s, A, B, C);
-  const GemmPrimitive& g = primitive_for(s);
-  Context& ctx = context();
-  // A stream per thread: kernels may call gemm from inside a parallel region,
-  // where oneDNN runs the product on the calling thread alone.
-  thread_local dnnl::stream stream(ctx.engine);
-  dnnl::memory a(g.a, ctx.engine, const_cast<void*>(A));
-  dnnl::memory b(g.b, ctx.engine, const_cast<void*>(B));
-  dnnl::memory c(g.c, ctx.engine, C);
-  // This thread's scratchpad, grown to the largest primitive it has run; tracked as workspace.
-  thread_local Tensor scratch_buf;
-  const size_t need = g.scratch.get_size();
-  if (need > 0 && (!scratch_buf.defined() || scratch_buf.nbytes() < need))
-    scratch_buf = Tensor::empty({static_cast<int64_t>((need + 1) / 2)}, DType::bf16, MemCategory::workspace, "gemm.scratchpad");
-  dnnl::memory scratch(g.scratch, ctx.engine, need > 0 ? scratch_buf.raw() : nullptr);
-  g.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, scratch}});
-  stream.wait();
+  run_native(s, A, B, C, nullptr);
 }
 
 // rows × cols of bf16 at src (row stride ld) into dense f32 at dst.
@@ -203,23 +240,14 @@ void run_panel(const GemmShape& p, const GemmShape& s, const float* fa, const fl
   narrow_rows(fc, p.M, p.N, C, s.ldc);
 }
 
-// This thread's widened operands (run_widened), kept between products.
-struct WidenedBuffers {
-  Tensor a, b, c;
-};
-WidenedBuffers& widened_buffers() {
-  thread_local WidenedBuffers buffers;
-  return buffers;
-}
 
 void run_widened(const GemmShape& s, const void* A, const void* B, void* C) {
-  Tensor& buf_a = widened_buffers().a;
-  Tensor& buf_b = widened_buffers().b;
-  Tensor& buf_c = widened_buffers().c;
+  ThreadBuffers& kept = thread_buffers();
   const WidenedBytes need = widened_operand_bytes(s);
-  float* fa = grown(buf_a, need.a, "gemm.widened_a");
-  float* fb = grown(buf_b, need.b, "gemm.widened_b");
-  float* fc = need.c > 0 ? grown(buf_c, need.c, "gemm.widened_c") : nullptr;
+  float* fa = grown(kept.a, need.a, "gemm.widened_a");
+  float* fb = grown(kept.b, need.b, "gemm.widened_b");
+  float* fc = need.c > 0 ? grown(kept.c, need.c, "gemm.widened_c") : nullptr;
+  if (dry_run()) return;
   const char* a = static_cast<const char*>(A);
   const char* b = static_cast<const char*>(B);
   GemmShape p = s;
@@ -275,7 +303,10 @@ bool bf16_products_widened() {
   return widened != 0;
 }
 
-void release_widened_buffers() { widened_buffers() = WidenedBuffers{}; }
+void release_widened_buffers() {
+  ThreadBuffers& kept = thread_buffers();
+  kept.a = kept.b = kept.c = Tensor();
+}
 
 void set_bf16_products_widened(bool widened) { g_bf16_widened.store(widened, std::memory_order_relaxed); }
 
@@ -295,6 +326,22 @@ WidenedBytes widened_operand_bytes(const GemmShape& shape) {
 void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
   const ScopedOpTime op("gemm", gemm_flops(shape.M, shape.N, shape.K));
   run_gemm(shape, A, B, C);
+}
+
+size_t gemm_scratchpad_bytes(const GemmShape& shape) {
+  if (shape.M == 0 || shape.N == 0 || shape.K == 0) return 0;
+  return primitive_for(normalised(shape)).scratch.get_size();
+}
+
+void gemm(const GemmShape& shape, const void* A, const void* B, void* C, void* scratchpad) {
+  const ScopedOpTime op("gemm", gemm_flops(shape.M, shape.N, shape.K));
+  if (shape.M == 0 || shape.N == 0) return;
+  const GemmShape s = normalised(shape);
+  if (s.K == 0) {
+    ANVIL_ASSERT(s.accumulate, "gemm with K = 0 must accumulate");
+    return;
+  }
+  run_native(s, A, B, C, scratchpad);
 }
 
 std::string matmul_impl_name(DType dtype, int64_t size) {
@@ -393,6 +440,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw) {
     Context& ctx = context();
     thread_local dnnl::stream stream(ctx.engine);
     Tensor partial = Tensor::empty({N, K}, DType::f32, MemCategory::workspace, "linear.dw_partial");
+    if (dry_run()) return;
     dnnl::memory mx(g.x, ctx.engine, x.raw()), mdy(g.dy, ctx.engine, dy.raw()), mdw(g.dw, ctx.engine, partial.raw());
     g.prim.execute(stream, {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DIFF_DST, mdy}, {DNNL_ARG_DIFF_WEIGHTS, mdw}});
     stream.wait();

@@ -25,6 +25,13 @@ struct GemmShape {
 
 void gemm(const GemmShape& s, const void* A, const void* B, void* C);
 
+// Products run from inside a parallel region (attention's tiles) take their
+// oneDNN scratchpad from the caller, who sizes it before the loop with
+// gemm_scratchpad_bytes (the most any of its products needs; 0 for none), so
+// the op's memory is fixed when it starts rather than grown on each thread.
+size_t gemm_scratchpad_bytes(const GemmShape& s);
+void gemm(const GemmShape& s, const void* A, const void* B, void* C, void* scratchpad);
+
 // The name of the kernel oneDNN picks for a square product in `dtype`
 // (e.g. "brg:avx512_core_amx"); used to check that bf16 runs on AMX. A bf16
 // product that runs widened reads "widened to f32: " and the f32 kernel.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
@@ -114,6 +115,7 @@ void backward_kernel(const T* dy, const T* x, const T* w, const float* rstd, flo
   const int64_t rows_per_chunk = std::max<int64_t>(16, (int64_t{1} << 19) / std::max<int64_t>(1, D));
   const int64_t chunks = (M + rows_per_chunk - 1) / rows_per_chunk;
   Tensor partial = Tensor::empty({chunks, D}, DType::f32, MemCategory::workspace, "rmsnorm.dw_partial");
+  if (dry_run()) return;
   float* part = partial.data<float>();
   parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -148,7 +150,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, con
     ANVIL_ASSERT(rstd.dtype() == DType::f32 && rstd.numel() == M, "rmsnorm: rstd ", shape_str(rstd.shape()));
     rs = rstd.data<float>();
   }
-  if (M == 0 || D == 0) return;
+  if (M == 0 || D == 0 || dry_run()) return;
   if (x.dtype() == DType::f32)
     forward_kernel(x.data<float>(), w.data<float>(), eps, y.data<float>(), rs, M, D);
   else

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/vec16.h"
@@ -74,7 +75,7 @@ void rope_apply(const Tensor& x, const RopeTable& table, int64_t pos_offset, Ten
   ANVIL_CHECK(pos_offset >= 0 && pos_offset + T <= table.max_positions(), what, ": positions [", pos_offset, ", ",
               pos_offset + T, ") are outside the RoPE table, which covers [0, ", table.max_positions(),
               "); build the table for at least ", pos_offset + T, " positions (raise the maximum sequence length)");
-  if (x.numel() == 0) return;
+  if (x.numel() == 0 || dry_run()) return;
   const float* c = table.cos.data<float>();
   const float* s = table.sin.data<float>();
   if (x.dtype() == DType::f32)
@@ -122,6 +123,7 @@ RopeTable rope_table(int64_t max_positions, int64_t head_dim, double theta, cons
   const int64_t half = head_dim / 2;
   RopeTable t{Tensor::empty({max_positions, half}, DType::f32, category, "rope.cos"),
               Tensor::empty({max_positions, half}, DType::f32, category, "rope.sin")};
+  if (dry_run()) return t;
   float* c = t.cos.data<float>();
   float* s = t.sin.data<float>();
   parallel_for(0, max_positions, 64, [&](int64_t lo, int64_t hi) {

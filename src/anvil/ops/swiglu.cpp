@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel.h"
 #include "anvil/ops/avx512_math.h"
@@ -144,6 +145,7 @@ void swiglu_forward(const Tensor& g, const Tensor& u, Tensor& h) {
   const ScopedOpTime op("swiglu.forward");
   check_same(g, u, "u");
   check_same(g, h, "h");
+  if (dry_run()) return;
   const int64_t n = g.numel();
   switch (g.dtype()) {
     case DType::f32:
@@ -167,6 +169,7 @@ void swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u, Tensor&
   check_same(g, dg, "dg");
   check_same(g, du, "du");
   ANVIL_ASSERT(g.numel() == 0 || dg.raw() != du.raw(), "swiglu_backward: dg and du must be different tensors");
+  if (dry_run()) return;
   const int64_t n = g.numel();
   switch (g.dtype()) {
     case DType::f32:

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "anvil/core/error.h"
-#include "anvil/dist/pipeline_schedule.h"
+#include "anvil/distributed/pipeline_schedule.h"
 #include "anvil/plan/flops.h"
 
 namespace anvil {

@@ -33,24 +33,6 @@ struct TrainShape {
 
 MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape);
 
-// Workspace kept through a step: the RoPE table and the step's token batches.
-size_t step_workspace_bytes(const ModelArgs& args, const TrainShape& shape);
-// The largest per-op scratch of a micro-batch (loss head, attention, a weight
-// gradient's f32 partial, RMSNorm's weight gradient), for a tensor-parallel
-// rank of `tp` when tp > 1.
-size_t op_scratch_bytes(const ModelArgs& args, const TrainShape& shape, int tp = 1, bool loss_parallel = true);
-// The same terms as blocks the allocator keeps cached between their uses
-// (each counted whole, in pages, when at least kCachedBlockMin; an estimate:
-// an op's scratch is several tensors, not one block).
-size_t op_scratch_cached_bytes(const ModelArgs& args, const TrainShape& shape, int tp = 1, bool loss_parallel = true);
-
-// The f32 buffers of bf16 products widened to f32 (ops/matmul.h): each
-// grows, per thread, to the largest product's need and stays, so after the
-// first step they are held like the RoPE table. 0 in f32 or when bf16
-// products run natively. `with_head`: this rank runs the output projection.
-size_t widened_product_bytes(const ModelArgs& args, const TrainShape& shape, int tp = 1, bool loss_parallel = true,
-                             bool with_head = true);
-
 // Activation bytes one block keeps between forward and backward under `policy`
 // (layer index matters for selective-layer checkpointing).
 size_t block_saved_bytes(const ModelArgs& args, const TrainShape& shape, int layer);

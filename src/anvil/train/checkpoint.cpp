@@ -15,6 +15,7 @@
 #include <fstream>
 #include <vector>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
 #include "anvil/core/durable_file.h"
 #include "anvil/core/profiler.h"
@@ -130,6 +131,7 @@ Checkpointer::~Checkpointer() {
 }
 
 void Checkpointer::wait() {
+  dry_held_.reset();
   if (writer_.joinable()) writer_.join();
   if (writer_error_) std::rethrow_exception(std::exchange(writer_error_, nullptr));
 }
@@ -183,6 +185,10 @@ void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const
                              keep(adam_m->slice(s.offset, s.numel()).view(s.shape), DType::f32));
     p.optimizer.emplace_back(s.name + ".exp_avg_sq",
                              keep(adam_v->slice(s.offset, s.numel()).view(s.shape), DType::f32));
+  }
+  if (dry_run()) {
+    if (async_) dry_held_ = std::make_shared<Pending>(std::move(p));
+    return;
   }
   if (!async_) {
     write(p);

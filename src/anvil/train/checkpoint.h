@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -69,6 +70,9 @@ class Checkpointer {
   bool async_;
   std::thread writer_;
   std::exception_ptr writer_error_;
+  // A dry run writes nothing; an asynchronous save's copy is held here until
+  // wait(), as the writer thread holds it until it is done.
+  std::shared_ptr<Pending> dry_held_;
 };
 
 // The model weights of an Anvil checkpoint folder (step-N, full or model-only),

@@ -106,6 +106,11 @@ std::vector<Key> key_table(JobConfig& c) {
       {"profiling", "op_times", &c.profiling.op_times,
        "time every op (matrix products, attention, norms, the optimizer, copies) over the steps after the first "
        "and print a per-op table at the end (also op_times.md and op_times.json in dump_folder; rank 0's ops)"},
+      {"profiling", "allocation_log_step", &c.profiling.allocation_log_step,
+       "write every allocation and free of this step (its schedule, reductions and optimizer), in order, to "
+       "allocations/rank-<r>.jsonl in dump_folder, on every rank: what `anvil estimate`'s dry run of that rank "
+       "makes, event for event (0: off)",
+       {}, 0, kInf},
 
       {"checkpoint", "enable", &c.checkpoint.enable, "save checkpoints"},
       {"checkpoint", "folder", &c.checkpoint.folder, "checkpoint folder, inside dump_folder"},

@@ -67,6 +67,7 @@ struct JobConfig {
     bool enable_memory_snapshot = false;
     std::string save_memory_snapshot_folder = "memory_snapshot";
     bool op_times = false;
+    int64_t allocation_log_step = 0;
   } profiling;
   struct Checkpoint {
     bool enable = false;

@@ -3,9 +3,10 @@
 #include <cstdlib>
 #include <vector>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
-#include "anvil/dist/config_check.h"
-#include "anvil/dist/pipeline.h"
+#include "anvil/distributed/config_check.h"
+#include "anvil/distributed/pipeline.h"
 #include "anvil/plan/pipeline_split.h"
 
 namespace anvil {
@@ -28,7 +29,7 @@ int Parallel::max_over_world(int value) const {
   if (!mesh || world_size == 1) return value;
   Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.max");
   t.data<float>()[0] = static_cast<float>(value);
-  Communicator::world().all_reduce(t, ReduceOp::max);
+  mesh->world().all_reduce(t, ReduceOp::max);
   return static_cast<int>(t.data<float>()[0]);
 }
 
@@ -40,8 +41,8 @@ std::vector<double> Parallel::gather_world(const std::vector<double>& values) co
   Tensor mine = Tensor::empty({n}, DType::f32, MemCategory::communication, "world.gather");
   Tensor all = Tensor::empty({world_size * n}, DType::f32, MemCategory::communication, "world.gather");
   for (int64_t i = 0; i < n; ++i) mine.data<float>()[i] = static_cast<float>(values[static_cast<size_t>(i)]);
-  Communicator world = Communicator::world();
-  world.all_gather(mine, all);
+  mesh->world().all_gather(mine, all);
+  if (dry_run()) return std::vector<double>(static_cast<size_t>(world_size * n), 0.0);  // gathered nothing
   return std::vector<double>(all.data<float>(), all.data<float>() + world_size * n);
 }
 
@@ -114,37 +115,51 @@ void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, Parallel
 
 }  // namespace
 
-Parallel resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
-  Parallel par;
+void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayout& layout) {
   const auto& p = cfg.parallelism;
-  const ParallelDegrees degrees{p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
-                                p.data_parallel_shard_degree, p.tensor_parallel_degree};
-  const MeshLayout layout = MeshLayout::resolve(degrees, world_size);
+  // The rows a micro-batch runs with: the local batch, or under pipeline
+  // parallelism each of its pipeline micro-batches.
+  int64_t rows = cfg.training.local_batch_size;
   if (layout.pp() > 1) {
     const int64_t mb = p.pipeline_parallel_microbatch_size, local = cfg.training.local_batch_size;
     ANVIL_CHECK(local % mb == 0, "parallelism.pipeline_parallel_microbatch_size ", mb,
                 " must divide training.local_batch_size ", local, ": each local batch runs through the pipeline as ",
                 "local_batch_size / pipeline_parallel_microbatch_size micro-batches");
-    par.pp_micro_batches = local / mb;
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
                 " ties its embedding and output weights, which pipeline stages cannot split; pick an untied flavour");
-    setup_pipeline(cfg, args, layout.pp(), par);
+    rows = mb;
   }
   if (layout.tp() > 1) {
     check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
     ANVIL_CHECK(args.ffn_hidden_dim() % layout.tp() == 0, "parallelism.tensor_parallel_degree ", layout.tp(),
                 " must divide ", args.name, "/", args.flavor, "'s feed-forward width ", args.ffn_hidden_dim());
     // The model checks this too, in shapes; here it is said in the keys that set it.
-    const int64_t tokens = cfg.training.local_batch_size * cfg.training.seq_len;
+    const int64_t tokens = rows * cfg.training.seq_len;
     ANVIL_CHECK(!p.enable_sequence_parallel || tokens % layout.tp() == 0, "sequence parallelism splits the ", tokens,
-                " tokens of a micro-batch (local_batch_size x seq_len) over tensor_parallel_degree ", layout.tp(),
-                ", which must divide them; change training.local_batch_size or training.seq_len, or set "
+                " tokens of a micro-batch (",
+                layout.pp() > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
+                " ", rows, " x training.seq_len ", cfg.training.seq_len, ") over tensor_parallel_degree ",
+                layout.tp(), ", which must divide them; change ",
+                layout.pp() > 1 ? "the micro-batch size" : "training.local_batch_size", " or training.seq_len, or set "
                 "parallelism.enable_sequence_parallel = false");
   }
   if (layout.dp_shard() > 1)
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
                 " ties its embedding and output weights, which FSDP does not shard yet; use DDP "
                 "(data_parallel_shard_degree = 1, data_parallel_replicate_degree = ", layout.dp(), ")");
+}
+
+Parallel resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
+  Parallel par;
+  const auto& p = cfg.parallelism;
+  const ParallelDegrees degrees{p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
+                                p.data_parallel_shard_degree, p.tensor_parallel_degree};
+  const MeshLayout layout = MeshLayout::resolve(degrees, world_size);
+  validate_layout(cfg, args, layout);
+  if (layout.pp() > 1) {
+    par.pp_micro_batches = cfg.training.local_batch_size / p.pipeline_parallel_microbatch_size;
+    setup_pipeline(cfg, args, layout.pp(), par);
+  }
   par.accum_steps = gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size, layout);
   if (world_size == 1) return par;
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "anvil/dist/comm.h"
-#include "anvil/dist/mesh.h"
-#include "anvil/dist/pipeline.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/mesh.h"
+#include "anvil/distributed/pipeline.h"
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
 
@@ -57,6 +57,13 @@ struct Parallel {
   // Every rank's `values` (each rank the same count), rank after rank.
   std::vector<double> gather_world(const std::vector<double>& values) const;
 };
+
+// Every check of a layout against the model and the batch, in the keys that
+// set them (tensor-parallel heads and widths, sequence parallelism's split of
+// a micro-batch's tokens — a pipeline micro-batch's under pipeline
+// parallelism —, the pipeline micro-batch size, tied embeddings). Setup,
+// the estimator and the trainer all reach it through resolve_parallel.
+void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayout& layout);
 
 // Resolves and checks the [parallelism] degrees against the world and the
 // model, on every rank with the same message, and the batch against them

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/tensor.h"
-#include "anvil/dist/comm_tracker.h"
+#include "anvil/distributed/comm_tracker.h"
 #include "anvil/model/args.h"
 #include "anvil/model/params.h"
 #include "anvil/ops/adamw.h"

@@ -126,8 +126,7 @@ std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& ar
 
 RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, size_t available,
                              int local_ranks) {
-  const LayoutEstimate est = estimate_layout(cfg, args, par.world_size);
-  RankEstimate mine = est.ranks[static_cast<size_t>(par.rank)];
+  const RankEstimate mine = estimate_rank(cfg, args, par.world_size, par.rank);
   const size_t share = available / static_cast<size_t>(std::max(1, local_ranks));
   if (available == 0 || mine.memory.peak_reserved <= share) return mine;
 
@@ -150,7 +149,7 @@ RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const 
       args.name, "/", args.flavor, " has ", with_commas(args.num_params()), " parameters; predicted peak memory of ",
       where, " is ", human_bytes(mine.memory.peak_reserved), ", over the ", human_bytes(share), " available to it (",
       human_bytes(available), " on this machine", local_ranks > 1 ? detail::concat(" shared by ", local_ranks, " ranks") : "",
-      "); largest first: ", parts, " (layout: ", est.par.description, "). ");
+      "); largest first: ", parts, " (layout: ", par.description, "). ");
   const std::vector<FitOption> options = fitting_changes(cfg, args, par.world_size, share);
   if (options.empty()) {
     msg += "No single change fits by the estimate (a lighter activation checkpointing, a smaller micro-batch, twice "

@@ -1,5 +1,5 @@
 // The pre-flight check: every rank, before it allocates anything, holds its
-// own estimate (train/layout_estimate.h) against the memory it can have, and
+// own estimate (train/estimate.h) against the memory it can have, and
 // refuses a run that would not fit, naming the rank, its pipeline stage and
 // where the bytes go, and the nearest changes that would fit by the same
 // estimate: a lighter activation-checkpointing mode, a smaller micro-batch,
@@ -11,7 +11,7 @@
 
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
-#include "anvil/train/layout_estimate.h"
+#include "anvil/train/estimate.h"
 #include "anvil/train/parallel.h"
 
 namespace anvil {

@@ -1,9 +1,13 @@
 #include "anvil/train/profiling.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
+#include "anvil/core/durable_file.h"
 #include "anvil/core/profiler.h"
+#include "anvil/obs/allocation_log.h"
 #include "anvil/obs/memory_snapshot.h"
 
 namespace anvil {
@@ -59,6 +63,45 @@ std::string trace_dir(const JobConfig& cfg) {
 
 std::string snapshot_dir(const JobConfig& cfg) {
   return (std::filesystem::path(cfg.job.dump_folder) / cfg.profiling.save_memory_snapshot_folder).string();
+}
+
+namespace {
+bool g_log_turned_timeline_on = false;  // the allocation log, not a step capture, switched the timeline on
+}  // namespace
+
+void write_run_peaks(const JobConfig& cfg, const Parallel& par, const MemStats& peaks) {
+  if (cfg.profiling.allocation_log_step <= 0) return;
+  nlohmann::json j;
+  for (int c = 0; c < kNumMemCategories; ++c) j["peak_bytes"][category_name(static_cast<MemCategory>(c))] = peaks.peak[c];
+  j["peak_total_bytes"] = peaks.peak_total;
+  j["peak_reserved_bytes"] = peaks.peak_reserved;
+  const std::filesystem::path dir = std::filesystem::path(cfg.job.dump_folder) / "allocations";
+  std::filesystem::create_directories(dir);
+  write_file_durably(dir / detail::concat("rank-", par.rank, ".peaks.json"), j.dump(2) + "\n");
+}
+
+size_t begin_allocation_log() {
+  TrackingAllocator& alloc = TrackingAllocator::instance();
+  g_log_turned_timeline_on = !alloc.timeline_on();
+  alloc.set_timeline(true);
+  return alloc.timeline().size();
+}
+
+void end_allocation_log(const JobConfig& cfg, const Parallel& par, size_t from) {
+  TrackingAllocator& alloc = TrackingAllocator::instance();
+  std::vector<MemEvent> events = alloc.timeline();
+  if (g_log_turned_timeline_on) {
+    alloc.set_timeline(false);
+    alloc.clear_timeline();
+  }
+  events.erase(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(std::min(from, events.size())));
+  const std::string path = (std::filesystem::path(cfg.job.dump_folder) / "allocations" /
+                            detail::concat("rank-", par.rank, ".jsonl"))
+                               .string();
+  write_allocation_log(path, events);
+  if (par.rank0())
+    std::printf("anvil: step %lld's %zu allocations and frees written to %s (rank 0's; every rank writes its own)\n",
+                static_cast<long long>(cfg.profiling.allocation_log_step), events.size(), path.c_str());
 }
 
 std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const Parallel& par, int64_t step,

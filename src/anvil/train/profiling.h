@@ -49,6 +49,22 @@ std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const Par
 // Finishes a step's capture, if any, and says on the console what it wrote.
 void finish_capture(std::unique_ptr<StepCapture>& capture, int64_t step);
 
+size_t begin_allocation_log();
+void end_allocation_log(const JobConfig& cfg, const Parallel& par, size_t from);
+// With profiling.allocation_log_step set, the run's peaks (StepLogger::run_peaks)
+// to <dump_folder>/allocations/rank-<r>.peaks.json, in bytes, at its end.
+void write_run_peaks(const JobConfig& cfg, const Parallel& par, const MemStats& peaks);
+// Runs `step_fn` (the step's run_train_step); when `step` is
+// profiling.allocation_log_step, writes every allocation and free it made to
+// <dump_folder>/allocations/rank-<r>.jsonl (obs/allocation_log.h).
+template <class F>
+auto log_allocations_of(const JobConfig& cfg, const Parallel& par, int64_t step, F&& step_fn) {
+  if (step != cfg.profiling.allocation_log_step) return step_fn();
+  const size_t from = begin_allocation_log();
+  auto result = step_fn();
+  end_allocation_log(cfg, par, from);
+  return result;
+}
 // Writes what was live when memory ran out in `step` to the snapshot folder,
 // for the user to see where it went, and throws `e` again saying where that
 // list is and what would fit.

@@ -45,6 +45,40 @@ void StepLogger::measure_untracked(int64_t after_step, size_t predicted_reserved
               human_bytes(predicted_reserved + untracked_).c_str(), human_bytes(predicted_reserved).c_str());
 }
 
+void gather_rank_figures(const Parallel& par, StepLog& log) {
+  if (!par.distributed()) return;
+  const std::vector<double> mib = par.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
+  log.tokens_per_s_by_rank = par.gather_world(log.tokens_per_s);
+  for (double m : mib) log.peak_mib_by_rank.push_back(m);
+  // Activations apart: what a pipeline schedule keeps in flight shows there.
+  log.activation_peak_mib_by_rank = par.gather_world(
+      static_cast<double>(log.memory.peak[static_cast<int>(MemCategory::activations)]) / (1 << 20));
+  log.peak_rss_mib_by_rank = par.gather_world(static_cast<double>(log.peak_rss) / (1 << 20));
+  log.untracked_mib_by_rank = par.gather_world(static_cast<double>(log.untracked) / (1 << 20));
+  log.peak_reserved_mib_by_rank = par.gather_world(static_cast<double>(log.memory.peak_reserved) / (1 << 20));
+  // Each category's peak on every rank: what the per-rank estimate is held against.
+  const std::vector<double> mine(log.memory.peak.begin(), log.memory.peak.end());
+  const std::vector<double> all = par.gather_world(mine);
+  for (int r = 0; r < par.world_size; ++r) {
+    std::array<double, kNumMemCategories> peaks{};
+    for (int c = 0; c < kNumMemCategories; ++c)
+      peaks[static_cast<size_t>(c)] = all[static_cast<size_t>(r * kNumMemCategories + c)];
+    log.peak_by_rank_by_category.push_back(peaks);
+  }
+  log.max_memory_over_ranks = log.memory.peak_total;
+  for (double m : mib)
+    log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
+}
+
+MemStats StepLogger::run_peaks() const {
+  const MemStats now = TrackingAllocator::instance().stats();
+  MemStats out = run_peaks_;
+  for (int c = 0; c < kNumMemCategories; ++c) out.peak[c] = std::max(out.peak[c], now.peak[c]);
+  out.peak_total = std::max(out.peak_total, now.peak_total);
+  out.peak_reserved = std::max(out.peak_reserved, now.peak_reserved);
+  return out;
+}
+
 void StepLogger::start() {
   TrackingAllocator::instance().reset_peak();
   t_start_ = Clock::now();
@@ -113,29 +147,7 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   interval_steps_ = 0;
   interval_tp_bytes_ = 0;
   interval_pp_bytes_ = 0;
-  if (par_.distributed()) {  // every rank reports; rank 0 prints the fullest
-    const std::vector<double> mib = par_.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
-    log.tokens_per_s_by_rank = par_.gather_world(log.tokens_per_s);
-    for (double m : mib) log.peak_mib_by_rank.push_back(m);
-    // Activations apart: what a pipeline schedule keeps in flight shows there.
-    log.activation_peak_mib_by_rank = par_.gather_world(
-        static_cast<double>(log.memory.peak[static_cast<int>(MemCategory::activations)]) / (1 << 20));
-    log.peak_rss_mib_by_rank = par_.gather_world(static_cast<double>(log.peak_rss) / (1 << 20));
-    log.untracked_mib_by_rank = par_.gather_world(static_cast<double>(untracked_) / (1 << 20));
-    log.peak_reserved_mib_by_rank = par_.gather_world(static_cast<double>(log.memory.peak_reserved) / (1 << 20));
-    // Each category's peak on every rank: what the per-rank estimate is held against.
-    const std::vector<double> mine(log.memory.peak.begin(), log.memory.peak.end());
-    const std::vector<double> all = par_.gather_world(mine);
-    for (int r = 0; r < par_.world_size; ++r) {
-      std::array<double, kNumMemCategories> peaks{};
-      for (int c = 0; c < kNumMemCategories; ++c)
-        peaks[static_cast<size_t>(c)] = all[static_cast<size_t>(r * kNumMemCategories + c)];
-      log.peak_by_rank_by_category.push_back(peaks);
-    }
-    log.max_memory_over_ranks = log.memory.peak_total;
-    for (double m : mib)
-      log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
-  }
+  gather_rank_figures(par_, log);
   print_step_line(log);
   if (metrics_) metrics_->log(log);
   if (tb_) {
@@ -152,7 +164,7 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
                       static_cast<double>(log.memory.peak[c]), step);
     tb_->flush();
   }
-  run_peak_ = std::max(run_peak_, log.memory.peak_total);
+  run_peaks_ = run_peaks();
   alloc.reset_peak();
   t_interval_ = Clock::now();
   interval_tokens_ = 0;
@@ -175,7 +187,7 @@ void StepLogger::print_done(const TrainResult& result) const {
                 "%s\n",
                 static_cast<long long>(result.steps_done), result.first_loss, result.last_loss,
                 seconds_since(t_start_), human_bytes(peak_resident_set_bytes()).c_str(),
-                human_bytes(std::max(run_peak_, TrackingAllocator::instance().stats().peak_total)).c_str(),
+                human_bytes(run_peaks().peak_total).c_str(),
                 human_bytes(untracked_).c_str());
 }
 

@@ -21,6 +21,12 @@ namespace anvil {
 
 struct TrainResult;
 
+// Every rank's figures of a logged step gathered onto every rank (tokens/s,
+// peaks by category, RSS, reserved bytes): a collective over the world, made
+// by the trainer at each logged step and by the estimator's dry run
+// (train/estimate.h) as the trainer does, for the buffers it takes.
+void gather_rank_figures(const Parallel& par, StepLog& log);
+
 class StepLogger {
  public:
   // Rank 0 writes the job's files: metrics.jsonl and the TensorBoard events.
@@ -51,6 +57,9 @@ class StepLogger {
   void log_validation(int64_t step, double loss, int64_t tokens);
   // "anvil: done: ..." for a run that was not interrupted.
   void print_done(const TrainResult& result) const;
+  // The allocator's peaks over the whole run so far (every logging interval's
+  // and the current one's): per category, of the total, and reserved.
+  MemStats run_peaks() const;
 
  private:
   void write(int64_t step, double loss, double grad_norm, double lr);
@@ -66,7 +75,7 @@ class StepLogger {
   Clock::time_point t_start_, t_interval_;
   double data_seconds_ = 0;
   int64_t interval_tokens_ = 0;
-  size_t run_peak_ = 0;  // the largest tracked peak of any logging interval
+  MemStats run_peaks_;  // the largest peaks of the logging intervals written so far
   size_t untracked_ = 0;  // the latest measure_untracked
   bool mfu_warned_ = false;
   std::array<size_t, kNumMemCategories> steady_live_{};

@@ -12,6 +12,7 @@
 #include "anvil/data/shard.h"
 #include "anvil/train/console.h"
 #include "anvil/train/parallelize.h"
+#include "anvil/train/train_step.h"
 
 namespace anvil {
 
@@ -86,15 +87,7 @@ TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Par
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_data).count());
 }
 
-void TrainData::allocate_batches(int64_t micro_batches) {
-  const auto& tc = cfg_.training;
-  for (int64_t i = 0; i < micro_batches; ++i) {
-    batches_.tokens.push_back(
-        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.tokens"));
-    batches_.targets.push_back(
-        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.targets"));
-  }
-}
+void TrainData::allocate_batches(int64_t micro_batches) { batches_ = allocate_micro_batches(cfg_, micro_batches); }
 
 int64_t TrainData::next_step() {
   const ScopedPhase phase(SpanCategory::data, "data");

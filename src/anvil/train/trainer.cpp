@@ -28,6 +28,7 @@
 #include "anvil/train/profiling.h"
 #include "anvil/train/schedule.h"
 #include "anvil/train/step_logger.h"
+#include "anvil/train/train_step.h"
 #include "anvil/train/stop_signal.h"
 #include "anvil/train/train_data.h"
 
@@ -51,12 +52,6 @@ AdamWConfig adamw_config(const JobConfig& cfg) {
 LrSchedule lr_schedule(const JobConfig& cfg) {
   return LrSchedule{cfg.optimizer.lr,           cfg.training.steps,           cfg.lr_scheduler.warmup_steps,
                     cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
-}
-
-std::unique_ptr<Checkpointer> make_checkpointer(const JobConfig& cfg) {
-  if (!cfg.checkpoint.enable) return nullptr;
-  return std::make_unique<Checkpointer>((std::filesystem::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string(),
-                                        cfg.checkpoint.keep_latest_k, cfg.checkpoint.async_mode == "async");
 }
 
 // checkpoint.initial_load_path: the weights of an Anvil checkpoint folder or a
@@ -132,33 +127,10 @@ int64_t fault_kill_step(int rank) {
   return -1;
 }
 
-// A non-finite loss or gradient norm stops the run with an error, or, with
-// training.skip_nonfinite_steps, skips the step (returns true).
-bool skip_nonfinite_step(const JobConfig& cfg, int64_t step, double loss, double grad_norm) {
-  if (std::isfinite(loss) && std::isfinite(grad_norm)) return false;
-  if (!cfg.training.skip_nonfinite_steps)
-    throw Error(detail::concat("step ", step, ": the ", std::isfinite(loss) ? "gradient norm" : "loss",
-                               " is not finite (loss ", loss, ", grad_norm ", grad_norm,
-                               "); lower optimizer.lr, keep training.max_norm > 0, or set "
-                               "training.skip_nonfinite_steps = true to skip such steps"));
-  std::printf("anvil: step %lld skipped: loss %g, grad_norm %g are not finite\n", static_cast<long long>(step), loss,
-              grad_norm);
-  return true;
-}
-
-// The factor the gradients are scaled by: clipping to training.max_norm (0: none).
-float clip_factor(const JobConfig& cfg, double grad_norm) {
-  return cfg.training.max_norm > 0 ? static_cast<float>(clip_coefficient(grad_norm, cfg.training.max_norm)) : 1.0f;
-}
-
 void record_step(TrainResult& result, int64_t step, double loss) {
   if (result.steps_done == 0) result.first_loss = loss;
   result.last_loss = loss;
   result.steps_done = step;
-}
-
-bool validation_due(const JobConfig& cfg, int64_t step) {
-  return cfg.validation.enable && step % cfg.validation.freq == 0;
 }
 
 void validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, ParallelizedModel& layout,
@@ -166,19 +138,6 @@ void validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, Parall
   if (!validation_due(cfg, step)) return;
   const auto [sum, tokens] = data.validation_loss(layout, par);
   logger.log_validation(step, sum / static_cast<double>(tokens), tokens);
-}
-
-bool checkpoint_due(const JobConfig& cfg, int64_t step, const Checkpointer* checkpointer) {
-  return checkpointer != nullptr && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps);
-}
-
-void save_checkpoint_if_due(const JobConfig& cfg, int64_t step, ParallelizedModel& layout, Checkpointer* checkpointer,
-                            const std::function<CheckpointMeta()>& meta) {
-  const bool last = step == cfg.training.steps;
-  if (!checkpoint_due(cfg, step, checkpointer)) return;
-  const bool model_only = last && cfg.checkpoint.last_save_model_only;
-  const DType model_dtype = model_only && cfg.checkpoint.export_dtype == "bfloat16" ? DType::bf16 : DType::f32;
-  layout.save_checkpoint(*checkpointer, step, model_only, model_dtype, meta);
 }
 
 // The stop agreed inside a step: its gradients are dropped.
@@ -261,12 +220,15 @@ TrainResult train(const JobConfig& cfg) {
                           config_to_toml(cfg), model_description(args)};
   };
   const int64_t fault_step = fault_kill_step(par.rank);
-  const ScheduleHooks hooks{{}, [&] { return stop.requested(par); }};
   TrainResult result;
   TrackingAllocator::instance().release_cache();  // setup's one-off blocks
   logger.start();
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
+  const StepContext step_ctx{cfg, par, layout, ac, adamw, schedule, ScheduleHooks{{}, [&] { return stop.requested(par); }},
+                            [&] {
+                              if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
+                            }};
   OpTable op_table;
   OpTimer::reset();
   // Ends a timed step's op timing (validation and checkpoint saves are not the
@@ -287,54 +249,31 @@ TrainResult train(const JobConfig& cfg) {
       const auto t_fetch = Clock::now();
       const int64_t step_tokens = data.next_step();
       logger.add_data_seconds(seconds_since(t_fetch));
-
-      layout.begin_step();
-      // Every data-parallel rank sees as many tokens; the gradients are summed
-      // over the ranks, so each scales by the whole step's count.
-      const float grad_scale = 1.0f / static_cast<float>(step_tokens * par.dp_size);
-      ScheduleResult run = layout.run_step(data.batches(), grad_scale, ac, hooks);
-      if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
-      layout.finish_backward();
-      logger.add_comm(layout.take_comm_stats());
-      sum_loss_over_dp(par, run.loss_sum, run.loss_tokens);
-      if (run.stopped_after > 0) {
+      const StepOutcome out = log_allocations_of(cfg, par, step, [&] {
+        return run_train_step(step_ctx, data.batches(), step_tokens, step);
+      });
+      logger.add_comm(out.comm);
+      if (out.end == StepOutcome::End::stopped) {
         end_op_timing(t_step);
-        report_stop_in_step(stop.signal(), par, step, run.stopped_after);
+        report_stop_in_step(stop.signal(), par, step, out.run.stopped_after);
         result.interrupted = true;
         break;
       }
-      const double loss = run.loss_sum / static_cast<double>(run.loss_tokens);
-      double grad_norm, lr;
-      {
-        const ScopedPhase phase(SpanCategory::optimizer, "optimizer");
-        grad_norm = layout.grad_norm();
-        lr = schedule.at(step);
-        if (skip_nonfinite_step(cfg, step, loss, grad_norm)) {
-          end_op_timing(t_step);
-          continue;
-        }
-        adamw.lr = static_cast<float>(lr);
-        layout.optimizer_step(adamw, step, clip_factor(cfg, grad_norm));
-        logger.record_live_after_optimizer();
+      if (out.end == StepOutcome::End::skipped) {
+        end_op_timing(t_step);
+        continue;
       }
+      logger.record_live_after_optimizer();
       step_phase.reset();
       end_op_timing(t_step);
 
-      record_step(result, step, loss);
-      logger.step_done(step, loss, grad_norm, lr, step_tokens);
-      // The step's blocks stay cached for the next step, but not through a
-      // validation pass or a checkpoint save, whose own one-off blocks go back
-      // to the kernel after them too: the cache never adds to their peak.
-      TrackingAllocator& allocator = TrackingAllocator::instance();
-      allocator.trim_cache();
+      record_step(result, step, out.loss);
+      logger.step_done(step, out.loss, out.grad_norm, out.lr, step_tokens);
       const bool one_off = validation_due(cfg, step) || checkpoint_due(cfg, step, checkpointer.get());
-      // The gradients stay from step to step (begin_step zeroes them), but
-      // not through a validation pass or a save, which do not need them.
-      if (one_off) layout.release_grads();
-      if (one_off) allocator.release_cache();
+      release_after_step(layout, one_off);
       validate_if_due(cfg, step, data, layout, par, logger);
       save_checkpoint_if_due(cfg, step, layout, checkpointer.get(), checkpoint_meta);
-      if (one_off) allocator.release_cache();
+      release_after_one_off(one_off);
       finish_capture(capture, step);
       // Once the first step has made its kernels, buffers and trace.
       if (step == first_step) logger.measure_untracked(step, mfu.predicted_peak_bytes);
@@ -345,6 +284,7 @@ TrainResult train(const JobConfig& cfg) {
       }
     }
     if (checkpointer) checkpointer->wait();  // a background save finishes before the run reports done
+    write_run_peaks(cfg, par, logger.run_peaks());
   } catch (const OutOfMemoryError& e) {
     rethrow_with_oom_snapshot(e, cfg, par, step);
   }

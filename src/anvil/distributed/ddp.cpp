@@ -1,4 +1,4 @@
-#include "anvil/dist/ddp.h"
+#include "anvil/distributed/ddp.h"
 
 #include "anvil/core/profiler.h"
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 
 namespace anvil {
 

@@ -11,10 +11,11 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 
 namespace anvil {
 
@@ -99,12 +100,16 @@ int64_t gradient_accumulation_steps(int64_t local_batch_size, int64_t global_bat
 class DeviceMesh {
  public:
   DeviceMesh(const Communicator& world, const MeshLayout& layout);
+  // World rank `rank`'s mesh for a dry run (core/dry_run.h): every group a
+  // dry communicator of the layout's size, with this rank's place in it.
+  static std::unique_ptr<DeviceMesh> dry(const MeshLayout& layout, int rank);
 
   const MeshLayout& layout() const { return layout_; }
   int rank() const { return rank_; }  // in the world
   const MeshCoord& coord() const { return coord_; }
 
   Communicator& group(MeshGroup g) { return groups_[static_cast<size_t>(g)]; }
+  Communicator& world() { return world_; }  // every rank of the job
   Communicator& pp() { return group(MeshGroup::pp); }
   Communicator& dp_replicate() { return group(MeshGroup::dp_replicate); }
   Communicator& dp_shard() { return group(MeshGroup::dp_shard); }
@@ -112,10 +117,12 @@ class DeviceMesh {
   Communicator& dp() { return group(MeshGroup::dp); }
 
  private:
+  DeviceMesh(const MeshLayout& layout, int rank);
   MeshLayout layout_;
   int rank_;
   MeshCoord coord_;
   std::array<Communicator, kNumMeshGroups> groups_;
+  Communicator world_;
 };
 
 }  // namespace anvil

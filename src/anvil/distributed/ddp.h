@@ -11,8 +11,8 @@
 #pragma once
 #include <vector>
 
-#include "anvil/dist/comm.h"
-#include "anvil/dist/comm_tracker.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/comm_tracker.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
 

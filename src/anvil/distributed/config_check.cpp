@@ -1,4 +1,4 @@
-#include "anvil/dist/config_check.h"
+#include "anvil/distributed/config_check.h"
 
 #include <algorithm>
 #include <cstdio>

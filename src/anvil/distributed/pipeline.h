@@ -8,6 +8,13 @@
 // needs is posted as soon as the action before it is done, and a valid program
 // cannot wait on a receive nobody will send.
 //
+// A send's buffer goes at a fixed point of the rank's program, never when the
+// network happens to finish: at the first action whose input proves the
+// receiver has taken it (a chain of messages from the receiving action on,
+// send_release_points), or at the end of the pass. Waiting there cannot
+// block, and the rank's memory is the same on every run, network or not —
+// so the estimator's dry run (train/estimate.h) records what a real run holds.
+//
 // Memory: a micro-batch's saved state (StageSaved) lives from its forward to
 // its backward only (to its W pass when the backward is split), and the stage
 // holding the head computes the loss inside its backward with the fused head
@@ -22,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "anvil/dist/comm.h"
-#include "anvil/dist/pipeline_schedule.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/pipeline_schedule.h"
 #include "anvil/model/llama.h"
 
 namespace anvil {
@@ -61,6 +68,13 @@ std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit&
 Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const PipelineSplit& split,
                               const PipePlacement& placement, const Tensor& rank_flat);
 
+// For each action of `rank`'s program that sends a tensor to another rank,
+// the index of its first later action whose inputs prove the receiver has
+// taken the tensor (happens-before over the schedule's messages and the
+// ranks' program order); -1 for the others and where no action proves it
+// (the buffer then waits for the pass's end).
+std::vector<int> send_release_points(const PipeSchedule& schedule, int rank);
+
 struct PipelineResult {
   double loss_sum = 0;  // over this step's micro-batches; the head's rank's, 0 on the others
   int64_t loss_tokens = 0;
@@ -96,8 +110,9 @@ class PipelineStage {
   int local(int stage) const;  // the model's index of a stage this rank holds
   void post_receive(Flow flow, int to, int micro_batch, int64_t B, int64_t T);
   Tensor take_input(Flow flow, int to, int micro_batch, int64_t B, int64_t T);
-  void hand_over(const Tensor& t, Flow flow, int to, int micro_batch);
-  void complete_sends(bool wait);
+  void hand_over(const Tensor& t, Flow flow, int to, int micro_batch, int release_at);
+  // Waits for, and frees, the sends whose release point is action k (every send, k = -1).
+  void release_sends(int k);
   // Posts the receive action `a` needs, if any and not yet posted.
   void post_receive_for(const PipeAction& a, const std::vector<Tensor>& tokens);
   // One action of a pass (run's loop body).
@@ -112,7 +127,12 @@ class PipelineStage {
   std::vector<PipeAction> actions_;   // this rank's row of the program
   std::vector<const char*> labels_;   // each action's trace span name ("pipeline.1F3")
   bool keep_outputs_;
-  std::vector<Work> sends_;
+  std::vector<int> release_at_;  // per action: send_release_points
+  struct Send {
+    Work work;
+    int release_at;  // the action at which it goes; -1: the pass's end
+  };
+  std::vector<Send> sends_;
   struct Inbox {
     Tensor tensor;
     Work work;  // pending when the tensor is still arriving

@@ -21,8 +21,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "anvil/dist/comm.h"
-#include "anvil/dist/comm_tracker.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/comm_tracker.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
 

@@ -1,6 +1,6 @@
 // The distributed layer. In this process (no MPI): the mesh's coordinate
 // maths for several layouts, the validators' messages, the config hash, the
-// byte formulas. Under mpirun: tests/dist_worker.cpp, run here with 4 and 2
+// byte formulas. Under mpirun: tests/comm_worker.cpp, run here with 4 and 2
 // ranks and as a singleton, plus the failure scenarios (a config mismatch on
 // one rank, a rank calling abort_all).
 #include <gtest/gtest.h>
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "anvil/dist/comm.h"
-#include "anvil/dist/config_check.h"
-#include "anvil/dist/mesh.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/config_check.h"
+#include "anvil/distributed/mesh.h"
 
 using namespace anvil;
 
@@ -258,7 +258,7 @@ TEST(Comm, CommunicatorNeedsMpi) {
 }
 
 // ---------------------------------------------------------------------------
-// Under mpirun: tests/dist_worker.cpp
+// Under mpirun: tests/comm_worker.cpp
 
 namespace {
 
@@ -289,7 +289,7 @@ CommandRun run(const std::string& command) {
 // `timeout` turns a hang into exit code 124 rather than a stuck ctest.
 std::string mpirun(int ranks, const std::string& args, int timeout_s = 120) {
   return "timeout -k 5 " + std::to_string(timeout_s) + " " + ANVIL_MPIEXEC + " --oversubscribe -np " +
-         std::to_string(ranks) + " " + ANVIL_DIST_WORKER + " --gtest_color=no " + args;
+         std::to_string(ranks) + " " + ANVIL_COMM_WORKER + " --gtest_color=no " + args;
 }
 
 // The worker's tests all pass: exit 0, GoogleTest's summary, no failure lines.
@@ -316,7 +316,7 @@ TEST(MultiRank, TwoRanks) { expect_worker_passes(run(mpirun(2, "--expect-world-s
 
 // Started without mpirun, MPI runs as a singleton: a world of one rank.
 TEST(MultiRank, SingletonWithoutMpirun) {
-  expect_worker_passes(run(std::string("timeout -k 5 120 ") + ANVIL_DIST_WORKER + " --gtest_color=no --expect-world-size=1"));
+  expect_worker_passes(run(std::string("timeout -k 5 120 ") + ANVIL_COMM_WORKER + " --gtest_color=no --expect-world-size=1"));
 }
 
 TEST(MultiRank, ConfigMismatchStopsEveryRankWithOneMessage) {
@@ -340,7 +340,7 @@ TEST(MultiRank, AbortAllEndsTheJobNamingTheRank) {
   const CommandRun r = run(mpirun(4, "--scenario=abort", 30));
   EXPECT_NE(r.exit_code, 124) << "mpirun hung until the timeout killed it\n" << r.output;
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("anvil: rank 2: simulated failure (dist_worker --scenario=abort)"), std::string::npos)
+  EXPECT_NE(r.output.find("anvil: rank 2: simulated failure (comm_worker --scenario=abort)"), std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("completed, which it must not"), std::string::npos) << r.output;
   std::printf("mpirun ended %.1f s after start\n", r.seconds);

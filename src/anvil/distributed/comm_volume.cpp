@@ -1,6 +1,6 @@
-#include "anvil/dist/comm_volume.h"
+#include "anvil/distributed/comm_volume.h"
 
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 
 namespace anvil {
 

@@ -1,4 +1,4 @@
-#include "anvil/dist/mesh.h"
+#include "anvil/distributed/mesh.h"
 
 #include <limits>
 #include <numeric>
@@ -206,6 +206,7 @@ DeviceMesh::DeviceMesh(const Communicator& world, const MeshLayout& layout)
   ANVIL_CHECK(world.size() == layout.world_size(), "a mesh of ", layout.str(), " = ", layout.world_size(),
               " ranks cannot be laid over a world of ", world.size());
   coord_ = layout_.coord_of(rank_);
+  world_ = world.split(0, rank_);
   for (int g = 0; g < kNumMeshGroups; ++g) {
     const auto kind = static_cast<MeshGroup>(g);
     // The key is the group rank, so a sub-communicator's ranks follow the mesh
@@ -215,6 +216,18 @@ DeviceMesh::DeviceMesh(const Communicator& world, const MeshLayout& layout)
                      groups_[g].rank() == layout_.group_rank(rank_, kind),
                  mesh_group_name(kind), " group: MPI gave rank ", groups_[g].rank(), " of ", groups_[g].size());
   }
+}
+
+DeviceMesh::DeviceMesh(const MeshLayout& layout, int rank)
+    : layout_(layout), rank_(rank), coord_(layout.coord_of(rank)), world_(Communicator::dry(rank, layout.world_size())) {
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    const auto kind = static_cast<MeshGroup>(g);
+    groups_[g] = Communicator::dry(layout_.group_rank(rank_, kind), layout_.group_size(kind));
+  }
+}
+
+std::unique_ptr<DeviceMesh> DeviceMesh::dry(const MeshLayout& layout, int rank) {
+  return std::unique_ptr<DeviceMesh>(new DeviceMesh(layout, rank));
 }
 
 }  // namespace anvil

@@ -1,4 +1,4 @@
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 
 #include <algorithm>
 #include <atomic>
@@ -199,6 +199,7 @@ struct Work::Pending {
   std::function<void()> finish;     // after completion: fp32 → bf16, avg's division
   int64_t expect_count = -1;        // recv: the element count that must arrive
   MPI_Datatype type = MPI_DATATYPE_NULL;
+  bool dry = false;                 // a dry run's: completes without MPI and computes nothing
 };
 
 Work::Work(std::unique_ptr<Pending> p) : pending_(std::move(p)) {}
@@ -233,6 +234,7 @@ Work& Work::operator=(Work&& other) noexcept {
 void Work::complete(int rc, const MPI_Status& status) {
   // Whatever happens, this Work is no longer pending (and its buffers go).
   const std::unique_ptr<Pending> p = std::move(pending_);
+  if (p->dry) return;
   ANVIL_CHECK(rc == MPI_SUCCESS, p->what, " failed: ", mpi_error_text(rc));
   if (p->expect_count >= 0) {
     int got = 0;
@@ -245,6 +247,7 @@ void Work::complete(int rc, const MPI_Status& status) {
 
 void Work::wait() {
   if (!pending_) return;
+  if (pending_->dry) return complete(MPI_SUCCESS, MPI_Status{});
   require_main_thread("Work::wait");
   MPI_Status status{};
   const int rc = MPI_Wait(&pending_->request, &status);
@@ -253,6 +256,10 @@ void Work::wait() {
 
 bool Work::test() {
   if (!pending_) return true;
+  if (pending_->dry) {
+    complete(MPI_SUCCESS, MPI_Status{});
+    return true;
+  }
   require_main_thread("Work::test");
   MPI_Status status{};
   int done = 0;
@@ -291,7 +298,12 @@ Communicator::Communicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owne
 Communicator::~Communicator() { free_comm(); }
 
 Communicator::Communicator(Communicator&& other) noexcept
-    : comm_(other.comm_), owned_(other.owned_), rank_(other.rank_), size_(other.size_), counters_(other.counters_) {
+    : comm_(other.comm_),
+      owned_(other.owned_),
+      dry_(other.dry_),
+      rank_(other.rank_),
+      size_(other.size_),
+      counters_(other.counters_) {
   other.comm_ = MPI_COMM_NULL;
   other.owned_ = false;
 }
@@ -301,6 +313,7 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
     free_comm();
     comm_ = other.comm_;
     owned_ = other.owned_;
+    dry_ = other.dry_;
     rank_ = other.rank_;
     size_ = other.size_;
     counters_ = other.counters_;
@@ -327,8 +340,18 @@ Communicator Communicator::self() {
   return Communicator(MPI_COMM_SELF, false);
 }
 
+Communicator Communicator::dry(int rank, int size) {
+  ANVIL_ASSERT(size >= 1 && rank >= 0 && rank < size, "dry communicator: rank ", rank, " of ", size);
+  Communicator c;
+  c.dry_ = true;
+  c.rank_ = rank;
+  c.size_ = size;
+  return c;
+}
+
 Communicator Communicator::split(int color, int key) const {
   ANVIL_CHECK(valid(), "split on an empty communicator");
+  ANVIL_ASSERT(!dry_, "split of a dry communicator: build the dry run's groups with Communicator::dry");
   require_main_thread("split");
   MPI_Comm out = MPI_COMM_NULL;
   const int rc = MPI_Comm_split(comm_, color, key, &out);
@@ -339,6 +362,7 @@ Communicator Communicator::split(int color, int key) const {
 
 void Communicator::barrier() {
   ANVIL_CHECK(valid(), "barrier on an empty communicator");
+  if (dry_) return;
   require_main_thread("barrier");
   const int rc = MPI_Barrier(comm_);
   ANVIL_CHECK(rc == MPI_SUCCESS, "barrier: MPI_Barrier failed on rank ", rank_, " of a group of ", size_, ": ",
@@ -348,7 +372,7 @@ void Communicator::barrier() {
 Work Communicator::run(Call c, bool async) {
   const char* name = comm_op_name(c.op);
   ANVIL_CHECK(valid(), name, " on an empty communicator");
-  require_main_thread(name);
+  if (!dry_) require_main_thread(name);
   const auto op = static_cast<size_t>(c.op);
   counters_.calls[op] += 1;
   counters_.bytes[op] += comm_bytes(c.op, c.wire_bytes, size_);
@@ -360,6 +384,8 @@ Work Communicator::run(Call c, bool async) {
   p->finish = std::move(c.finish);
   p->expect_count = c.expect_count;
   p->type = c.type;
+  p->dry = dry_;
+  if (dry_) return async ? Work(std::move(p)) : Work();  // the buffers go now, or at the caller's wait
   if (async) {
     const int rc = c.issue(&p->request, nullptr);
     ANVIL_CHECK(rc == MPI_SUCCESS, p->what, " failed: ", mpi_error_text(rc));
@@ -384,7 +410,7 @@ Work Communicator::all_reduce_impl(const Tensor& t, ReduceOp op, bool async) {
   const Tensor acc = t.dtype() == DType::bf16 ? Tensor::empty({t.numel()}, DType::f32, MemCategory::communication,
                                                               "all_reduce.fp32_accumulator")
                                               : t;
-  if (t.dtype() == DType::bf16) convert_bf16_to_f32(t.data<bf16>(), acc.data<float>(), t.numel());
+  if (t.dtype() == DType::bf16 && !dry_) convert_bf16_to_f32(t.data<bf16>(), acc.data<float>(), t.numel());
   const MPI_Datatype type = wire_type(acc.dtype());
 
   Call c(CommOp::all_reduce, "MPI_Allreduce", "MPI_Iallreduce");
@@ -480,7 +506,7 @@ Work Communicator::reduce_scatter_impl(const Tensor& full, const Tensor& shard, 
   const Tensor out = widen ? Tensor::empty({shard.numel()}, DType::f32, MemCategory::communication,
                                            "reduce_scatter.fp32_accumulator")
                            : shard;
-  if (widen) convert_bf16_to_f32(full.data<bf16>(), in.data<float>(), full.numel());
+  if (widen && !dry_) convert_bf16_to_f32(full.data<bf16>(), in.data<float>(), full.numel());
   const MPI_Datatype type = wire_type(in.dtype());
 
   Call c(CommOp::reduce_scatter, "MPI_Reduce_scatter_block", "MPI_Ialltoall");

@@ -1,4 +1,4 @@
-#include "anvil/dist/pipeline_schedule.h"
+#include "anvil/distributed/pipeline_schedule.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +12,20 @@
 #include "anvil/core/error.h"
 
 namespace anvil {
+
+std::vector<PipeAction> action_inputs(const PipeAction& a, int stages) {
+  switch (a.op) {
+    case PipeOp::forward:
+      if (a.stage == 0) return {};
+      return {{PipeOp::forward, a.stage - 1, a.micro_batch}};
+    case PipeOp::backward_weight: return {{PipeOp::backward_input, a.stage, a.micro_batch}};
+    case PipeOp::backward:
+    case PipeOp::backward_input:
+      if (a.stage == stages - 1) return {{PipeOp::forward, a.stage, a.micro_batch}};
+      return {{PipeOp::forward, a.stage, a.micro_batch}, {PipeOp::backward, a.stage + 1, a.micro_batch}};
+  }
+  return {};
+}
 
 std::string action_name(const PipeAction& a) {
   return std::to_string(a.stage) + static_cast<char>(a.op) + std::to_string(a.micro_batch);
@@ -195,14 +209,16 @@ PipeProgram zbv_zero_bubble(int P, int m, const std::vector<PipeCosts>& costs) {
   // Rank r, free at time t, takes an action if it has one; false if not.
   auto try_act = [&](int r, double t) {
     auto done_by = [t](double end) { return end >= 0 && end <= t; };
-    auto input_ready = [&](int s) {
-      const int i = next_i[static_cast<size_t>(s)];
-      return i < m && done_by(f_end[at(s, i)]) && (s == S - 1 || done_by(i_end[at(s + 1, i)]));
+    // The next F or I of stage s, its inputs finished by t (a backward input is an I here).
+    auto ready = [&](PipeOp op, int s) {
+      const int i = (op == PipeOp::forward ? next_f : next_i)[static_cast<size_t>(s)];
+      if (i >= m) return false;
+      for (const PipeAction& in : action_inputs({op, s, i}, S))
+        if (!done_by((in.op == PipeOp::forward ? f_end : i_end)[at(in.stage, in.micro_batch)])) return false;
+      return true;
     };
-    auto forward_ready = [&](int s) {
-      const int i = next_f[static_cast<size_t>(s)];
-      return i < m && (s == 0 || done_by(f_end[at(s - 1, i)]));
-    };
+    auto input_ready = [&](int s) { return ready(PipeOp::backward_input, s); };
+    auto forward_ready = [&](int s) { return ready(PipeOp::forward, s); };
     const int down = r, up = S - 1 - r;
     int& held = in_flight[static_cast<size_t>(r)];
     std::deque<PipeAction>& w = pending_w[static_cast<size_t>(r)];
@@ -334,22 +350,17 @@ void check_schedule(const PipeSchedule& schedule, int m, const Locate& where) {
                   "); a W uses what its I computed");
     }
 
-  // Run it: a rank waits only to receive (sends never block). What an
-  // action waits for: F(s, i) the forward F(s−1, i); B or I (s, i) its own
-  // forward and the backward (B or I) of (s+1, i); W(s, i) its I.
-  std::vector<char> done_f(slots, 0), done_back(slots, 0);
-  auto awaited = [&](const PipeAction& a) -> PipeAction {  // {op, -1, -1} when ready
-    const size_t x = static_cast<size_t>(slot_index(a, m));
-    if (a.op == PipeOp::forward) {
-      if (a.stage == 0 || done_f[x - static_cast<size_t>(m)]) return {a.op, -1, -1};
-      return {PipeOp::forward, a.stage - 1, a.micro_batch};
+  // Run it: a rank waits only to receive (sends never block); an action
+  // waits for its inputs (action_inputs).
+  std::vector<char> done_f(slots, 0), done_back(slots, 0);  // done_back: the B or the I
+  auto awaited = [&](const PipeAction& a) -> PipeAction {  // the first input not done; {op, -1, -1} when ready
+    for (const PipeAction& in : action_inputs(a, S)) {
+      const size_t y = static_cast<size_t>(slot_index(in, m));
+      if ((in.op == PipeOp::forward ? done_f : done_back)[y]) continue;
+      if (in.op != PipeOp::backward) return in;
+      return {pos_b[y].first >= 0 ? PipeOp::backward : PipeOp::backward_input, in.stage, in.micro_batch};
     }
-    if (a.op == PipeOp::backward_weight)
-      return done_back[x] ? PipeAction{a.op, -1, -1} : PipeAction{PipeOp::backward_input, a.stage, a.micro_batch};
-    if (!done_f[x]) return {PipeOp::forward, a.stage, a.micro_batch};
-    if (a.stage == S - 1 || done_back[x + static_cast<size_t>(m)]) return {a.op, -1, -1};
-    const size_t y = x + static_cast<size_t>(m);
-    return {pos_b[y].first >= 0 ? PipeOp::backward : PipeOp::backward_input, a.stage + 1, a.micro_batch};
+    return {a.op, -1, -1};
   };
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   for (bool progress = true; progress;) {
@@ -615,14 +626,15 @@ PipeTimeline simulate_pipeline_schedule(const PipeSchedule& schedule, const std:
         return costs.backward_weight;
     }
   };
-  // When the action's input is there, or -1 when it has not been computed yet.
+  // When the action's inputs (action_inputs) are all there, or -1 when one has not been computed yet.
   auto input_time = [&](const PipeAction& a) -> double {
-    const size_t x = slot(a);
-    if (a.op == PipeOp::forward) return a.stage == 0 ? 0 : f_end[x - static_cast<size_t>(m)];
-    if (a.op == PipeOp::backward_weight) return back_end[x];
-    if (a.stage == S - 1 || f_end[x] < 0) return f_end[x];
-    const double after = back_end[x + static_cast<size_t>(m)];
-    return after < 0 ? -1 : std::max(f_end[x], after);
+    double ready = 0;
+    for (const PipeAction& in : action_inputs(a, S)) {
+      const double end = (in.op == PipeOp::forward ? f_end : back_end)[slot(in)];
+      if (end < 0) return -1;
+      ready = std::max(ready, end);
+    }
+    return ready;
   };
   PipeTimeline t;
   t.busy.assign(static_cast<size_t>(P), 0);

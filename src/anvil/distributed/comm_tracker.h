@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "anvil/core/profiler.h"
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 
 namespace anvil {
 

@@ -1,9 +1,10 @@
-#include "anvil/dist/tensor_parallel.h"
+#include "anvil/distributed/tensor_parallel.h"
 
 #include <algorithm>
 #include <map>
 #include <string>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
 #include "anvil/core/profiler.h"
 #include "anvil/ops/embedding.h"
@@ -91,6 +92,7 @@ uint64_t reduced_bytes(const Tensor& t) { return t.dtype() == DType::bf16 ? stat
 
 // dst (D) f32 += src (D) f32
 void add_into(const Tensor& src, const Tensor& dst) {
+  if (dry_run()) return;
   const float* a = src.data<float>();
   float* b = dst.data<float>();
   for (int64_t i = 0; i < dst.numel(); ++i) b[i] += a[i];
@@ -273,7 +275,7 @@ CrossEntropyResult TensorParallelPlan::loss_forward_backward(const Tensor& hn, c
   const CrossEntropyResult loss = cross_entropy_forward_backward(hn, full.slice(0, V), targets, grad_scale, dx, dw_full);
   const float* src = dw_full.data<float>() + begin * D;
   float* dst = dw.data<float>();
-  for (int64_t i = 0; i < rows * D; ++i) dst[i] += src[i];
+  for (int64_t i = 0; i < rows * D && !dry_run(); ++i) dst[i] += src[i];
   const int64_t Ml = residual_rows(M);
   if (Ml == M) {
     dhn = dx;

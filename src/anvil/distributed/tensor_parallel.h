@@ -9,8 +9,8 @@
 #pragma once
 #include <vector>
 
-#include "anvil/dist/comm.h"
-#include "anvil/dist/fsdp.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/fsdp.h"
 #include "anvil/model/args.h"
 #include "anvil/model/parallel_plan.h"
 #include "anvil/model/params.h"

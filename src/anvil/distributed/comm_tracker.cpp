@@ -1,4 +1,4 @@
-#include "anvil/dist/comm_tracker.h"
+#include "anvil/distributed/comm_tracker.h"
 
 namespace anvil {
 

@@ -167,8 +167,16 @@ class Communicator {
   static Communicator world();
   // This process alone.
   static Communicator self();
+  // Rank `rank` of a group of `size` ranks for a dry run (core/dry_run.h):
+  // no other process shares it and no MPI is involved. Every call checks its
+  // arguments, allocates what it would allocate and counts its bytes as a
+  // real one does, then moves nothing: blocking calls return at once, and
+  // non-blocking ones hold their buffers until the caller's wait() or test()
+  // (which completes them), in the order the real code posts and waits.
+  static Communicator dry(int rank, int size);
+  bool is_dry() const { return dry_; }
 
-  bool valid() const { return comm_ != MPI_COMM_NULL; }
+  bool valid() const { return comm_ != MPI_COMM_NULL || dry_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm native() const { return comm_; }
@@ -229,6 +237,7 @@ class Communicator {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
+  bool dry_ = false;
   int rank_ = 0;
   int size_ = 0;
   CommCounters counters_;

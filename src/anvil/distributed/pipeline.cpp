@@ -1,9 +1,10 @@
-#include "anvil/dist/pipeline.h"
+#include "anvil/distributed/pipeline.h"
 
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "anvil/core/error.h"
 #include "anvil/core/profiler.h"
@@ -100,6 +101,69 @@ Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const Pip
   return out;
 }
 
+std::vector<int> send_release_points(const PipeSchedule& schedule, int rank) {
+  const PipeProgram& program = schedule.program;
+  const PipePlacement& placement = schedule.placement;
+  const int P = static_cast<int>(program.size()), S = placement.stages();
+  // Where each action runs: (rank, index); B and I under one key, as
+  // action_inputs names "the backward".
+  auto key = [](const PipeAction& a) {
+    const int op = a.op == PipeOp::forward ? 0 : a.op == PipeOp::backward_weight ? 2 : 1;
+    return std::make_tuple(op, a.stage, a.micro_batch);
+  };
+  std::map<std::tuple<int, int, int>, std::pair<int, int>> where;
+  for (int r = 0; r < P; ++r)
+    for (size_t k = 0; k < program[static_cast<size_t>(r)].size(); ++k)
+      where[key(program[static_cast<size_t>(r)][k])] = {r, static_cast<int>(k)};
+  // Vector clocks: clock[r][k][q] = the last action of rank q known done
+  // when rank r's action k has its inputs (-1: none).
+  std::vector<std::vector<std::vector<int>>> clock(static_cast<size_t>(P));
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      const auto& actions = program[static_cast<size_t>(r)];
+      auto& mine = clock[static_cast<size_t>(r)];
+      for (size_t& n = next[static_cast<size_t>(r)]; n < actions.size(); ++n, progress = true) {
+        std::vector<int> c = n == 0 ? std::vector<int>(static_cast<size_t>(P), -1) : mine[n - 1];
+        bool ready = true;
+        for (const PipeAction& in : action_inputs(actions[n], S)) {
+          const auto [q, j] = where.at(key(in));
+          if (static_cast<size_t>(j) >= next[static_cast<size_t>(q)]) {
+            ready = false;
+            break;
+          }
+          const std::vector<int>& theirs = clock[static_cast<size_t>(q)][static_cast<size_t>(j)];
+          for (int x = 0; x < P; ++x) c[static_cast<size_t>(x)] = std::max(c[static_cast<size_t>(x)], theirs[static_cast<size_t>(x)]);
+        }
+        if (!ready) break;
+        c[static_cast<size_t>(r)] = static_cast<int>(n);
+        mine.push_back(std::move(c));
+      }
+    }
+  }
+  const auto& actions = program[static_cast<size_t>(rank)];
+  ANVIL_ASSERT(next[static_cast<size_t>(rank)] == actions.size(), "the pipeline program cannot run to its end");
+  std::vector<int> release(actions.size(), -1);
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const PipeAction& a = actions[k];
+    // The action that takes what this one sends, if it is on another rank.
+    PipeAction taker{};
+    if (a.op == PipeOp::forward && a.stage < S - 1) taker = {PipeOp::forward, a.stage + 1, a.micro_batch};
+    else if ((a.op == PipeOp::backward || a.op == PipeOp::backward_input) && a.stage > 0)
+      taker = {PipeOp::backward, a.stage - 1, a.micro_batch};
+    else continue;
+    const auto [q, j] = where.at(key(taker));
+    if (q == rank) continue;
+    for (size_t m = k + 1; m < actions.size(); ++m)
+      if (clock[static_cast<size_t>(rank)][m][static_cast<size_t>(q)] >= j) {
+        release[k] = static_cast<int>(m);
+        break;
+      }
+  }
+  return release;
+}
+
 namespace {
 // Trace labels ("pipeline.1F3") must outlive the spans that point at them:
 // interned once, when a stage is built.
@@ -118,7 +182,8 @@ PipelineStage::PipelineStage(Llama& model, Communicator& pp, const PipeSchedule&
       rank_(pp.rank()),
       stages_(schedule.placement.stages_of(pp.rank())),
       actions_(schedule.program[static_cast<size_t>(pp.rank())]),
-      keep_outputs_(keep_outputs) {
+      keep_outputs_(keep_outputs),
+      release_at_(send_release_points(schedule, pp.rank())) {
   ANVIL_ASSERT(placement_.ranks == pp.size() && model.num_stages() == static_cast<int>(stages_.size()),
                "pp rank ", rank_, " holds ", model.num_stages(), " stages; the placement gives it ", stages_.size());
   const int S = placement_.stages();
@@ -167,7 +232,7 @@ Tensor PipelineStage::take_input(Flow flow, int to, int micro_batch, int64_t B, 
   return out;
 }
 
-void PipelineStage::hand_over(const Tensor& t, Flow flow, int to, int micro_batch) {
+void PipelineStage::hand_over(const Tensor& t, Flow flow, int to, int micro_batch, int release_at) {
   if (on_this_rank(to)) {
     inbox_[tag(flow, to, micro_batch)] = Inbox{t, Work()};
     return;
@@ -178,17 +243,20 @@ void PipelineStage::hand_over(const Tensor& t, Flow flow, int to, int micro_batc
   Tensor buf = Tensor::empty(t.shape(), t.dtype(), MemCategory::communication,
                              flow == Flow::activation ? "pipeline.send_activation" : "pipeline.send_gradient");
   buf.copy_from(t);
-  sends_.push_back(pp_.isend(buf, placement_.rank_of(to), tag(flow, to, micro_batch)));
-  complete_sends(/*wait=*/false);
+  sends_.push_back({pp_.isend(buf, placement_.rank_of(to), tag(flow, to, micro_batch)), release_at});
 }
 
-void PipelineStage::complete_sends(bool wait) {
-  std::vector<Work> still;
-  for (Work& w : sends_) {
-    if (wait) w.wait();
-    else if (!w.test()) still.push_back(std::move(w));
+void PipelineStage::release_sends(int k) {
+  std::vector<Send> still;
+  for (Send& s : sends_) {
+    if (k >= 0 && s.release_at != k) {
+      still.push_back(std::move(s));
+      continue;
+    }
+    const ScopedPhase phase(SpanCategory::communication, "pipeline.wait_send");
+    s.work.wait();  // the receiver has the tensor: returns at once, or after MPI's own last steps
   }
-  sends_ = std::move(still);  // completed sends release their buffers
+  sends_ = std::move(still);  // the sends waited for free their buffers here
 }
 
 void PipelineStage::post_receive_for(const PipeAction& a, const std::vector<Tensor>& tokens) {
@@ -209,9 +277,9 @@ CrossEntropyResult PipelineStage::evaluate(const Tensor& tokens, const Tensor& t
     const Tensor input = s == 0 ? tokens : take_input(Flow::activation, s, 0, B, T);
     const Tensor out = model_.forward(local(s), input, B, T, AcPolicy{AcMode::full, 1}, saved);
     if (s == S - 1) result = model_.loss(saved, targets);
-    else hand_over(out, Flow::activation, s + 1, 0);
+    else hand_over(out, Flow::activation, s + 1, 0, -1);
   }
-  complete_sends(/*wait=*/true);
+  release_sends(-1);
   return result;
 }
 
@@ -245,7 +313,7 @@ PipelineResult PipelineStage::run(const std::vector<Tensor>& tokens, const std::
   }
   ANVIL_ASSERT(pass.in_flight.empty(), "a micro-batch ran forward without its whole backward");
   ANVIL_ASSERT(inbox_.empty(), "a boundary tensor was received and never used");
-  complete_sends(/*wait=*/true);
+  release_sends(-1);
   return pass.result;
 }
 
@@ -256,11 +324,13 @@ void PipelineStage::run_action(size_t k, Pass& pass) {
   const Tensor& x = pass.tokens[static_cast<size_t>(i)];
   const int64_t B = x.size(0), T = x.size(1);
   const ScopedPhase span(SpanCategory::step, labels_[k]);
+  const int release_at = release_at_[k];
   if (a.op == PipeOp::forward) {
     const Tensor input = a.stage == 0 ? x : take_input(Flow::activation, a.stage, i, B, T);
+    release_sends(static_cast<int>(k));  // what this action's input proves received
     StageSaved& saved = pass.in_flight[{a.stage, i}];
     Tensor out = model_.forward(l, input, B, T, pass.policy, saved);
-    if (a.stage < S - 1) hand_over(out, Flow::activation, a.stage + 1, i);
+    if (a.stage < S - 1) hand_over(out, Flow::activation, a.stage + 1, i, release_at);
     else if (keep_outputs_) pass.kept_outputs.push_back(model_.logits(saved));
     return;
   }
@@ -268,22 +338,25 @@ void PipelineStage::run_action(size_t k, Pass& pass) {
   ANVIL_ASSERT(saved != pass.in_flight.end(), action_name(a), " before its forward");
   if (pass.before_backward) pass.before_backward(i);
   if (a.op == PipeOp::backward_weight) {
+    release_sends(static_cast<int>(k));
     model_.backward_weight(l, saved->second);
     pass.in_flight.erase(saved);  // nothing of this micro-batch outlives its W pass
     return;
   }
   const auto part = a.op == PipeOp::backward_input ? Llama::BackwardPart::input : Llama::BackwardPart::whole;
   Tensor d_input;
+  Tensor d_output = a.stage == S - 1 ? Tensor() : take_input(Flow::gradient, a.stage, i, B, T);
+  release_sends(static_cast<int>(k));
   if (a.stage == S - 1) {
     const CrossEntropyResult loss = model_.backward_from_loss(l, saved->second, pass.targets[static_cast<size_t>(i)],
                                                               pass.grad_scale, &d_input, part);
     pass.result.loss_sum += loss.loss_sum;
     pass.result.loss_tokens += loss.num_tokens;
   } else {
-    d_input = model_.backward(l, saved->second, take_input(Flow::gradient, a.stage, i, B, T), part);
+    d_input = model_.backward(l, saved->second, std::move(d_output), part);
   }
   if (a.op == PipeOp::backward) pass.in_flight.erase(saved);  // nothing of this micro-batch outlives its backward
-  if (a.stage > 0) hand_over(d_input, Flow::gradient, a.stage - 1, i);
+  if (a.stage > 0) hand_over(d_input, Flow::gradient, a.stage - 1, i, release_at);
 }
 
 }  // namespace anvil

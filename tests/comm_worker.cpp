@@ -1,5 +1,5 @@
-// The multi-rank half of dist_test: a GoogleTest program that starts MPI and
-// is run by dist_test under `mpirun -np N` (and once alone, as a singleton).
+// The multi-rank half of comm_test: a GoogleTest program that starts MPI and
+// is run by comm_test under `mpirun -np N` (and once alone, as a singleton).
 // Every rank runs every test; each rank's data comes from a formula of its
 // rank, so every rank knows the exact expected result locally.
 //
@@ -7,9 +7,9 @@
 // change the sequence of collectives one rank makes, or the others would wait
 // for it forever.
 //
-//   dist_worker [--expect-world-size=N] [gtest flags]   the tests
-//   dist_worker --scenario=config-mismatch              rank 2 has another config
-//   dist_worker --scenario=abort                        rank 2 calls abort_all
+//   comm_worker [--expect-world-size=N] [gtest flags]   the tests
+//   comm_worker --scenario=config-mismatch              rank 2 has another config
+//   comm_worker --scenario=abort                        rank 2 calls abort_all
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,9 +23,9 @@
 
 #include "anvil/core/allocator.h"
 #include "anvil/core/tensor.h"
-#include "anvil/dist/comm.h"
-#include "anvil/dist/config_check.h"
-#include "anvil/dist/mesh.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/config_check.h"
+#include "anvil/distributed/mesh.h"
 #include "mpi_test_util.h"
 
 using namespace anvil;
@@ -496,7 +496,7 @@ int config_mismatch_scenario() {
 int abort_scenario() {
   const int failing = std::min(2, world().size() - 1);
   world().barrier();  // every rank is up
-  if (world().rank() == failing) abort_all("simulated failure (dist_worker --scenario=abort)");
+  if (world().rank() == failing) abort_all("simulated failure (comm_worker --scenario=abort)");
   // The others wait in a collective the failing rank never joins: without
   // abort_all they would hang here for ever.
   Tensor t = Tensor::zeros({4}, DType::f32, MemCategory::workspace, "t");
@@ -521,7 +521,7 @@ int main(int argc, char** argv) {
   if (scenario == "config-mismatch") return config_mismatch_scenario();
   if (scenario == "abort") return abort_scenario();
   if (!scenario.empty()) {
-    std::fprintf(stderr, "dist_worker: unknown scenario '%s'\n", scenario.c_str());
+    std::fprintf(stderr, "comm_worker: unknown scenario '%s'\n", scenario.c_str());
     return 2;
   }
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "anvil/dist/fsdp.h"
+#include "anvil/distributed/fsdp.h"
 
 namespace anvil {
 

@@ -1,6 +1,6 @@
 // Pipeline schedules as plain programs: for each pipeline rank, the ordered
 // list of actions it runs in one step, so a schedule reads micro-batch by
-// micro-batch and the executor (dist/pipeline.h) is one loop over actions:
+// micro-batch and the executor (distributed/pipeline.h) is one loop over actions:
 //   F  forward of a micro-batch on a stage
 //   B  its whole backward (input and weight gradients)
 //   I  the input-gradient half of the backward (zero-bubble schedules): what
@@ -47,6 +47,13 @@ struct PipeAction {
 
 // program[r]: pp rank r's actions in order.
 using PipeProgram = std::vector<std::vector<PipeAction>>;
+
+// What an action needs done before it can run, besides its own rank's
+// earlier actions — the one rule schedules are built, checked, simulated and
+// executed by: F(s, i) needs the forward F(s − 1, i); B or I (s, i) its own
+// forward F(s, i) and the backward of (s + 1, i), given as PipeOp::backward
+// and met by a B or an I; W(s, i) its own I. `stages`: the pipeline's.
+std::vector<PipeAction> action_inputs(const PipeAction& a, int stages);
 
 // Which rank holds each stage.
 struct PipePlacement {

@@ -1,0 +1,38 @@
+#include "anvil/core/dry_run.h"
+
+#include <mutex>
+#include <vector>
+
+#include "anvil/core/error.h"
+
+namespace anvil {
+
+namespace {
+std::mutex g_release_mutex;
+std::vector<std::function<void()>>& releases() {
+  static std::vector<std::function<void()>> r;
+  return r;
+}
+}  // namespace
+
+DryRun::DryRun() : allocator_(std::make_unique<TrackingAllocator>(/*dry=*/true)) {
+  previous_ = TrackingAllocator::install(allocator_.get());
+  ANVIL_ASSERT(previous_ == nullptr, "a dry run inside another dry run");
+}
+
+DryRun::~DryRun() {
+  std::vector<std::function<void()>> pending;
+  {
+    const std::lock_guard lock(g_release_mutex);
+    pending.swap(releases());
+  }
+  for (const auto& release : pending) release();
+  TrackingAllocator::install(previous_);
+}
+
+void DryRun::release_at_end(std::function<void()> release) {
+  const std::lock_guard lock(g_release_mutex);
+  releases().push_back(std::move(release));
+}
+
+}  // namespace anvil

@@ -1,0 +1,49 @@
+// The dry run: the real program without data. While a DryRun lives, the
+// tracking allocator in use is a fresh dry one (core/allocator.h): every
+// tensor is allocated, tagged and freed exactly as in a real run, but no
+// memory is committed. Every op allocates its outputs and scratch as it
+// always does and then skips its arithmetic (`if (dry_run()) return;` right
+// after its allocations); a communicator made for the dry run completes at
+// once (distributed/comm.h). So a rank's whole training step — model, FSDP,
+// tensor and pipeline parallelism, checkpoint — runs in one process in a
+// fraction of its real time, and the dry allocator's record of it is the
+// rank's memory, byte for byte: that is the estimator (train/estimate.h).
+//
+// Values computed in a dry run are meaningless; code that branches on one
+// (the loss being finite, the gradient norm) is named where it does so.
+#pragma once
+#include <functional>
+#include <memory>
+
+#include "anvil/core/allocator.h"
+
+namespace anvil {
+
+// True while a DryRun is on (in any thread: the allocator in use is global).
+inline bool dry_run() { return TrackingAllocator::instance().dry(); }
+
+class DryRun {
+ public:
+  // Installs a fresh dry allocator. One dry run at a time, from one thread,
+  // while no other thread allocates (the estimator runs before training or
+  // beside nothing).
+  DryRun();
+  // Releases what ops keep between calls for this run (release_at_end) and
+  // restores the process's allocator.
+  ~DryRun();
+  DryRun(const DryRun&) = delete;
+  DryRun& operator=(const DryRun&) = delete;
+
+  TrackingAllocator& allocator() { return *allocator_; }
+
+  // Code that keeps tensors between calls in statics (an op's per-thread
+  // buffers) registers how to drop the dry run's, which must go before its
+  // allocator does.
+  static void release_at_end(std::function<void()> release);
+
+ private:
+  std::unique_ptr<TrackingAllocator> allocator_;
+  TrackingAllocator* previous_;
+};
+
+}  // namespace anvil

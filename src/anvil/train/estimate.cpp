@@ -1,0 +1,114 @@
+#include "anvil/train/estimate.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "anvil/core/dry_run.h"
+#include "anvil/core/error.h"
+#include "anvil/plan/flops.h"
+#include "anvil/train/lr_schedule.h"
+#include "anvil/train/parallelize.h"
+#include "anvil/train/step_logger.h"
+#include "anvil/train/train_step.h"
+
+namespace anvil {
+
+namespace {
+
+// The save a run makes first: its checkpoint.interval-th step's, or the last
+// step's when that comes first (which is model-only under last_save_model_only).
+int64_t first_save_step(const JobConfig& cfg) { return std::min(cfg.checkpoint.interval, cfg.training.steps); }
+
+}  // namespace
+
+RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank,
+                          std::vector<MemEvent>* step2) {
+  Parallel par = resolve_parallel(cfg, args, world_size, rank);
+  RankEstimate out;
+  out.rank = rank;
+  out.pp_rank = par.pp_rank;
+  out.stages = par.pp_size > 1 ? par.pp_schedule.placement.stages_of(par.pp_rank) : std::vector<int>{0};
+  DryRun dry;
+  TrackingAllocator& allocator = dry.allocator();
+  if (world_size > 1) par.mesh = DeviceMesh::dry(par.layout, rank);
+  // As train() does, in its order: the layout, the step's batches, then the steps.
+  const DType dt = compute_dtype(cfg);
+  const AcPolicy ac = activation_checkpoint_policy(cfg);
+  ParallelizedModel layout(cfg, args, par, dt);
+  out.data_parallel_bytes = layout.comm_bytes_closed_form();
+  AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
+                    static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
+                    static_cast<float>(cfg.optimizer.weight_decay)};
+  const LrSchedule schedule{cfg.optimizer.lr,           cfg.training.steps,           cfg.lr_scheduler.warmup_steps,
+                            cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
+  const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
+  const MicroBatches batches = allocate_micro_batches(cfg, par.accum_steps);
+  // Between micro-batches the ranks agree on a stop (train/stop_signal.h): a
+  // dry run never stops, but takes part in the agreement as every rank does.
+  const StepContext ctx{cfg, par, layout, ac, adamw, schedule,
+                        ScheduleHooks{{}, [&par] { return par.max_over_world(0) != 0; }}, {}};
+  const int64_t tokens = par.accum_steps * cfg.training.local_batch_size * cfg.training.seq_len;
+  allocator.release_cache();  // setup's one-off blocks, as the trainer
+  allocator.reset_peak();     // the trainer's peaks start here (StepLogger::start)
+  const int64_t save_step = first_save_step(cfg);
+  for (int64_t step = 1; step <= 2; ++step) {
+    // The second step is the first save's, when checkpoints are on.
+    const int64_t as_step = step == 1 ? 1 : std::max<int64_t>(2, save_step);
+    if (step == 2 && step2) allocator.set_timeline(true);
+    const StepOutcome s = run_train_step(ctx, batches, tokens, as_step);
+    if (step == 2 && step2) {
+      allocator.set_timeline(false);
+      *step2 = allocator.timeline();
+      allocator.clear_timeline();
+    }
+    if (step == 2) {
+      out.tensor_parallel_bytes = static_cast<double>(s.comm.tp_bytes);
+      out.pipeline_bytes = static_cast<double>(s.comm.pp_bytes);
+    }
+    // The trainer logs the step (every rank's figures gathered over the world).
+    if (as_step % cfg.metrics.log_freq == 0 || as_step == cfg.training.steps) {
+      StepLog log;
+      log.memory = allocator.stats();
+      gather_rank_figures(par, log);
+    }
+    const bool one_off = step == 2 && checkpoint_due(cfg, as_step, checkpointer.get());
+    release_after_step(layout, one_off);
+    save_checkpoint_if_due(cfg, as_step, layout, checkpointer.get(), [] { return CheckpointMeta{}; });
+    release_after_one_off(one_off);
+  }
+  if (checkpointer) checkpointer->wait();
+  const MemStats stats = allocator.stats();
+  out.memory.peak = stats.peak;
+  out.memory.peak_total = stats.peak_total;
+  out.memory.peak_reserved = stats.peak_reserved;
+  return out;
+}
+
+RankEstimate estimate_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
+  return dry_run_rank(cfg, args, world_size, rank);
+}
+
+LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size) {
+  LayoutEstimate est;
+  est.par = resolve_parallel(cfg, args, world_size, 0);
+  est.flops_per_token = flops_per_token(args, cfg.training.seq_len);
+  const MeshLayout& layout = est.par.layout;
+  // The roles: ranks differ by their pipeline rank (their stages) and by
+  // whether they write checkpoints (world rank 0). FSDP shards, tensor-parallel
+  // slices and data-parallel replicas are the same size on every rank (both
+  // pad to a multiple of their degree), so one rank of each pp rank stands for all.
+  std::map<std::pair<int, bool>, RankEstimate> roles;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const int pp = world_size > 1 ? layout.group_rank(rank, MeshGroup::pp) : 0;
+    const std::pair<int, bool> role{pp, rank == 0};
+    auto it = roles.find(role);
+    if (it == roles.end()) it = roles.emplace(role, dry_run_rank(cfg, args, world_size, rank)).first;
+    RankEstimate r = it->second;
+    r.rank = rank;
+    est.ranks.push_back(std::move(r));
+  }
+  return est;
+}
+
+}  // namespace anvil

@@ -1,0 +1,58 @@
+// The estimate of a run under any layout, per rank, before any rank exists:
+// a dry run (core/dry_run.h) of the trainer's own code. The configuration is
+// resolved as the trainer resolves it (resolve_parallel: the mesh, the
+// pipeline's cut and schedule, the accumulation); then each distinct rank
+// role — every pipeline rank, and world rank 0, which writes checkpoints —
+// builds its ParallelizedModel (the model with its tensor-parallel slices,
+// FSDP or DDP, the pipeline executor) over dry communicators and runs two
+// training steps and a checkpoint save through the functions the trainer
+// calls (train/train_step.h), one role after another in this process. The
+// dry allocator's peaks per category are that rank's; tests hold them, and
+// the whole allocation timeline of a step, equal to a real run's.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "anvil/core/allocator.h"
+#include "anvil/model/args.h"
+#include "anvil/plan/memory.h"
+#include "anvil/train/config.h"
+#include "anvil/train/parallel.h"
+
+namespace anvil {
+
+struct RankEstimate {
+  int rank = 0;
+  int pp_rank = 0;
+  std::vector<int> stages = {};  // the pipeline stages it holds (0 without pipeline parallelism)
+  // Peak bytes per category; peak_total is the peak of their sum, as the
+  // allocator's (at most the sum of the category peaks); peak_reserved what
+  // the allocator's block cache holds at its fullest.
+  MemoryEstimate memory;
+  // Bytes this rank sends per step: the data-parallel closed form
+  // (distributed/comm_volume.h); tensor-parallel and pipeline as the dry
+  // run's communicators counted them in its second step (comm.h's comm_bytes).
+  double data_parallel_bytes = 0, pipeline_bytes = 0, tensor_parallel_bytes = 0;
+};
+
+struct LayoutEstimate {
+  Parallel par;                     // the resolved layout (no mesh)
+  std::vector<RankEstimate> ranks;  // every rank, by world rank
+  double flops_per_token = 0;
+};
+
+// `world_size`: the ranks the run would have (data_parallel_shard_degree = -1
+// takes what the other degrees leave of them).
+LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size);
+
+// World rank `rank`'s estimate alone (what its pre-flight check needs).
+RankEstimate estimate_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank);
+
+// The dry run of one rank, with its step-2 allocation timeline (from the
+// step's start to the end of its optimizer step: every allocation and free
+// in order, with tag, category and bytes) when `step2` is not null.
+RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank,
+                          std::vector<MemEvent>* step2 = nullptr);
+
+}  // namespace anvil

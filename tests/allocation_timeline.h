@@ -1,0 +1,73 @@
+// The estimator's dry run held against a real run, event by event: the real
+// run writes each rank's allocations and frees of step 2
+// (profiling.allocation_log_step 2, obs/allocation_log.h); the dry run of the
+// same rank (train/estimate.h's dry_run_rank, in this process, from the run's
+// own flags) must make the same allocations and frees in the same order —
+// tag, category and bytes — so a temporary freed before the peak, or a buffer
+// whose lifetime moved, shows here even when no peak changes.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "anvil/core/allocator.h"
+#include "anvil/obs/allocation_log.h"
+#include "anvil/train/config.h"
+#include "anvil/train/estimate.h"
+#include "test_util.h"
+
+namespace anvil::testing {
+
+inline std::string event_str(const MemEvent& e) {
+  return std::string(e.is_alloc ? "alloc " : "free  ") + e.tag + " (" + category_name(e.category) + ", " +
+         std::to_string(e.bytes) + " bytes)";
+}
+
+// Returns the number of events compared; a difference fails the test with the
+// first event where the two part and a few around it.
+inline size_t expect_same_allocations(const std::vector<MemEvent>& real, const std::vector<MemEvent>& dry,
+                                      const std::string& what) {
+  const size_t n = std::min(real.size(), dry.size());
+  size_t first = n;
+  for (size_t i = 0; i < n && first == n; ++i) {
+    const MemEvent &a = real[i], &b = dry[i];
+    if (a.is_alloc != b.is_alloc || a.tag != b.tag || a.category != b.category || a.bytes != b.bytes) first = i;
+  }
+  if (first == n && real.size() == dry.size()) return n;
+  std::string context;
+  const size_t from = first >= 4 ? first - 4 : 0;
+  for (size_t i = from; i < std::min(first + 5, std::max(real.size(), dry.size())); ++i)
+    context += "\n  " + std::to_string(i) + (i == first ? " >> " : "    ") + "real: " +
+               (i < real.size() ? event_str(real[i]) : "(none)") + " | dry: " +
+               (i < dry.size() ? event_str(dry[i]) : "(none)");
+  ADD_FAILURE() << what << ": the dry run's step 2 parts from the real run's at event " << first << " of "
+                << real.size() << " (dry run: " << dry.size() << ")" << context;
+  return first;
+}
+
+// Every rank of a run in `dump` (made with `cfg` over `ranks` ranks and
+// profiling.allocation_log_step 2, each rank on `threads` threads) against
+// its dry run. Returns the events compared.
+inline size_t expect_dry_run_matches_log(const std::filesystem::path& dump, const JobConfig& cfg, int ranks,
+                                         int threads) {
+  const ScopedThreads scoped(threads);
+  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  size_t events = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const std::filesystem::path log = dump / "allocations" / ("rank-" + std::to_string(r) + ".jsonl");
+    if (!std::filesystem::exists(log)) {
+      ADD_FAILURE() << "no allocation log " << log;
+      continue;
+    }
+    std::vector<MemEvent> dry;
+    (void)dry_run_rank(cfg, args, ranks, r, &dry);
+    events += expect_same_allocations(read_allocation_log(log.string()), dry, "rank " + std::to_string(r));
+  }
+  return events;
+}
+
+}  // namespace anvil::testing

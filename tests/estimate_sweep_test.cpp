@@ -1,0 +1,179 @@
+// The estimator's dry run against real runs beyond the parity table: a seeded
+// sweep of small configurations (sequence length, batch, pipeline micro-batch,
+// layout, activation checkpointing, dtype, checkpoints off, synchronous or in
+// the background), each run for real under mpirun for two steps and a save.
+// For every rank: step 2's allocations and frees equal the dry run's, event
+// for event (tests/allocation_timeline.h), and the run's peaks — per
+// category, of the total, and reserved — equal the estimate's to the byte.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "allocation_timeline.h"
+#include "anvil/core/parallel.h"
+#include "anvil/train/config.h"
+#include "anvil/train/estimate.h"
+#include "mpi_test_util.h"
+#include "test_util.h"
+
+using namespace anvil;
+using anvil::testing::CommandOutput;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct SweepCase {
+  std::string name;
+  int ranks = 1;
+  std::string flags;  // beyond the common ones
+};
+
+// The layouts the sweep draws from: flags and rank count.
+struct SweepLayout {
+  const char* name;
+  int ranks;
+  const char* flags;
+  bool pipeline;
+};
+const SweepLayout kLayouts[] = {
+    {"single", 1, "", false},
+    {"fsdp2", 2, "", false},
+    {"ddp2", 2, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1", false},
+    {"hsdp2x2", 4, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2", false},
+    {"tp2", 2, "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", false},
+    {"tp2_no_sp", 2,
+     "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+     "--parallelism.enable_sequence_parallel false --parallelism.disable_loss_parallel true",
+     false},
+    {"tp2_fsdp2", 4, "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", false},
+    {"pp2_1f1b", 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", true},
+    {"pp2_gpipe", 2,
+     "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+     "--parallelism.pipeline_parallel_schedule GPipe",
+     true},
+    {"pp2_zbv", 2,
+     "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+     "--parallelism.pipeline_parallel_schedule ZBVZeroBubble",
+     true},
+    {"pp2_interleaved", 2,
+     "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+     "--parallelism.pipeline_parallel_schedule Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage 2",
+     true},
+    {"pp2_fsdp2", 4, "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", true},
+};
+const char* const kAcModes[] = {
+    "--activation_checkpoint.mode none",
+    "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op",
+    "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option 2",
+    "--activation_checkpoint.mode full",
+};
+const char* const kCheckpoints[] = {
+    "",
+    "--checkpoint.enable --checkpoint.interval 2",
+    "--checkpoint.enable --checkpoint.interval 2 --checkpoint.async_mode async",
+};
+
+std::vector<std::string> words_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// The case the issue found first (FSDP 2 at seq_len 256, batch 4, no
+// checkpointing, the total 5% off), then 32 drawn with a fixed seed; a draw
+// the trainer's own layout check refuses is drawn again.
+std::vector<SweepCase> sweep_cases() {
+  std::vector<SweepCase> cases{{"debug_fsdp2_T256_B4", 2,
+                                "--training.seq_len 256 --training.local_batch_size 4 "
+                                "--activation_checkpoint.mode none --training.mixed_precision_param bfloat16"}};
+  std::mt19937 rng(20261125);
+  auto pick = [&](size_t n) { return static_cast<size_t>(std::uniform_int_distribution<size_t>(0, n - 1)(rng)); };
+  const int64_t seq_lens[] = {16, 24, 32, 48, 64};
+  while (cases.size() < 33) {
+    const SweepLayout& layout = kLayouts[pick(std::size(kLayouts))];
+    const int64_t T = seq_lens[pick(std::size(seq_lens))];
+    const int64_t mb = 1 + static_cast<int64_t>(pick(2));
+    const int64_t B = layout.pipeline ? mb * (2 + static_cast<int64_t>(pick(3))) : 1 + static_cast<int64_t>(pick(3));
+    const int64_t accum = 1 + static_cast<int64_t>(pick(2));
+    const bool bf16 = pick(2) == 1;
+    const size_t ac = pick(std::size(kAcModes)), ckpt = pick(std::size(kCheckpoints));
+    const int dp = layout.ranks / (std::string(layout.flags).find("tensor_parallel_degree 2") != std::string::npos ||
+                                           std::string(layout.flags).find("pipeline_parallel_degree 2") !=
+                                               std::string::npos
+                                       ? 2
+                                       : 1);
+    std::string flags = std::string(layout.flags) + " --training.seq_len " + std::to_string(T) +
+                        " --training.local_batch_size " + std::to_string(B) + " --training.global_batch_size " +
+                        std::to_string(B * dp * accum) + " " + kAcModes[ac] + " " + kCheckpoints[ckpt] +
+                        " --training.mixed_precision_param " + (bf16 ? "bfloat16" : "float32");
+    if (layout.pipeline) flags += " --parallelism.pipeline_parallel_microbatch_size " + std::to_string(mb);
+    try {  // the trainer's own check of the layout against the world and the model
+      const JobConfig cfg = parse_config(words_of(flags));
+      (void)resolve_parallel(cfg, model_flavor(cfg.model.name, cfg.model.flavor), layout.ranks, 0);
+    } catch (const Error&) {
+      continue;
+    }
+    const std::string name = std::string(layout.name) + "_T" + std::to_string(T) + "_B" + std::to_string(B) +
+                             "_x" + std::to_string(accum) + (bf16 ? "_bf16" : "_f32") + "_ac" + std::to_string(ac) +
+                             "_ckpt" + std::to_string(ckpt);
+    cases.push_back({name, layout.ranks, flags});
+  }
+  return cases;
+}
+
+class DryRunSweep : public ::testing::TestWithParam<SweepCase> {};
+
+TEST_P(DryRunSweep, StepTwoAndPeaksEqualARealRun) {
+  const SweepCase& c = GetParam();
+  static const fs::path root = [] {
+    const fs::path dir = anvil::testing::scratch_root() / "dry_run_sweep";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream text(dir / "text.txt");
+    for (int i = 0; i < 400; ++i)
+      text << "Line " << i % 31 << ": the jury said the election was conducted well, " << i * 7 % 11 << " times.\n";
+    return dir;
+  }();
+  const fs::path dump = root / c.name;
+  const std::string flags = "--training.dataset text --training.dataset_path " + (root / "text.txt").string() +
+                            " --training.steps 2 --metrics.log_freq 1 --metrics.enable_tensorboard false"
+                            " --profiling.allocation_log_step 2 --job.dump_folder " +
+                            dump.string() + " " + c.flags;
+  // The ranks run one thread each under mpirun (mpi_test_util.h), the single process two.
+  const int threads = c.ranks == 1 ? 2 : 1;
+  const CommandOutput out =
+      c.ranks == 1 ? anvil::testing::run_anvil("train " + flags, "OMP_NUM_THREADS=2 ")
+                   : anvil::testing::run_anvil("train " + flags, anvil::testing::mpirun_prefix(c.ranks));
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+
+  const JobConfig cfg = parse_config(words_of(flags));
+  const size_t events = anvil::testing::expect_dry_run_matches_log(dump, cfg, c.ranks, threads);
+  const anvil::testing::ScopedThreads scoped(threads);
+  const LayoutEstimate est = estimate_layout(cfg, model_flavor(cfg.model.name, cfg.model.flavor), c.ranks);
+  for (int r = 0; r < c.ranks; ++r) {
+    std::ifstream f(dump / "allocations" / ("rank-" + std::to_string(r) + ".peaks.json"));
+    ASSERT_TRUE(f.good()) << "rank " << r << ": no peaks file";
+    const nlohmann::json j = nlohmann::json::parse(f);
+    const MemoryEstimate& e = est.ranks[static_cast<size_t>(r)].memory;
+    for (int cat = 0; cat < kNumMemCategories; ++cat) {
+      const char* name = category_name(static_cast<MemCategory>(cat));
+      EXPECT_EQ(j["peak_bytes"][name].get<size_t>(), e.peak[static_cast<size_t>(cat)]) << "rank " << r << " " << name;
+    }
+    EXPECT_EQ(j["peak_total_bytes"].get<size_t>(), e.peak_total) << "rank " << r << " peak total";
+    EXPECT_EQ(j["peak_reserved_bytes"].get<size_t>(), e.peak_reserved) << "rank " << r << " reserved";
+  }
+  std::printf("%-44s %d rank(s): step 2's %zu allocations and frees and every peak equal in the dry run\n",
+              c.name.c_str(), c.ranks, events);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeded, DryRunSweep, ::testing::ValuesIn(sweep_cases()),
+                         [](const ::testing::TestParamInfo<SweepCase>& i) { return i.param.name; });
+
+}  // namespace
