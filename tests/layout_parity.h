@@ -15,7 +15,7 @@
 // slice, a missed reduction or a token seen twice moves the loss by orders of
 // magnitude more.
 //
-// Each run is also held against the memory estimate (train/layout_estimate.h)
+// Each run is also held against the memory estimate (train/estimate.h)
 // of its flags: on every rank, the estimate's parameters, gradients, optimizer
 // state and activations within 1% of the allocator's measured peaks, and its
 // peak total within 3% (expect_estimate_matches_allocator).

@@ -2,7 +2,7 @@
 // keeps in flight, its simulated bubble beside the closed forms, the CSV
 // format, and the checks that refuse a bad schedule naming the action or
 // cell (distributed/pipeline_schedule.h).
-#include "anvil/distributed/pipeline_schedule.h"
+#include "anvil/pipeline/schedule.h"
 
 #include <gtest/gtest.h>
 

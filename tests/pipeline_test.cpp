@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/distributed/pipeline.h"
-#include "anvil/distributed/pipeline_schedule.h"
+#include "anvil/pipeline/executor.h"
+#include "anvil/pipeline/schedule.h"
 #include "anvil/model/args.h"
 #include "anvil/plan/pipeline_split.h"
 #include "layout_parity.h"

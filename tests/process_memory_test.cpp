@@ -1,5 +1,5 @@
 // The whole process's memory: the per-rank estimate's reserved bytes (the
-// allocator's live and cached blocks, train/layout_estimate.h) plus what the
+// allocator's live and cached blocks, train/estimate.h) plus what the
 // allocator does not see (the binary and libraries, threads, MPI's buffers,
 // oneDNN's kernels, the data loader), which the trainer measures as the
 // resident set minus the reserved bytes at each logged step, against the peak

@@ -1,6 +1,6 @@
 // `anvil estimate CONFIG [--section.key value ...] [--ranks N] [--json]`: the
 // predicted peak memory of every rank of a run, per category, under the
-// configured layout (train/layout_estimate.h), its FLOPs per token and
+// configured layout (train/estimate.h), its FLOPs per token and
 // communication per step; no MPI and no data needed. With --hardware and
 // --gpus, the GPU-cluster planner's prediction instead (plan_cmd.h).
 #pragma once

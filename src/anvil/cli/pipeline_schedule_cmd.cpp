@@ -8,7 +8,7 @@
 #include <map>
 
 #include "anvil/core/error.h"
-#include "anvil/distributed/pipeline_schedule.h"
+#include "anvil/pipeline/schedule.h"
 
 namespace anvil {
 

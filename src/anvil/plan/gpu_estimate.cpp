@@ -4,7 +4,8 @@
 #include <cmath>
 
 #include "anvil/core/error.h"
-#include "anvil/distributed/pipeline_schedule.h"
+#include "anvil/pipeline/schedule.h"
+#include "anvil/pipeline/split.h"
 #include "anvil/plan/flops.h"
 
 namespace anvil {
@@ -26,26 +27,19 @@ struct StageShape {
   bool embedding = false, head = false;
 };
 
-// torchtitan's split (distributed/pipeline.py generate_split_points): the
-// embedding and the head count as one layer each, num_layers + 2 units are
-// spread evenly over the stages, the remainder going to the earliest ones.
-std::vector<StageShape> split_stages(int64_t n_layers, int64_t pp) {
-  if (pp == 1) return {{0, n_layers, true, true}};
-  const int64_t units = n_layers + 2, per = units / pp, extra = units % pp;
+// torchtitan's split (distributed/pipeline.py generate_split_points) is
+// Anvil's default cut (pipeline/split.h): the embedding and the head count as
+// one layer each and the num_layers + 2 units spread evenly over the stages,
+// the remainder going to the earliest ones.
+std::vector<StageShape> split_stages(const ModelArgs& args, int64_t pp) {
+  const int n = static_cast<int>(args.n_layers);
+  if (pp == 1) return {{0, n, true, true}};
+  const PipelineSplit split{static_cast<int>(pp), 1, 1};
   std::vector<StageShape> out;
-  int64_t layer = 0;
-  for (int64_t s = 0; s < pp; ++s) {
-    const int64_t size = per + (s < extra ? 1 : 0);
-    StageShape st;
-    st.embedding = s == 0;
-    st.head = s == pp - 1;
-    st.first_layer = layer;
-    st.layers = size - (st.embedding ? 1 : 0) - (st.head ? 1 : 0);
-    ANVIL_CHECK(st.layers >= 0 && (st.layers > 0 || st.embedding || st.head),
-                "parallelism.pipeline_parallel_degree ", pp, " leaves stage ", s, " without a layer (", n_layers,
-                " layers + embedding + head); use fewer pipeline stages");
-    layer += st.layers;
-    out.push_back(st);
+  for (int s = 0; s < split.stages; ++s) {
+    const auto [first, end] = pipeline_stage_modules(args, split, s);  // modules: 0 the embedding, n + 1 the head
+    const int b0 = std::max(first, 1) - 1, b1 = std::min(end, n + 1) - 1;  // blocks [b0, b1)
+    out.push_back({b0, b1 - b0, first == 0, end == n + 2});
   }
   return out;
 }
@@ -206,7 +200,7 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
   const int64_t pp_stride = sp.dp_replicate * sp.dp_shard * sp.tp;
   const double bw_pp = pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth : hw.internode_bandwidth;
 
-  const std::vector<StageShape> shapes = split_stages(a.n_layers, sp.pp);
+  const std::vector<StageShape> shapes = split_stages(a, sp.pp);
   std::vector<int> in_flight(shapes.size(), 1);
   PipeSchedule schedule;
   if (sp.pp > 1) {

@@ -15,7 +15,7 @@
 
 #include "anvil/distributed/comm.h"
 #include "anvil/distributed/mesh.h"
-#include "anvil/distributed/pipeline.h"
+#include "anvil/pipeline/executor.h"
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
 

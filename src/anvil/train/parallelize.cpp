@@ -11,7 +11,7 @@
 #include "anvil/distributed/comm_volume.h"
 #include "anvil/distributed/ddp.h"
 #include "anvil/distributed/fsdp.h"
-#include "anvil/distributed/pipeline.h"
+#include "anvil/pipeline/executor.h"
 #include "anvil/distributed/tensor_parallel.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
@@ -116,7 +116,7 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
   if (par.pp_size > 1) {
-    pipeline_ = std::make_unique<PipelineStage>(*model_, par.mesh->pp(), par.pp_schedule,
+    pipeline_ = std::make_unique<PipelineExecutor>(*model_, par.mesh->pp(), par.pp_schedule,
                                                 cfg.parallelism.pipeline_parallel_keep_outputs);
   }
   // The global model's initialisation, of which each rank keeps its part.

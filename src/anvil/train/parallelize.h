@@ -26,7 +26,7 @@ class Llama;
 class FsdpParams;
 class DdpGradSync;
 class TensorParallelPlan;
-class PipelineStage;
+class PipelineExecutor;
 
 // This rank's communication since the last take.
 struct StepComm {
@@ -108,7 +108,7 @@ class ParallelizedModel {
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;
-  std::unique_ptr<PipelineStage> pipeline_;  // null without pipeline parallelism
+  std::unique_ptr<PipelineExecutor> pipeline_;  // null without pipeline parallelism
   double comm_closed_form_ = 0;
   bool hold_gathered_ = false;  // FSDP keeps the gathered weights for the step (under PP)
   // Checkpoints hold global tensors; under tensor parallelism they are

@@ -1,4 +1,4 @@
-#include "anvil/distributed/pipeline.h"
+#include "anvil/pipeline/executor.h"
 
 #include <algorithm>
 #include <map>
@@ -10,68 +10,6 @@
 #include "anvil/core/profiler.h"
 
 namespace anvil {
-
-std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const PipelineSplit& split, int stage) {
-  const int n = static_cast<int>(args.n_layers), P = split.stages;
-  if (!split.first_modules.empty()) {
-    ANVIL_ASSERT(static_cast<int>(split.first_modules.size()) == P && stage >= 0 && stage < P);
-    const size_t s = static_cast<size_t>(stage);
-    return {split.first_modules[s], stage + 1 < P ? split.first_modules[s + 1] : n + 2};
-  }
-  const int in = split.first_stage_less_layers, out = split.last_stage_less_layers;
-  ANVIL_CHECK(in >= 0 && out >= 0, "parallelism.pipeline_parallel_first_stage_less_layers and "
-              "last_stage_less_layers must be 0 or more");
-  const int units = n + in + out;  // the blocks, plus the embedding's and the head's worth
-  ANVIL_CHECK(P >= 1 && P <= units, args.name, "/", args.flavor, " has ", n, " blocks (", units,
-              " units counting the embedding as ", in, " and the head as ", out, ") to cut into ", P,
-              " pipeline stages; use at most ", units, " stages");
-  const int base = units / P, extra = units % P;
-  auto first_unit = [&](int s) { return s * base + std::min(s, extra); };
-  ANVIL_CHECK(in <= base + (extra > 0 ? 1 : 0) && out <= base, "pipeline stages of ", base, " or ", base + 1,
-              " units cannot hold the embedding counted as ", in,
-              " (parallelism.pipeline_parallel_first_stage_less_layers) and the head counted as ", out,
-              " (last_stage_less_layers); lower them or use fewer stages");
-  ANVIL_ASSERT(stage >= 0 && stage < P);
-  // Unit u < in is the embedding's, in <= u < in + n block u − in, the rest the head's.
-  const int first = stage == 0 ? 0 : 1 + first_unit(stage) - in;
-  const int end = stage == P - 1 ? n + 2 : 1 + first_unit(stage + 1) - in;
-  ANVIL_CHECK(first < end && (stage == 0 || first >= 1) && (stage == P - 1 || end <= n + 1), "pipeline stage ",
-              stage, " of ", P, " would hold no block of ", args.name, "/", args.flavor,
-              "; use fewer stages or change the first/last stage's counts");
-  return {first, end};
-}
-
-std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split,
-                                     const PipePlacement* placement) {
-  const int n = static_cast<int>(args.n_layers);
-  std::string out;
-  for (int s = 0; s < split.stages; ++s) {
-    const auto [first, end] = pipeline_stage_modules(args, split, s);
-    std::vector<std::string> parts;
-    if (first == 0) parts.push_back("embedding");
-    const int b0 = std::max(first, 1) - 1, b1 = std::min(end, n + 1) - 1;  // blocks [b0, b1)
-    if (b1 - b0 == 1) parts.push_back(detail::concat("block ", b0));
-    if (b1 - b0 > 1) parts.push_back(detail::concat("blocks ", b0, "-", b1 - 1));
-    if (end == n + 2) parts.push_back("head");
-    out += detail::concat(s ? "; " : "", "stage ", s);
-    if (placement) out += detail::concat(" on rank ", placement->rank_of(s));
-    out += ":";
-    for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : " ") + parts[i];
-  }
-  return out;
-}
-
-std::vector<ModuleRange> pipeline_rank_modules(const ModelArgs& args, const PipelineSplit& split,
-                                               const PipePlacement& placement, int rank) {
-  ANVIL_ASSERT(placement.stages() == split.stages, "a placement of ", placement.stages(), " stages for a split into ",
-               split.stages);
-  std::vector<ModuleRange> out;
-  for (int s : placement.stages_of(rank)) {
-    const auto [first, end] = pipeline_stage_modules(args, split, s);
-    out.push_back({first, end});
-  }
-  return out;
-}
 
 Tensor gather_pipeline_stages(Communicator& pp, const ModelArgs& args, const PipelineSplit& split,
                               const PipePlacement& placement, const Tensor& rank_flat) {
@@ -175,7 +113,7 @@ const char* action_label(const PipeAction& a) {
 }
 }  // namespace
 
-PipelineStage::PipelineStage(Llama& model, Communicator& pp, const PipeSchedule& schedule, bool keep_outputs)
+PipelineExecutor::PipelineExecutor(Llama& model, Communicator& pp, const PipeSchedule& schedule, bool keep_outputs)
     : model_(model),
       pp_(pp),
       placement_(schedule.placement),
@@ -191,7 +129,7 @@ PipelineStage::PipelineStage(Llama& model, Communicator& pp, const PipeSchedule&
   for (const PipeAction& a : actions_) labels_.push_back(action_label(a));
 }
 
-int PipelineStage::local(int stage) const {
+int PipelineExecutor::local(int stage) const {
   const auto it = std::find(stages_.begin(), stages_.end(), stage);
   ANVIL_ASSERT(it != stages_.end(), "stage ", stage, " is not on pp rank ", rank_);
   return static_cast<int>(it - stages_.begin());
@@ -199,13 +137,13 @@ int PipelineStage::local(int stage) const {
 
 // One tag per boundary tensor of a step (MPI keeps the order of messages with
 // the same source and tag, so steps cannot mix).
-int PipelineStage::tag(Flow flow, int to, int micro_batch) const {
+int PipelineExecutor::tag(Flow flow, int to, int micro_batch) const {
   const int t = (micro_batch * placement_.stages() + to) * 2 + (flow == Flow::gradient ? 1 : 0);
   ANVIL_CHECK(t <= 32767, "pipeline message tag ", t, " exceeds the 32767 MPI guarantees; use fewer micro-batches");
   return t;
 }
 
-void PipelineStage::post_receive(Flow flow, int to, int micro_batch, int64_t B, int64_t T) {
+void PipelineExecutor::post_receive(Flow flow, int to, int micro_batch, int64_t B, int64_t T) {
   const int from = flow == Flow::activation ? to - 1 : to + 1;
   const int t = tag(flow, to, micro_batch);
   if (on_this_rank(from) || inbox_.count(t)) return;  // handed over in memory, or already posted
@@ -216,7 +154,7 @@ void PipelineStage::post_receive(Flow flow, int to, int micro_batch, int64_t B, 
   in.work = pp_.irecv(in.tensor, placement_.rank_of(from), t);
 }
 
-Tensor PipelineStage::take_input(Flow flow, int to, int micro_batch, int64_t B, int64_t T) {
+Tensor PipelineExecutor::take_input(Flow flow, int to, int micro_batch, int64_t B, int64_t T) {
   const int t = tag(flow, to, micro_batch);
   post_receive(flow, to, micro_batch, B, T);
   auto it = inbox_.find(t);
@@ -232,7 +170,7 @@ Tensor PipelineStage::take_input(Flow flow, int to, int micro_batch, int64_t B, 
   return out;
 }
 
-void PipelineStage::hand_over(const Tensor& t, Flow flow, int to, int micro_batch, int release_at) {
+void PipelineExecutor::hand_over(const Tensor& t, Flow flow, int to, int micro_batch, int release_at) {
   if (on_this_rank(to)) {
     inbox_[tag(flow, to, micro_batch)] = Inbox{t, Work()};
     return;
@@ -246,7 +184,7 @@ void PipelineStage::hand_over(const Tensor& t, Flow flow, int to, int micro_batc
   sends_.push_back({pp_.isend(buf, placement_.rank_of(to), tag(flow, to, micro_batch)), release_at});
 }
 
-void PipelineStage::release_sends(int k) {
+void PipelineExecutor::release_sends(int k) {
   std::vector<Send> still;
   for (Send& s : sends_) {
     if (k >= 0 && s.release_at != k) {
@@ -259,7 +197,7 @@ void PipelineStage::release_sends(int k) {
   sends_ = std::move(still);  // the sends waited for free their buffers here
 }
 
-void PipelineStage::post_receive_for(const PipeAction& a, const std::vector<Tensor>& tokens) {
+void PipelineExecutor::post_receive_for(const PipeAction& a, const std::vector<Tensor>& tokens) {
   const int S = placement_.stages();
   const Tensor& x = tokens[static_cast<size_t>(a.micro_batch)];
   if (a.op == PipeOp::forward && a.stage > 0)
@@ -268,7 +206,7 @@ void PipelineStage::post_receive_for(const PipeAction& a, const std::vector<Tens
     post_receive(Flow::gradient, a.stage, a.micro_batch, x.size(0), x.size(1));
 }
 
-CrossEntropyResult PipelineStage::evaluate(const Tensor& tokens, const Tensor& targets) {
+CrossEntropyResult PipelineExecutor::evaluate(const Tensor& tokens, const Tensor& targets) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
   const int S = placement_.stages();
   CrossEntropyResult result;
@@ -284,7 +222,7 @@ CrossEntropyResult PipelineStage::evaluate(const Tensor& tokens, const Tensor& t
 }
 
 // What one pass carries from action to action.
-struct PipelineStage::Pass {
+struct PipelineExecutor::Pass {
   const std::vector<Tensor>& tokens;
   const std::vector<Tensor>& targets;
   float grad_scale;
@@ -296,7 +234,7 @@ struct PipelineStage::Pass {
   std::vector<Tensor> kept_outputs;  // the keep-outputs diagnostic's, freed at the step's end
 };
 
-PipelineResult PipelineStage::run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
+PipelineResult PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
                                   float grad_scale, const AcPolicy& policy,
                                   const std::function<void(int)>& before_backward) {
   // The traces' pass and action spans are what bench/pipeline_bubbles.py
@@ -317,7 +255,7 @@ PipelineResult PipelineStage::run(const std::vector<Tensor>& tokens, const std::
   return pass.result;
 }
 
-void PipelineStage::run_action(size_t k, Pass& pass) {
+void PipelineExecutor::run_action(size_t k, Pass& pass) {
   const PipeAction& a = actions_[k];
   const int S = placement_.stages();
   const int i = a.micro_batch, l = local(a.stage);

@@ -1,6 +1,6 @@
 // Pipeline schedules as plain programs: for each pipeline rank, the ordered
 // list of actions it runs in one step, so a schedule reads micro-batch by
-// micro-batch and the executor (distributed/pipeline.h) is one loop over actions:
+// micro-batch and the executor (pipeline/executor.h) is one loop over actions:
 //   F  forward of a micro-batch on a stage
 //   B  its whole backward (input and weight gradients)
 //   I  the input-gradient half of the backward (zero-bubble schedules): what

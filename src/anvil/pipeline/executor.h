@@ -1,6 +1,6 @@
 // Pipeline parallelism: the model cut into stages (contiguous slices of the
 // module list), one or several per pp rank as the schedule's placement says
-// (pipeline_schedule.h), run by the schedule's program. Boundary tensors travel
+// (pipeline/schedule.h), run by the schedule's program. Boundary tensors travel
 // between neighbouring stages: the forward output to the next stage, the input
 // gradient back to the previous one — by MPI between ranks, handed over in
 // memory when both stages are on one rank (the V placement's turn). Sends are
@@ -30,35 +30,11 @@
 #include <vector>
 
 #include "anvil/distributed/comm.h"
-#include "anvil/distributed/pipeline_schedule.h"
 #include "anvil/model/llama.h"
+#include "anvil/pipeline/schedule.h"
+#include "anvil/pipeline/split.h"
 
 namespace anvil {
-
-// How the module list is cut into contiguous stages (torchtitan's rule): the
-// embedding counts as `first_stage_less_layers` blocks and the head as
-// `last_stage_less_layers` (1 each by default: the first and last stage hold
-// one block fewer), and the n_layers + those units spread as evenly as they
-// go, the earlier stages taking the remainder.
-// Or, when first_modules is set (parallelism.pipeline_parallel_auto_split,
-// plan/pipeline_split.h), stage s starts at module first_modules[s].
-struct PipelineSplit {
-  int stages = 1;
-  int first_stage_less_layers = 1, last_stage_less_layers = 1;
-  std::vector<int> first_modules = {};
-};
-// Stage `stage` holds modules [first, end) of the module list. Throws
-// anvil::Error, naming the keys, when the stages cannot all hold a block's
-// worth or the first or last stage cannot hold what it is told to count.
-std::pair<int, int> pipeline_stage_modules(const ModelArgs& args, const PipelineSplit& split, int stage);
-// The module ranges of the stages `rank` holds, in ascending order (the
-// order a Llama numbers its stages).
-std::vector<ModuleRange> pipeline_rank_modules(const ModelArgs& args, const PipelineSplit& split,
-                                               const PipePlacement& placement, int rank);
-// "stage 0: embedding, blocks 0-3; stage 1: blocks 4-5, head", for the banner;
-// with a placement, each stage's rank too ("stage 0 on rank 0: ...").
-std::string describe_pipeline_stages(const ModelArgs& args, const PipelineSplit& split,
-                                     const PipePlacement* placement = nullptr);
 
 // The whole model's flat fp32 buffer of a per-parameter state (master weights
 // or an AdamW moment), laid out as a ParamStore of llama_param_specs(args), on
@@ -80,7 +56,7 @@ struct PipelineResult {
   int64_t loss_tokens = 0;
 };
 
-class PipelineStage {
+class PipelineExecutor {
  public:
   // model: this rank's stages (not owned), those the schedule's placement
   // puts on pp rank pp.rank(), in ascending order; the rank runs its row of
@@ -88,7 +64,7 @@ class PipelineStage {
   // keep_outputs: the head's stage keeps every micro-batch's logits until the
   // step ends — torchtitan's behaviour before PyTorch #159251 (seed 000), a
   // diagnostic that shows what the fix saves.
-  PipelineStage(Llama& model, Communicator& pp, const PipeSchedule& schedule, bool keep_outputs = false);
+  PipelineExecutor(Llama& model, Communicator& pp, const PipeSchedule& schedule, bool keep_outputs = false);
 
   // Runs this rank's actions for one pass. tokens[i], targets[i]: micro-batch
   // i, (b, T) i32 (the first stage reads the tokens, the last the targets).

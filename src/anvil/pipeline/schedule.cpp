@@ -1,4 +1,4 @@
-#include "anvil/distributed/pipeline_schedule.h"
+#include "anvil/pipeline/schedule.h"
 
 #include <algorithm>
 #include <cerrno>
