@@ -152,7 +152,10 @@ double torchtitan_flops_per_token(const ModelArgs& a, int64_t seq_len, Torchtita
          12.0 * static_cast<double>(a.n_layers * a.n_heads * a.head_dim() * seq_len);
 }
 
-GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
+namespace {
+
+// The spec's checks, in its keys' words.
+void check_gpu_run(const GpuRunSpec& sp) {
   const ModelArgs& a = sp.model;
   ANVIL_CHECK(sp.dp_shard >= 2, "parallelism.data_parallel_shard_degree is ", sp.dp_shard,
               ": the GPU planner models FSDP2 with bf16 compute, and torchtitan without FSDP trains in fp32; "
@@ -164,7 +167,6 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
   ANVIL_CHECK(sp.seq_len >= 1 && sp.local_batch >= 1, "training.seq_len and training.local_batch_size must be positive");
   ANVIL_CHECK(!a.tie_embeddings || sp.pp == 1, a.name, "/", a.flavor,
               " ties its embedding to its head, which pipeline stages cannot share");
-  const int64_t m = sp.micro_batches();
   if (sp.pp > 1) {
     ANVIL_CHECK(sp.microbatch_size >= 1 && sp.local_batch % sp.microbatch_size == 0,
                 "training.local_batch_size ", sp.local_batch, " is not a multiple of ",
@@ -172,7 +174,23 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
     ANVIL_CHECK(sp.pp_schedule == "1F1B" || sp.pp_schedule == "GPipe", "parallelism.pipeline_parallel_schedule ",
                 sp.pp_schedule, ": the GPU planner models GPipe and 1F1B (one stage per rank)");
   }
+}
 
+// What every stage's memory and time derive from: the run's dimensions per
+// GPU, its parameter counts per group, the roofline and the links.
+struct RunTerms {
+  const GpuRunSpec& sp;
+  Dims d;
+  bool gqa, v010;
+  int64_t m;                       // micro-batches per step (pipeline), 1 otherwise
+  double t, N, s, T, Vt;           // tp, shards, seq_len, tokens per micro-batch, vocabulary per GPU
+  double layer_params, emb_params, head_params;
+  Roofline rf;
+  double bw_shard, bw_rep, bw_tp, bw_pp;
+};
+
+RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
+  const ModelArgs& a = sp.model;
   const double t = static_cast<double>(sp.tp);
   const Dims d{static_cast<double>(a.dim),
                static_cast<double>(a.n_heads * a.head_dim()),
@@ -181,286 +199,329 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
                static_cast<double>(a.n_heads),
                static_cast<double>(a.vocab_size),
                t};
-  const bool gqa = a.n_kv_heads < a.n_heads;
-  const bool v010 = sp.era == TorchtitanEra::v0_1_0;
-  const double N = static_cast<double>(sp.dp_shard);
   const double s = static_cast<double>(sp.seq_len);
-  const double T = static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch) * s;  // tokens per micro-batch
-  const double Vt = d.V / t;
-
-  // Parameters per GPU (after TP): the block's matrices are split, its norms replicated.
-  const double layer_params = static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D;
-  const double emb_params = d.D * Vt;
-  const double head_params = d.D * Vt + d.D;
-
-  const Roofline rf{hw.peak_bf16_flops, hw.hbm_bandwidth, hw.attention_efficiency};
-  const double bw_shard = bus_bandwidth(hw, sp.dp_shard, sp.tp);
-  const double bw_rep = bus_bandwidth(hw, sp.dp_replicate, sp.tp * sp.dp_shard);
-  const double bw_tp = bus_bandwidth(hw, sp.tp, 1);
   const int64_t pp_stride = sp.dp_replicate * sp.dp_shard * sp.tp;
-  const double bw_pp = pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth : hw.internode_bandwidth;
+  return RunTerms{
+      sp,
+      d,
+      a.n_kv_heads < a.n_heads,
+      sp.era == TorchtitanEra::v0_1_0,
+      sp.micro_batches(),
+      t,
+      static_cast<double>(sp.dp_shard),
+      s,
+      static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch) * s,
+      d.V / t,
+      // Parameters per GPU (after TP): the block's matrices are split, its norms replicated.
+      static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D,
+      d.D * (d.V / t),
+      d.D * (d.V / t) + d.D,
+      Roofline{hw.peak_bf16_flops, hw.hbm_bandwidth, hw.attention_efficiency},
+      bus_bandwidth(hw, sp.dp_shard, sp.tp),
+      bus_bandwidth(hw, sp.dp_replicate, sp.tp * sp.dp_shard),
+      bus_bandwidth(hw, sp.tp, 1),
+      pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth : hw.internode_bandwidth,
+  };
+}
 
-  const std::vector<StageShape> shapes = split_stages(a, sp.pp);
+// A stage's parameter counts: its root group (embedding, final norm, head) and all of them.
+struct StageParams {
+  double root, psi;
+};
+StageParams stage_params(const RunTerms& r, const StageShape& st) {
+  const double root = (st.embedding ? r.emb_params : 0) + (st.head ? r.head_params : 0);
+  return {root, static_cast<double>(st.layers) * r.layer_params + root};
+}
+
+// A stage's memory, by category, at its fullest moment (the candidate
+// moments' largest), and what the caching allocator reserves for it.
+GpuStageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int in_flight) {
+  const GpuRunSpec& sp = r.sp;
+  const Dims& d = r.d;
+  const double t = r.t, N = r.N, T = r.T, m = static_cast<double>(r.m);
+  const auto [root, psi] = stage_params(r, st);
+  GpuStageMemory mem;
+  mem.stage = stage;
+  mem.layers = st.layers;
+  mem.has_embedding = st.embedding;
+  mem.has_head = st.head;
+  mem.in_flight = in_flight;
+  mem.parameters = kF32 * psi / N;
+  mem.optimizer = 2 * kF32 * psi / N;
+  mem.gradients = kF32 * psi / N;
+  // The all-gather stream's pool: at most two all-gathers in flight (FSDP2),
+  // so the two largest groups' flat bf16 buffers stay cached.
+  std::vector<double> groups(static_cast<size_t>(st.layers), r.layer_params);
+  if (root > 0) groups.push_back(root);
+  std::sort(groups.rbegin(), groups.rend());
+  const double largest_group = groups.empty() ? 0 : groups[0];
+  mem.allgather_pool = kBf16 * (largest_group + (groups.size() > 1 ? groups[1] : 0));
+  mem.reduce_pool_extra = r.v010 ? 0 : kF32 * largest_group;
+
+  // Activations of one micro-batch on this stage, and the largest block transient.
+  double acts = 0, block_transient = 0;
+  for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
+    const BlockAc ac = block_ac(sp.ac, l - st.first_layer);
+    acts += saved_per_token(d, ac) * T;
+    const double recomputed = (saved_per_token(d, BlockAc::none) - saved_per_token(d, ac)) * T;
+    double transient = recomputed + backward_temps_per_token(d) * T + kBf16 * r.layer_params;
+    if (sp.pp == 1 && r.v010)  // the block's bf16 gradients and the fp32 reduce-scatter input it copies them into
+      transient = std::max(transient, (kBf16 + kF32) * r.layer_params);
+    block_transient = std::max(block_transient, transient);
+  }
+  if (st.head) acts += 2 * kBf16 * d.D / t * T;  // the final norm's input and output
+
+  const double pp_buffer_each = kBf16 * T * d.D / t;
+  mem.pp_buffers = sp.pp > 1 ? pp_buffer_each * m * ((st.embedding ? 0 : 1) + (st.head ? 0 : 1)) : 0;
+  const double logits = T * r.Vt;  // per micro-batch
+  const double out_elem = r.v010 ? kBf16 : kF32;
+  const bool keep = sp.keep_pp_outputs && sp.pp > 1 && st.head;
+  const double kept_all = keep ? out_elem * logits * m : 0;
+
+  double gathered = 0, accum = 0, root_grads = 0;
+  if (sp.pp > 1) {
+    // Under PP torchtitan keeps every group gathered (reshard_after_forward
+    // False) and PyTorch's stage runs backward with gradient sync off, so
+    // FSDP accumulates unsharded fp32 gradients until the last micro-batch.
+    gathered = kBf16 * psi;
+    accum = kF32 * psi;
+  } else {
+    // The root group (embedding, final norm, output) stays gathered from
+    // forward to backward (FSDP2's root is not resharded after forward); a
+    // block is gathered while it runs and the next one is prefetched.
+    gathered = kBf16 * (root + 2 * (st.layers > 0 ? r.layer_params : 0));
+    root_grads = kBf16 * root;  // the root's bf16 gradients live from the head's backward to the end
+  }
+  const double base = mem.parameters + mem.optimizer + gathered + accum + mem.pp_buffers;
+  const double inflight_acts = acts * static_cast<double>(in_flight);
+
+  std::vector<Candidate> cands;
+  {
+    Candidate c;  // a block's backward with the stage's in-flight micro-batches alive
+    c.parts.activations = inflight_acts;
+    c.parts.working = block_transient + root_grads;
+    c.parts.kept_outputs = kept_all;
+    c.parts.peak_at = "block backward";
+    c.total = base + inflight_acts + block_transient + root_grads + kept_all;
+    cands.push_back(c);
+  }
+  if (st.head) {
+    // The loss's backward: log_softmax's fp32 output (saved), nll's fp32
+    // gradient and log_softmax's fp32 gradient, plus the model output while
+    // something holds it: the pipeline stage's cache (its bf16 output) in
+    // v0_1_0 with PP, train.py's `pred` (fp32) in apr2024.
+    double per_logit = 3 * kF32;
+    if (!r.v010) per_logit += kF32;
+    else if (sp.pp > 1) per_logit += kBf16;
+    Candidate c;
+    c.parts.activations = inflight_acts;
+    c.parts.loss_buffers = per_logit * logits;
+    // The current micro-batch's output is in the loss buffers; the others are kept.
+    c.parts.kept_outputs = keep ? out_elem * logits * (m - 1) : 0;
+    c.parts.peak_at = "loss backward";
+    c.total = base + inflight_acts + c.parts.loss_buffers + c.parts.kept_outputs;
+    cands.push_back(c);
+  }
+  if (sp.pp > 1 && r.v010) {
+    // After the last backward every group reduce-scatters: the first input
+    // joins the still-gathered weights and the accumulators.
+    Candidate c;
+    c.parts.working = kF32 * largest_group;
+    c.parts.kept_outputs = kept_all;
+    c.parts.peak_at = "end-of-step reduce-scatter";
+    c.total = base + c.parts.working + kept_all;
+    cands.push_back(c);
+  }
+  if (sp.pp == 1 && r.v010 && root > 0) {
+    Candidate c;  // the root group's reduce-scatter, last in the backward
+    c.parts.working = (kBf16 + kF32) * root;
+    c.parts.peak_at = "root reduce-scatter";
+    c.total = mem.parameters + mem.optimizer + kBf16 * root + c.parts.working;
+    cands.push_back(c);
+  }
+  {
+    Candidate c;  // AdamW's step: sqrt(exp_avg_sq) is one fp32 temporary the size of the shards
+    c.parts.working = kF32 * psi / N;
+    c.parts.kept_outputs = kept_all;
+    c.parts.peak_at = "optimizer step";
+    c.total = mem.parameters + mem.optimizer + mem.pp_buffers + c.parts.working + kept_all;
+    cands.push_back(c);
+  }
+  const auto best = std::max_element(cands.begin(), cands.end(),
+                                     [](const Candidate& x, const Candidate& y) { return x.total < y.total; });
+  double compute_reserved = best->total;
+  // Seed 000's end of step: torch.cat of the kept outputs, alive beside them.
+  // The caching allocator cuts it from a cached block when one is large
+  // enough; otherwise it maps a new segment on top of what it already holds.
+  if (keep) {
+    mem.merged_outputs = kept_all;
+    // The largest single blocks freed earlier in the step: the loss's fp32
+    // buffers, the reduce-scatter input of the largest group (compute stream
+    // in v0_1_0) and the fp32 accumulator of the largest weight (the head's).
+    const double largest_cached =
+        std::max({kF32 * logits, r.v010 ? kF32 * largest_group : 0.0, kF32 * d.D * r.Vt});
+    const double merge_moment = mem.parameters + mem.optimizer + mem.pp_buffers + 2 * kept_all;
+    if (kept_all > largest_cached) compute_reserved += kept_all;
+    compute_reserved = std::max(compute_reserved, merge_moment);
+  }
+  mem.gathered_params = gathered;
+  mem.grad_accumulators = accum;
+  mem.activations = best->parts.activations;
+  mem.working = best->parts.working;
+  mem.loss_buffers = best->parts.loss_buffers;
+  mem.kept_outputs = best->parts.kept_outputs;
+  mem.peak_at = best->parts.peak_at;
+  if (best->parts.peak_at == "optimizer step" || best->parts.peak_at == "end-of-step reduce-scatter") {
+    mem.gathered_params = best->parts.peak_at == "optimizer step" ? 0 : gathered;
+    mem.grad_accumulators = best->parts.peak_at == "optimizer step" ? 0 : accum;
+  }
+  // Gradients (the reduce-scatter outputs) are allocated on the
+  // reduce-scatter stream; in the previous step's optimizer they were alive
+  // and their blocks stay cached in that pool.
+  mem.peak_allocated = best->total + (mem.peak_at == "optimizer step" ? mem.gradients : 0);
+  mem.reserved = compute_reserved + mem.gradients + mem.reduce_pool_extra + mem.allgather_pool;
+  return mem;
+}
+
+// One micro-batch's time on a stage (compute, tensor-parallel collectives,
+// FSDP's copies) and the step's FSDP traffic and optimizer time.
+struct StageTime {
+  double fwd = 0, bwd = 0, tp_fwd = 0, tp_bwd = 0;
+  double fsdp_mem = 0, optimizer = 0;
+  double rs = 0, ar = 0, fsdp_comm = 0, first_group_ag = 0;
+  double p2p = 0;  // the boundary tensor sent on, or its gradient back
+};
+
+StageTime stage_time(const RunTerms& r, const StageShape& st) {
+  const GpuRunSpec& sp = r.sp;
+  const Dims& d = r.d;
+  const Roofline& rf = r.rf;
+  const double t = r.t, T = r.T, N = r.N, m = static_cast<double>(r.m);
+  const auto [root, psi] = stage_params(r, st);
+  StageTime out;
+  const double attn_fwd_flops = 2 * T * r.s * d.Dq / t;  // 4·T·s·Dq, halved by the causal mask
+  const double ew_fwd = rf.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);
+  const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, r.bw_tp) : 0;
+  for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
+    const double wq = rf.gemm(T, d.D, d.Dq / t), wkv = rf.gemm(T, d.D, d.Dkv / t), wo = rf.gemm(T, d.Dq / t, d.D);
+    const double w13 = rf.gemm(T, d.D, d.F / t), w2 = rf.gemm(T, d.F / t, d.D);
+    const double gemms = wq + 2 * wkv + wo + 2 * w13 + w2;
+    const double attn = attn_fwd_flops / (rf.peak * rf.attn_eff);
+    out.fwd += gemms + attn + ew_fwd;
+    out.bwd += 2 * gemms + 2.5 * attn + 2 * ew_fwd;  // dX and dW per GEMM; FlashAttention's backward is 2.5 forwards
+    out.tp_fwd += 4 * tp_coll;                      // sequence parallel: all-gather and reduce-scatter around both halves
+    out.tp_bwd += 4 * tp_coll;
+    switch (block_ac(sp.ac, l - st.first_layer)) {
+      case BlockAc::none: break;
+      case BlockAc::op: out.bwd += wkv + wo + w13 + ew_fwd; out.tp_bwd += 2 * tp_coll; break;  // every second mm
+      case BlockAc::full: out.bwd += gemms + attn + ew_fwd; out.tp_bwd += 4 * tp_coll; break;
+    }
+  }
+  if (st.embedding) {
+    out.fwd += rf.mem(2 * kBf16 * T * d.D / t);
+    out.bwd += rf.mem(2 * kBf16 * d.V * d.D / t + kBf16 * T * d.D / t);  // a dense gradient of the table
+  }
+  if (st.head) {
+    const double logits = T * r.Vt;
+    const double out_proj = rf.gemm(T, d.D, r.Vt);
+    out.fwd += out_proj + rf.mem(2 * kBf16 * T * d.D / t);
+    out.bwd += 2 * out_proj + rf.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
+  }
+  // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter copy-in.
+  const double gathers = sp.pp > 1 ? 1 : 2;
+  out.fsdp_mem = rf.mem(gathers * 2 * kBf16 * psi +
+                        (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi
+                                   : (kBf16 + kF32) * psi));
+  out.optimizer = rf.mem(kOptimizerBytesPerParam * psi / N);
+  // FSDP traffic per step: gathers of bf16 weights (forward, and again in
+  // backward after resharding, except the root and the last block), a
+  // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards.
+  const double ag_bytes = kBf16 * (sp.pp > 1 ? psi : psi + (psi - root - (st.layers > 0 ? r.layer_params : 0)));
+  out.rs = ring_seconds(kF32 * psi, sp.dp_shard, r.bw_shard);
+  out.ar = 2 * ring_seconds(kF32 * psi / N, sp.dp_replicate, r.bw_rep);
+  out.fsdp_comm = ring_seconds(ag_bytes, sp.dp_shard, r.bw_shard) + out.rs + out.ar;
+  out.first_group_ag =
+      ring_seconds(kBf16 * (st.embedding && root > 0 ? root : r.layer_params), sp.dp_shard, r.bw_shard);
+  out.p2p = kBf16 * T * d.D / t / r.bw_pp;
+  return out;
+}
+
+// Without pipeline parallelism: the one stage's step, FSDP's collectives
+// beside compute except the first all-gather (nothing to hide it) and the
+// root's reduce-scatter and all-reduce (the backward's last).
+void single_stage_step(const RunTerms& r, const StageShape& st, const StageTime& time, GpuStepEstimate& out) {
+  const GpuRunSpec& sp = r.sp;
+  const double root = stage_params(r, st).root;
+  const double compute = time.fwd + time.bwd + time.fsdp_mem;
+  const double tp_comm = time.tp_fwd + time.tp_bwd;
+  const double last_rs =
+      ring_seconds(kF32 * root, sp.dp_shard, r.bw_shard) + 2 * ring_seconds(kF32 * root / r.N, sp.dp_replicate, r.bw_rep);
+  const double exposed = time.first_group_ag + last_rs;
+  const double hidden = std::max(0.0, time.fsdp_comm - exposed);
+  const double body = std::max(compute + tp_comm, hidden);
+  out.compute_seconds = compute;
+  out.fsdp_comm_seconds = time.fsdp_comm;
+  out.exposed_comm_seconds = exposed + std::max(0.0, hidden - (compute + tp_comm));
+  out.optimizer_seconds = time.optimizer;
+  out.tp_comm_seconds = tp_comm;
+  out.step_seconds = time.first_group_ag + body + last_rs + time.optimizer;
+}
+
+// With pipeline parallelism: the schedule simulated with every stage's
+// F, I and W times; the gradients are reduced only after the last
+// micro-batch (nothing left to overlap), then the optimizer steps.
+void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, const std::vector<StageTime>& times,
+                   const PipeSchedule& schedule, GpuStepEstimate& out) {
+  const double m = static_cast<double>(r.m);
+  std::vector<PipeCosts> stage_costs;
+  double worst_stage_tail = 0, first_gather = 0, tp_comm = 0;
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const StageShape& st = shapes[si];
+    const StageTime& time = times[si];
+    const double f = time.fwd + time.tp_fwd + (st.head ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
+    const double b = time.bwd + time.tp_bwd + (st.embedding ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
+    stage_costs.push_back(PipeCosts{f, b / 2, b / 2});
+    tp_comm = std::max(tp_comm, (time.tp_fwd + time.tp_bwd) * m);
+    worst_stage_tail = std::max(worst_stage_tail, time.rs + time.ar + time.optimizer);
+    first_gather = std::max(first_gather, time.first_group_ag);
+    out.fsdp_comm_seconds = std::max(out.fsdp_comm_seconds, time.fsdp_comm);
+    out.optimizer_seconds = std::max(out.optimizer_seconds, time.optimizer);
+    out.compute_seconds = std::max(out.compute_seconds, (f + b) * m);
+  }
+  const PipeTimeline tl = simulate_pipeline_schedule(schedule, stage_costs);
+  double busiest = 0;
+  for (double b : tl.busy) busiest = std::max(busiest, b);
+  out.bubble_fraction = 1 - busiest / tl.makespan;
+  out.tp_comm_seconds = tp_comm;
+  out.exposed_comm_seconds = first_gather + worst_stage_tail - out.optimizer_seconds;
+  out.step_seconds = first_gather + tl.makespan + worst_stage_tail;
+}
+
+}  // namespace
+
+GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
+  check_gpu_run(sp);
+  const RunTerms r = run_terms(sp, hw);
+  const std::vector<StageShape> shapes = split_stages(sp.model, sp.pp);
   std::vector<int> in_flight(shapes.size(), 1);
   PipeSchedule schedule;
   if (sp.pp > 1) {
-    schedule = make_pipeline_schedule(sp.pp_schedule, static_cast<int>(sp.pp), 1, static_cast<int>(m));
+    schedule = make_pipeline_schedule(sp.pp_schedule, static_cast<int>(sp.pp), 1, static_cast<int>(r.m));
     in_flight = stage_in_flight(schedule);
   }
-
   GpuStepEstimate out;
-  std::vector<PipeCosts> stage_costs;
-  double worst_stage_tail = 0, first_gather = 0, tp_comm_total = 0;
-  double non_pp_compute = 0, non_pp_fsdp = 0, non_pp_exposed = 0, non_pp_optimizer = 0;
-
+  std::vector<StageTime> times;
   for (size_t si = 0; si < shapes.size(); ++si) {
-    const StageShape& st = shapes[si];
-    const double L = static_cast<double>(st.layers);
-    const double root = (st.embedding ? emb_params : 0) + (st.head ? head_params : 0);
-    const double psi = L * layer_params + root;
-
-    GpuStageMemory mem;
-    mem.stage = static_cast<int>(si);
-    mem.layers = st.layers;
-    mem.has_embedding = st.embedding;
-    mem.has_head = st.head;
-    mem.in_flight = in_flight[si];
-    mem.parameters = kF32 * psi / N;
-    mem.optimizer = 2 * kF32 * psi / N;
-    mem.gradients = kF32 * psi / N;
-    // The all-gather stream's pool: at most two all-gathers in flight (FSDP2),
-    // so the two largest groups' flat bf16 buffers stay cached.
-    std::vector<double> groups(static_cast<size_t>(st.layers), layer_params);
-    if (root > 0) groups.push_back(root);
-    std::sort(groups.rbegin(), groups.rend());
-    const double largest_group = groups.empty() ? 0 : groups[0];
-    mem.allgather_pool = kBf16 * (largest_group + (groups.size() > 1 ? groups[1] : 0));
-    mem.reduce_pool_extra = v010 ? 0 : kF32 * largest_group;
-
-    // Activations of one micro-batch on this stage, and the largest block transient.
-    double acts = 0, block_transient = 0;
-    for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
-      const BlockAc ac = block_ac(sp.ac, l - st.first_layer);
-      acts += saved_per_token(d, ac) * T;
-      const double recomputed = (saved_per_token(d, BlockAc::none) - saved_per_token(d, ac)) * T;
-      double transient = recomputed + backward_temps_per_token(d) * T + kBf16 * layer_params;
-      if (sp.pp == 1 && v010)  // the block's bf16 gradients and the fp32 reduce-scatter input it copies them into
-        transient = std::max(transient, (kBf16 + kF32) * layer_params);
-      block_transient = std::max(block_transient, transient);
-    }
-    if (st.head) acts += 2 * kBf16 * d.D / t * T;  // the final norm's input and output
-
-    const double pp_buffer_each = kBf16 * T * d.D / t;
-    mem.pp_buffers = sp.pp > 1 ? pp_buffer_each * static_cast<double>(m) *
-                                     ((st.embedding ? 0 : 1) + (st.head ? 0 : 1))
-                               : 0;
-    const double logits = T * Vt;  // per micro-batch
-    const double out_elem = v010 ? kBf16 : kF32;
-    const bool keep = sp.keep_pp_outputs && sp.pp > 1 && st.head;
-    const double kept_all = keep ? out_elem * logits * static_cast<double>(m) : 0;
-
-    double gathered = 0, accum = 0, root_grads = 0;
-    if (sp.pp > 1) {
-      // Under PP torchtitan keeps every group gathered (reshard_after_forward
-      // False) and PyTorch's stage runs backward with gradient sync off, so
-      // FSDP accumulates unsharded fp32 gradients until the last micro-batch.
-      gathered = kBf16 * psi;
-      accum = kF32 * psi;
-    } else {
-      // The root group (embedding, final norm, output) stays gathered from
-      // forward to backward (FSDP2's root is not resharded after forward); a
-      // block is gathered while it runs and the next one is prefetched.
-      gathered = kBf16 * (root + 2 * (st.layers > 0 ? layer_params : 0));
-      root_grads = kBf16 * root;  // the root's bf16 gradients live from the head's backward to the end
-    }
-    const double base = mem.parameters + mem.optimizer + gathered + accum + mem.pp_buffers;
-    const double inflight_acts = acts * static_cast<double>(in_flight[si]);
-
-    std::vector<Candidate> cands;
-    {
-      Candidate c;  // a block's backward with the stage's in-flight micro-batches alive
-      c.parts.activations = inflight_acts;
-      c.parts.working = block_transient + root_grads;
-      c.parts.kept_outputs = kept_all;
-      c.parts.peak_at = "block backward";
-      c.total = base + inflight_acts + block_transient + root_grads + kept_all;
-      cands.push_back(c);
-    }
-    if (st.head) {
-      // The loss's backward: log_softmax's fp32 output (saved), nll's fp32
-      // gradient and log_softmax's fp32 gradient, plus the model output while
-      // something holds it: the pipeline stage's cache (its bf16 output) in
-      // v0_1_0 with PP, train.py's `pred` (fp32) in apr2024.
-      double per_logit = 3 * kF32;
-      if (!v010) per_logit += kF32;
-      else if (sp.pp > 1) per_logit += kBf16;
-      Candidate c;
-      c.parts.activations = inflight_acts;
-      c.parts.loss_buffers = per_logit * logits;
-      // The current micro-batch's output is in the loss buffers; the others are kept.
-      c.parts.kept_outputs = keep ? out_elem * logits * static_cast<double>(m - 1) : 0;
-      c.parts.peak_at = "loss backward";
-      c.total = base + inflight_acts + c.parts.loss_buffers + c.parts.kept_outputs;
-      cands.push_back(c);
-    }
-    if (sp.pp > 1 && v010) {
-      // After the last backward every group reduce-scatters: the first input
-      // joins the still-gathered weights and the accumulators.
-      Candidate c;
-      c.parts.working = kF32 * largest_group;
-      c.parts.kept_outputs = kept_all;
-      c.parts.peak_at = "end-of-step reduce-scatter";
-      c.total = base + c.parts.working + kept_all;
-      cands.push_back(c);
-    }
-    if (sp.pp == 1 && v010 && root > 0) {
-      Candidate c;  // the root group's reduce-scatter, last in the backward
-      c.parts.working = (kBf16 + kF32) * root;
-      c.parts.peak_at = "root reduce-scatter";
-      c.total = mem.parameters + mem.optimizer + kBf16 * root + c.parts.working;
-      cands.push_back(c);
-    }
-    {
-      Candidate c;  // AdamW's step: sqrt(exp_avg_sq) is one fp32 temporary the size of the shards
-      c.parts.working = kF32 * psi / N;
-      c.parts.kept_outputs = kept_all;
-      c.parts.peak_at = "optimizer step";
-      c.total = mem.parameters + mem.optimizer + mem.pp_buffers + c.parts.working + kept_all;
-      cands.push_back(c);
-    }
-    const auto best = std::max_element(cands.begin(), cands.end(),
-                                       [](const Candidate& x, const Candidate& y) { return x.total < y.total; });
-    double compute_reserved = best->total;
-    // Seed 000's end of step: torch.cat of the kept outputs, alive beside them.
-    // The caching allocator cuts it from a cached block when one is large
-    // enough; otherwise it maps a new segment on top of what it already holds.
-    if (keep) {
-      mem.merged_outputs = kept_all;
-      // The largest single blocks freed earlier in the step: the loss's fp32
-      // buffers, the reduce-scatter input of the largest group (compute stream
-      // in v0_1_0) and the fp32 accumulator of the largest weight (the head's).
-      const double largest_cached =
-          std::max({kF32 * logits, v010 ? kF32 * largest_group : 0.0, kF32 * d.D * Vt});
-      const double merge_moment = mem.parameters + mem.optimizer + mem.pp_buffers + 2 * kept_all;
-      if (kept_all > largest_cached) compute_reserved += kept_all;
-      compute_reserved = std::max(compute_reserved, merge_moment);
-    }
-    mem.gathered_params = gathered;
-    mem.grad_accumulators = accum;
-    mem.activations = best->parts.activations;
-    mem.working = best->parts.working;
-    mem.loss_buffers = best->parts.loss_buffers;
-    mem.kept_outputs = best->parts.kept_outputs;
-    mem.peak_at = best->parts.peak_at;
-    if (best->parts.peak_at == "optimizer step" || best->parts.peak_at == "end-of-step reduce-scatter") {
-      mem.gathered_params = best->parts.peak_at == "optimizer step" ? 0 : gathered;
-      mem.grad_accumulators = best->parts.peak_at == "optimizer step" ? 0 : accum;
-    }
-    // Gradients (the reduce-scatter outputs) are allocated on the
-    // reduce-scatter stream; in the previous step's optimizer they were alive
-    // and their blocks stay cached in that pool.
-    mem.peak_allocated = best->total + (mem.peak_at == "optimizer step" ? mem.gradients : 0);
-    mem.reserved = compute_reserved + mem.gradients + mem.reduce_pool_extra + mem.allgather_pool;
-    out.max_reserved = std::max(out.max_reserved, mem.reserved);
-    out.stages.push_back(mem);
-
-    // ---- time of one micro-batch on this stage ----
-    double fwd = 0, bwd = 0, tp_fwd = 0, tp_bwd = 0;
-    const double attn_fwd_flops = 2 * T * s * d.Dq / t;  // 4·T·s·Dq, halved by the causal mask
-    const double ew_fwd = rf.mem(elementwise_fwd_bytes_per_token(d, gqa) * T);
-    const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, bw_tp) : 0;
-    for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
-      const double wq = rf.gemm(T, d.D, d.Dq / t), wkv = rf.gemm(T, d.D, d.Dkv / t), wo = rf.gemm(T, d.Dq / t, d.D);
-      const double w13 = rf.gemm(T, d.D, d.F / t), w2 = rf.gemm(T, d.F / t, d.D);
-      const double gemms = wq + 2 * wkv + wo + 2 * w13 + w2;
-      const double attn = attn_fwd_flops / (rf.peak * rf.attn_eff);
-      fwd += gemms + attn + ew_fwd;
-      bwd += 2 * gemms + 2.5 * attn + 2 * ew_fwd;  // dX and dW per GEMM; FlashAttention's backward is 2.5 forwards
-      tp_fwd += 4 * tp_coll;                      // sequence parallel: all-gather and reduce-scatter around both halves
-      tp_bwd += 4 * tp_coll;
-      switch (block_ac(sp.ac, l - st.first_layer)) {
-        case BlockAc::none: break;
-        case BlockAc::op: bwd += wkv + wo + w13 + ew_fwd; tp_bwd += 2 * tp_coll; break;  // every second mm
-        case BlockAc::full: bwd += gemms + attn + ew_fwd; tp_bwd += 4 * tp_coll; break;
-      }
-    }
-    if (st.embedding) {
-      fwd += rf.mem(2 * kBf16 * T * d.D / t);
-      bwd += rf.mem(2 * kBf16 * d.V * d.D / t + kBf16 * T * d.D / t);  // a dense gradient of the table
-    }
-    if (st.head) {
-      const double out_proj = rf.gemm(T, d.D, Vt);
-      fwd += out_proj + rf.mem(2 * kBf16 * T * d.D / t);
-      bwd += 2 * out_proj + rf.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
-    }
-    // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter copy-in.
-    const double gathers = sp.pp > 1 ? 1 : 2;
-    const double fsdp_mem = rf.mem(gathers * 2 * kBf16 * psi +
-                                   (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) +
-                                                    2 * kF32 * psi
-                                              : (kBf16 + kF32) * psi));
-    const double optimizer = rf.mem(kOptimizerBytesPerParam * psi / N);
-    // FSDP traffic per step: gathers of bf16 weights (forward, and again in
-    // backward after resharding, except the root and the last block), a
-    // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards.
-    const double ag_bytes = kBf16 * (sp.pp > 1 ? psi : psi + (psi - root - (st.layers > 0 ? layer_params : 0)));
-    const double rs = ring_seconds(kF32 * psi, sp.dp_shard, bw_shard);
-    const double ar = 2 * ring_seconds(kF32 * psi / N, sp.dp_replicate, bw_rep);
-    const double fsdp_comm = ring_seconds(ag_bytes, sp.dp_shard, bw_shard) + rs + ar;
-    const double first_group_ag = ring_seconds(kBf16 * (st.embedding && root > 0 ? root : layer_params),
-                                               sp.dp_shard, bw_shard);
-
-    if (sp.pp == 1) {
-      const double compute = fwd + bwd + fsdp_mem;
-      tp_comm_total = tp_fwd + tp_bwd;
-      // Overlap: FSDP's collectives run beside compute, except the first
-      // all-gather (nothing to hide it) and the root's reduce-scatter and
-      // all-reduce (the backward's last).
-      const double last_rs = ring_seconds(kF32 * root, sp.dp_shard, bw_shard) +
-                             2 * ring_seconds(kF32 * root / N, sp.dp_replicate, bw_rep);
-      const double exposed = first_group_ag + last_rs;
-      const double hidden = std::max(0.0, fsdp_comm - exposed);
-      const double body = std::max(compute + tp_comm_total, hidden);
-      non_pp_compute = compute;
-      non_pp_fsdp = fsdp_comm;
-      non_pp_exposed = exposed + std::max(0.0, hidden - (compute + tp_comm_total));
-      non_pp_optimizer = optimizer;
-      out.step_seconds = first_group_ag + body + last_rs + optimizer;
-    } else {
-      const double p2p = pp_buffer_each / bw_pp;  // the boundary tensor sent on, or its gradient back
-      const double f = fwd + tp_fwd + (st.head ? 0 : p2p) + fsdp_mem / (2 * static_cast<double>(m));
-      const double b = bwd + tp_bwd + (st.embedding ? 0 : p2p) + fsdp_mem / (2 * static_cast<double>(m));
-      stage_costs.push_back(PipeCosts{f, b / 2, b / 2});
-      tp_comm_total = std::max(tp_comm_total, (tp_fwd + tp_bwd) * static_cast<double>(m));
-      // Under PP the gradients are reduced only after the last micro-batch
-      // (nothing left to overlap), then the optimizer steps.
-      worst_stage_tail = std::max(worst_stage_tail, rs + ar + optimizer);
-      first_gather = std::max(first_gather, first_group_ag);
-      out.fsdp_comm_seconds = std::max(out.fsdp_comm_seconds, fsdp_comm);
-      out.optimizer_seconds = std::max(out.optimizer_seconds, optimizer);
-      out.compute_seconds = std::max(out.compute_seconds, (f + b) * static_cast<double>(m));
-    }
+    out.stages.push_back(stage_memory(r, shapes[si], static_cast<int>(si), in_flight[si]));
+    out.max_reserved = std::max(out.max_reserved, out.stages.back().reserved);
+    times.push_back(stage_time(r, shapes[si]));
   }
+  if (sp.pp == 1) single_stage_step(r, shapes[0], times[0], out);
+  else pipeline_step(r, shapes, times, schedule, out);
 
-  if (sp.pp == 1) {
-    out.compute_seconds = non_pp_compute;
-    out.fsdp_comm_seconds = non_pp_fsdp;
-    out.exposed_comm_seconds = non_pp_exposed;
-    out.optimizer_seconds = non_pp_optimizer;
-    out.tp_comm_seconds = tp_comm_total;
-  } else {
-    const PipeTimeline tl = simulate_pipeline_schedule(schedule, stage_costs);
-    double busiest = 0;
-    for (double b : tl.busy) busiest = std::max(busiest, b);
-    out.bubble_fraction = 1 - busiest / tl.makespan;
-    out.tp_comm_seconds = tp_comm_total;
-    out.exposed_comm_seconds = first_gather + worst_stage_tail - out.optimizer_seconds;
-    out.step_seconds = first_gather + tl.makespan + worst_stage_tail;
-  }
-
-  const double local_tokens = static_cast<double>(sp.local_batch) * s;
+  const double local_tokens = static_cast<double>(sp.local_batch) * r.s;
   out.tokens_per_second_per_gpu = local_tokens / out.step_seconds / static_cast<double>(sp.tp * sp.pp);
-  out.flops_per_token = torchtitan_flops_per_token(a, sp.seq_len, sp.era);
+  out.flops_per_token = torchtitan_flops_per_token(sp.model, sp.seq_len, sp.era);
   out.mfu = out.flops_per_token * out.tokens_per_second_per_gpu / hw.peak_bf16_flops;
   out.fits = out.max_reserved <= hw.hbm_bytes;
   return out;
