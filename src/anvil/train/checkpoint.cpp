@@ -216,14 +216,13 @@ void Checkpointer::write(Pending& p) {
   fs::create_directories(tmp_dir, ec);
   ANVIL_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
 
-  size_t total = 0, done = 0;
+  size_t total = 0;
   for (const auto* group : {&p.model, &p.optimizer})
     for (const auto& [name, t] : *group) total += t.nbytes();
   const int64_t kill_step = kill_during_save_step();
   auto last_report = Clock::now();
   // Long saves report progress every few seconds; a kill hook fires halfway.
-  auto progress = [&](size_t file_done, size_t) {
-    const size_t now_done = done + file_done;
+  auto progress = [&](size_t now_done, size_t) {
     if (kill_step == p.step && now_done * 2 >= total) std::raise(SIGKILL);
     if (std::chrono::duration<double>(Clock::now() - last_report).count() >= 2.0) {
       last_report = Clock::now();
@@ -235,42 +234,8 @@ void Checkpointer::write(Pending& p) {
       std::fflush(stdout);
     }
   };
-  nlohmann::ordered_json state;
   try {
-    std::vector<std::string> files = {kModelFile};
-    save_safetensors((tmp_dir / kModelFile).string(), p.model, {}, progress);
-    done += [&] { size_t b = 0; for (auto& [n, t] : p.model) b += t.nbytes(); return b; }();
-    if (!p.model_only) {
-      save_safetensors((tmp_dir / kOptimizerFile).string(), p.optimizer, {}, progress);
-      files.push_back(kOptimizerFile);
-    }
-    {
-      std::ofstream out(tmp_dir / kConfigFile);
-      out << p.meta.config_toml;
-      out.flush();
-      ANVIL_CHECK(out.good(), "writing '", (tmp_dir / kConfigFile).string(), "' failed; is the disk full?");
-    }
-    files.push_back(kConfigFile);
-
-    state["format_version"] = kFormatVersion;
-    state["step"] = p.step;
-    state["model"] = p.meta.model;
-    state["model_only"] = p.model_only;
-    state["model_dtype"] = dtype_name(p.model.front().second.dtype());
-    state["loader"] = p.meta.loader;
-    state["rng"] = p.meta.rng;
-    for (const std::string& f : files) {
-      fsync_path(tmp_dir / f, false);
-      state["crc32"][f] = file_crc32(tmp_dir / f);
-    }
-    {
-      std::ofstream out(tmp_dir / "state.json");
-      out << state.dump(2) << "\n";
-      out.flush();
-      ANVIL_CHECK(out.good(), "writing '", (tmp_dir / "state.json").string(), "' failed; is the disk full?");
-    }
-    fsync_path(tmp_dir / "state.json", false);
-    fsync_path(tmp_dir, true);
+    write_files(p, tmp_dir, progress);
   } catch (const Error& e) {
     fs::remove_all(tmp_dir, ec);  // frees the space; the previous checkpoints stay as they were
     const int64_t previous = latest_step();
@@ -282,22 +247,61 @@ void Checkpointer::write(Pending& p) {
   fs::rename(tmp_dir, final_dir, ec);
   ANVIL_CHECK(!ec, "cannot rename '", tmp_dir.string(), "' to '", final_dir.string(), "': ", ec.message());
   fsync_path(folder_, true);
-
-  if (keep_latest_k_ > 0) {  // drop the oldest complete checkpoints beyond k
-    std::vector<int64_t> steps;
-    for (const auto& e : fs::directory_iterator(folder_)) {
-      int64_t s;
-      if (e.is_directory() && parse_step_dir(e.path().filename().string(), s)) steps.push_back(s);
-    }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep_latest_k_) < steps.size(); ++i) fs::remove_all(path_of(steps[i]));
-  }
+  drop_oldest();
   size_t bytes = 0;
   for (const auto& e : fs::directory_iterator(final_dir)) bytes += fs::file_size(e.path());
   std::printf("anvil: checkpoint %s saved (%s%s, %.2fs%s)\n", final_dir.c_str(), human_bytes(bytes).c_str(),
               p.model_only ? ", model only" : "", std::chrono::duration<double>(Clock::now() - t0).count(),
               async_ ? ", in the background" : "");
   std::fflush(stdout);
+}
+
+void Checkpointer::write_files(const Pending& p, const fs::path& dir,
+                               const std::function<void(size_t, size_t)>& progress) const {
+  size_t model_bytes = 0;
+  for (const auto& [n, t] : p.model) model_bytes += t.nbytes();
+  std::vector<std::string> files = {kModelFile};
+  save_safetensors((dir / kModelFile).string(), p.model, {}, [&](size_t done, size_t all) { progress(done, all); });
+  if (!p.model_only) {
+    save_safetensors((dir / kOptimizerFile).string(), p.optimizer, {},
+                     [&](size_t done, size_t all) { progress(model_bytes + done, all); });
+    files.push_back(kOptimizerFile);
+  }
+  auto write_text = [&](const std::string& name, const std::string& text) {
+    std::ofstream out(dir / name);
+    out << text;
+    out.flush();
+    ANVIL_CHECK(out.good(), "writing '", (dir / name).string(), "' failed; is the disk full?");
+  };
+  write_text(kConfigFile, p.meta.config_toml);
+  files.push_back(kConfigFile);
+
+  nlohmann::ordered_json state;
+  state["format_version"] = kFormatVersion;
+  state["step"] = p.step;
+  state["model"] = p.meta.model;
+  state["model_only"] = p.model_only;
+  state["model_dtype"] = dtype_name(p.model.front().second.dtype());
+  state["loader"] = p.meta.loader;
+  state["rng"] = p.meta.rng;
+  for (const std::string& f : files) {
+    fsync_path(dir / f, false);
+    state["crc32"][f] = file_crc32(dir / f);
+  }
+  write_text("state.json", state.dump(2) + "\n");
+  fsync_path(dir / "state.json", false);
+  fsync_path(dir, true);
+}
+
+void Checkpointer::drop_oldest() const {
+  if (keep_latest_k_ <= 0) return;
+  std::vector<int64_t> steps;
+  for (const auto& e : fs::directory_iterator(folder_)) {
+    int64_t s;
+    if (e.is_directory() && parse_step_dir(e.path().filename().string(), s)) steps.push_back(s);
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep_latest_k_) < steps.size(); ++i) fs::remove_all(path_of(steps[i]));
 }
 
 nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const {

@@ -8,6 +8,8 @@
 #pragma once
 #include <cstdint>
 #include <exception>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,6 +67,12 @@ class Checkpointer {
  private:
   struct Pending;  // a save's copied state
   void write(Pending& p);
+  // The step's files into `dir` — weights, optimizer state, config, and
+  // state.json with their CRC32s — each fsynced; `progress` sees the bytes.
+  void write_files(const Pending& p, const std::filesystem::path& dir,
+                   const std::function<void(size_t, size_t)>& progress) const;
+  // Drops the oldest complete checkpoints beyond checkpoint.keep_latest_k.
+  void drop_oldest() const;
   std::string folder_;
   int64_t keep_latest_k_;
   bool async_;

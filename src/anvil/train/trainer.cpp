@@ -174,6 +174,94 @@ void print_op_table(const JobConfig& cfg, const Parallel& par, OpTable& table) {
 
 }  // namespace
 
+namespace {
+
+// What the step loop works with, made by train().
+struct TrainRun {
+  const JobConfig& cfg;
+  const ModelArgs& args;
+  const Parallel& par;
+  const RunBasis& mfu;
+  StopSignals& stop;
+  TrainData& data;
+  ParallelizedModel& layout;
+  StepLogger& logger;
+  Checkpointer* checkpointer;
+  const StepContext& step_ctx;
+  int64_t first_step;
+};
+
+// The steps from first_step to training.steps, each followed by its log, the
+// memory policy between steps, validation and checkpoint saves when due.
+// `step` is the step running (an out-of-memory error names it).
+TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
+  const JobConfig& cfg = run.cfg;
+  const Parallel& par = run.par;
+  StepLogger& logger = run.logger;
+  TrainResult result;
+  // Training draws random numbers only to initialise the weights and order the
+  // data, both from the seed; the loader's position carries the rest.
+  const auto checkpoint_meta = [&] {
+    return CheckpointMeta{run.data.loader().state_json(), {{"seed", cfg.training.seed}, {"draws_after_init", 0}},
+                          config_to_toml(cfg), model_description(run.args)};
+  };
+  // Ends a timed step's op timing (validation and checkpoint saves are not the
+  // step's) and adds its wall time to the table, so the ops sum to it.
+  const auto end_op_timing = [&](Clock::time_point step_start) {
+    if (!OpTimer::enabled()) return;
+    OpTimer::set_enabled(false);
+    op_table.step_seconds += seconds_since(step_start);
+    ++op_table.steps;
+  };
+  for (; step <= cfg.training.steps; ++step) {
+    std::unique_ptr<StepCapture> capture = capture_if_profiled(cfg, par, step, run.first_step);
+    // Ops are timed from the second step on: the first makes every kernel and buffer.
+    const auto t_step = Clock::now();
+    OpTimer::set_enabled(cfg.profiling.op_times && step > run.first_step);
+    std::optional<ScopedPhase> step_phase(std::in_place, SpanCategory::step, "step");
+    const auto t_fetch = Clock::now();
+    const int64_t step_tokens = run.data.next_step();
+    logger.add_data_seconds(seconds_since(t_fetch));
+    const StepOutcome out = log_allocations_of(
+        cfg, par, step, [&] { return run_train_step(run.step_ctx, run.data.batches(), step_tokens, step); });
+    logger.add_comm(out.comm);
+    if (out.end == StepOutcome::End::stopped) {
+      end_op_timing(t_step);
+      report_stop_in_step(run.stop.signal(), par, step, out.run.stopped_after);
+      result.interrupted = true;
+      break;
+    }
+    if (out.end == StepOutcome::End::skipped) {
+      end_op_timing(t_step);
+      continue;
+    }
+    logger.record_live_after_optimizer();
+    step_phase.reset();
+    end_op_timing(t_step);
+
+    record_step(result, step, out.loss);
+    logger.step_done(step, out.loss, out.grad_norm, out.lr, step_tokens);
+    const bool one_off = validation_due(cfg, step) || checkpoint_due(cfg, step, run.checkpointer);
+    release_after_step(run.layout, one_off);
+    validate_if_due(cfg, step, run.data, run.layout, par, logger);
+    save_checkpoint_if_due(cfg, step, run.layout, run.checkpointer, checkpoint_meta);
+    release_after_one_off(one_off);
+    finish_capture(capture, step);
+    // Once the first step has made its kernels, buffers and trace.
+    if (step == run.first_step) logger.measure_untracked(step, run.mfu.predicted_peak_bytes);
+    if (run.stop.requested(par)) {
+      report_stop_after_step(run.stop.signal(), par, step, cfg.training.steps);
+      result.interrupted = true;
+      break;
+    }
+  }
+  if (run.checkpointer) run.checkpointer->wait();  // a background save finishes before the run reports done
+  write_run_peaks(cfg, par, logger.run_peaks());
+  return result;
+}
+
+}  // namespace
+
 TrainResult train(const JobConfig& cfg) {
   // Ctrl-C (or SIGTERM) from here on stops at the next micro-batch boundary,
   // with a message; under MPI every rank stops at the same one.
@@ -213,78 +301,21 @@ TrainResult train(const JobConfig& cfg) {
   std::printf("anvil: training to step %lld; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps));
 
   data.allocate_batches(par.accum_steps);
-  // Training draws random numbers only to initialise the weights and order the
-  // data, both from the seed; the loader's position carries the rest.
-  const auto checkpoint_meta = [&] {
-    return CheckpointMeta{data.loader().state_json(), {{"seed", tc.seed}, {"draws_after_init", 0}},
-                          config_to_toml(cfg), model_description(args)};
-  };
   const int64_t fault_step = fault_kill_step(par.rank);
-  TrainResult result;
   TrackingAllocator::instance().release_cache();  // setup's one-off blocks
   logger.start();
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
   const StepContext step_ctx{cfg, par, layout, ac, adamw, schedule, ScheduleHooks{{}, [&] { return stop.requested(par); }},
-                            [&] {
-                              if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
-                            }};
+                             [&] {
+                               if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
+                             }};
   OpTable op_table;
   OpTimer::reset();
-  // Ends a timed step's op timing (validation and checkpoint saves are not the
-  // step's) and adds its wall time to the table, so the ops sum to it.
-  const auto end_op_timing = [&](Clock::time_point step_start) {
-    if (!OpTimer::enabled()) return;
-    OpTimer::set_enabled(false);
-    op_table.step_seconds += seconds_since(step_start);
-    ++op_table.steps;
-  };
+  TrainResult result;
   try {
-    for (; step <= tc.steps; ++step) {
-      std::unique_ptr<StepCapture> capture = capture_if_profiled(cfg, par, step, first_step);
-      // Ops are timed from the second step on: the first makes every kernel and buffer.
-      const auto t_step = Clock::now();
-      OpTimer::set_enabled(cfg.profiling.op_times && step > first_step);
-      std::optional<ScopedPhase> step_phase(std::in_place, SpanCategory::step, "step");
-      const auto t_fetch = Clock::now();
-      const int64_t step_tokens = data.next_step();
-      logger.add_data_seconds(seconds_since(t_fetch));
-      const StepOutcome out = log_allocations_of(cfg, par, step, [&] {
-        return run_train_step(step_ctx, data.batches(), step_tokens, step);
-      });
-      logger.add_comm(out.comm);
-      if (out.end == StepOutcome::End::stopped) {
-        end_op_timing(t_step);
-        report_stop_in_step(stop.signal(), par, step, out.run.stopped_after);
-        result.interrupted = true;
-        break;
-      }
-      if (out.end == StepOutcome::End::skipped) {
-        end_op_timing(t_step);
-        continue;
-      }
-      logger.record_live_after_optimizer();
-      step_phase.reset();
-      end_op_timing(t_step);
-
-      record_step(result, step, out.loss);
-      logger.step_done(step, out.loss, out.grad_norm, out.lr, step_tokens);
-      const bool one_off = validation_due(cfg, step) || checkpoint_due(cfg, step, checkpointer.get());
-      release_after_step(layout, one_off);
-      validate_if_due(cfg, step, data, layout, par, logger);
-      save_checkpoint_if_due(cfg, step, layout, checkpointer.get(), checkpoint_meta);
-      release_after_one_off(one_off);
-      finish_capture(capture, step);
-      // Once the first step has made its kernels, buffers and trace.
-      if (step == first_step) logger.measure_untracked(step, mfu.predicted_peak_bytes);
-      if (stop.requested(par)) {
-        report_stop_after_step(stop.signal(), par, step, tc.steps);
-        result.interrupted = true;
-        break;
-      }
-    }
-    if (checkpointer) checkpointer->wait();  // a background save finishes before the run reports done
-    write_run_peaks(cfg, par, logger.run_peaks());
+    result = run_steps({cfg, args, par, mfu, stop, data, layout, logger, checkpointer.get(), step_ctx, first_step}, step,
+                       op_table);
   } catch (const OutOfMemoryError& e) {
     rethrow_with_oom_snapshot(e, cfg, par, step);
   }
