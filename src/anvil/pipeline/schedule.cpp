@@ -282,83 +282,100 @@ using Locate = std::function<std::string(int rank, int index)>;
 
 int slot_index(const PipeAction& a, int m) { return a.stage * m + a.micro_batch; }
 
-void check_schedule(const PipeSchedule& schedule, int m, const Locate& where) {
+namespace {
+
+// Where each (stage, micro-batch)'s F, B, I and W run in a program:
+// {rank, index}, or {-1, -1} when no rank runs it; and how to name a cell.
+struct ProgramIndex {
+  using Pos = std::pair<int, int>;
+  const PipeProgram& program;
+  const Locate& where;
+  std::string name;  // "pipeline schedule 1F1B"
+  int S, m;
+  std::vector<Pos> pos_f, pos_b, pos_i, pos_w;
+
+  std::vector<Pos>& of(PipeOp op) {
+    switch (op) {
+      case PipeOp::forward: return pos_f;
+      case PipeOp::backward: return pos_b;
+      case PipeOp::backward_input: return pos_i;
+      default: return pos_w;
+    }
+  }
+  const PipeAction& action(int r, int k) const {
+    return program[static_cast<size_t>(r)][static_cast<size_t>(k)];
+  }
+  std::string cell(int r, int k) const {  // "rank 1 runs 3I0 (action 5 of its row)"
+    return detail::concat("rank ", r, " runs ", action_name(action(r, k)), " (", where(r, k), ")");
+  }
+  std::string at(const Pos& p) const { return cell(p.first, p.second); }
+  std::string ref(const Pos& p) const {  // "rank 1's 3I0 (action 5 of its row)"
+    return detail::concat("rank ", p.first, "'s ", action_name(action(p.first, p.second)), " (",
+                          where(p.first, p.second), ")");
+  }
+};
+
+// Every action names a stage of its rank and a micro-batch of the step, once.
+ProgramIndex index_program(const PipeSchedule& schedule, int m, const Locate& where, const std::string& name) {
   const PipeProgram& program = schedule.program;
   const PipePlacement& placement = schedule.placement;
-  const int P = static_cast<int>(program.size()), S = placement.stages();
-  const std::string name = schedule.name.empty() ? "the pipeline schedule" : "pipeline schedule " + schedule.name;
-  ANVIL_CHECK(placement.ranks == P, name, " has ", P, " rows of actions for ", placement.ranks,
-              " pipeline ranks; it needs one row per rank");
-  ANVIL_CHECK(m >= 1 && S >= 1, name, " needs at least one stage and one micro-batch");
-  auto cell = [&](int r, int k) {
-    const PipeAction& a = program[static_cast<size_t>(r)][static_cast<size_t>(k)];
-    return detail::concat("rank ", r, " runs ", action_name(a), " (", where(r, k), ")");
-  };
-
-  // Where each (stage, micro-batch)'s F, B, I and W are: {rank, index}, or
-  // {-1, -1} when no rank runs it.
-  using Pos = std::pair<int, int>;
+  const int S = placement.stages();
   const size_t slots = static_cast<size_t>(S * m);
-  std::vector<Pos> pos_f(slots, {-1, -1}), pos_b(pos_f), pos_i(pos_f), pos_w(pos_f);
-  auto pos_of = [&](PipeOp op) -> std::vector<Pos>& {
-    switch (op) {
-      case PipeOp::forward:
-        return pos_f;
-      case PipeOp::backward:
-        return pos_b;
-      case PipeOp::backward_input:
-        return pos_i;
-      default:
-        return pos_w;
-    }
-  };
-  for (int r = 0; r < P; ++r)
+  ProgramIndex ix{program, where, name, S, m, {}, {}, {}, {}};
+  ix.pos_f.assign(slots, {-1, -1});
+  ix.pos_b = ix.pos_i = ix.pos_w = ix.pos_f;
+  for (int r = 0; r < static_cast<int>(program.size()); ++r)
     for (int k = 0; k < static_cast<int>(program[static_cast<size_t>(r)].size()); ++k) {
-      const PipeAction& a = program[static_cast<size_t>(r)][static_cast<size_t>(k)];
-      ANVIL_CHECK(a.stage >= 0 && a.stage < S, name, ": ", cell(r, k), ", but the schedule has stages 0 to ", S - 1);
-      ANVIL_CHECK(placement.rank_of(a.stage) == r, name, ": ", cell(r, k), ", but stage ", a.stage, " is on rank ",
+      const PipeAction& a = ix.action(r, k);
+      ANVIL_CHECK(a.stage >= 0 && a.stage < S, name, ": ", ix.cell(r, k), ", but the schedule has stages 0 to ", S - 1);
+      ANVIL_CHECK(placement.rank_of(a.stage) == r, name, ": ", ix.cell(r, k), ", but stage ", a.stage, " is on rank ",
                   placement.rank_of(a.stage));
-      ANVIL_CHECK(a.micro_batch >= 0 && a.micro_batch < m, name, ": ", cell(r, k),
+      ANVIL_CHECK(a.micro_batch >= 0 && a.micro_batch < m, name, ": ", ix.cell(r, k),
                   ", but the step has micro-batches 0 to ", m - 1);
-      Pos& p = pos_of(a.op)[static_cast<size_t>(slot_index(a, m))];
-      ANVIL_CHECK(p.first < 0, name, ": ", cell(r, k), " a second time; it first ran at ", where(p.first, p.second));
+      ProgramIndex::Pos& p = ix.of(a.op)[static_cast<size_t>(slot_index(a, m))];
+      ANVIL_CHECK(p.first < 0, name, ": ", ix.cell(r, k), " a second time; it first ran at ", where(p.first, p.second));
       p = {r, k};
     }
-  auto at = [&](const Pos& p) { return cell(p.first, p.second); };
-  auto ref = [&](const Pos& p) {  // "rank 1's 3I0 (action 5 of its row)"
-    const PipeAction& a = program[static_cast<size_t>(p.first)][static_cast<size_t>(p.second)];
-    return detail::concat("rank ", p.first, "'s ", action_name(a), " (", where(p.first, p.second), ")");
-  };
-  for (int s = 0; s < S; ++s)
-    for (int i = 0; i < m; ++i) {
-      const size_t x = static_cast<size_t>(s * m + i);
+  return ix;
+}
+
+// Every stage runs F of every micro-batch and either its B or its I then its W.
+void check_complete(const ProgramIndex& ix) {
+  const std::string& name = ix.name;
+  for (int s = 0; s < ix.S; ++s)
+    for (int i = 0; i < ix.m; ++i) {
+      const size_t x = static_cast<size_t>(s * ix.m + i);
       // `why`: what needs the missing action, when something does.
       auto missing = [&](PipeOp op, const std::string& why = "") {
         return detail::concat(name, ": no rank runs ", action_name({op, s, i}), why,
                               "; every stage runs F of every micro-batch and either B or both I and W");
       };
-      ANVIL_CHECK(pos_f[x].first >= 0, missing(PipeOp::forward));
-      ANVIL_CHECK(pos_b[x].first < 0 || (pos_i[x].first < 0 && pos_w[x].first < 0), name, ": ", at(pos_b[x]), ", and ",
-                  at(pos_i[x].first >= 0 ? pos_i[x] : pos_w[x]),
-                  "; a backward is either one B or one I and one W, not both");
-      if (pos_b[x].first >= 0) continue;
-      ANVIL_CHECK(pos_i[x].first >= 0 || pos_w[x].first >= 0, missing(PipeOp::backward));
-      ANVIL_CHECK(pos_i[x].first >= 0, missing(PipeOp::backward_input, ", which " + ref(pos_w[x]) + " needs"));
-      ANVIL_CHECK(pos_w[x].first >= 0, missing(PipeOp::backward_weight, " after " + ref(pos_i[x])));
-      ANVIL_CHECK(pos_w[x].second > pos_i[x].second, name, ": ", at(pos_w[x]), " before its ",
-                  action_name({PipeOp::backward_input, s, i}), " (", where(pos_i[x].first, pos_i[x].second),
-                  "); a W uses what its I computed");
+      const auto &f = ix.pos_f[x], &b = ix.pos_b[x], &in = ix.pos_i[x], &w = ix.pos_w[x];
+      ANVIL_CHECK(f.first >= 0, missing(PipeOp::forward));
+      ANVIL_CHECK(b.first < 0 || (in.first < 0 && w.first < 0), name, ": ", ix.at(b), ", and ",
+                  ix.at(in.first >= 0 ? in : w), "; a backward is either one B or one I and one W, not both");
+      if (b.first >= 0) continue;
+      ANVIL_CHECK(in.first >= 0 || w.first >= 0, missing(PipeOp::backward));
+      ANVIL_CHECK(in.first >= 0, missing(PipeOp::backward_input, ", which " + ix.ref(w) + " needs"));
+      ANVIL_CHECK(w.first >= 0, missing(PipeOp::backward_weight, " after " + ix.ref(in)));
+      ANVIL_CHECK(w.second > in.second, name, ": ", ix.at(w), " before its ", action_name({PipeOp::backward_input, s, i}),
+                  " (", ix.where(in.first, in.second), "); a W uses what its I computed");
     }
+}
 
-  // Run it: a rank waits only to receive (sends never block); an action
-  // waits for its inputs (action_inputs).
+// Runs the program: a rank waits only to receive (sends never block); an
+// action waits for its inputs (action_inputs). Every rank must reach its end.
+void check_deadlock_free(ProgramIndex& ix) {
+  const PipeProgram& program = ix.program;
+  const int P = static_cast<int>(program.size()), S = ix.S, m = ix.m;
+  const size_t slots = static_cast<size_t>(S * m);
   std::vector<char> done_f(slots, 0), done_back(slots, 0);  // done_back: the B or the I
   auto awaited = [&](const PipeAction& a) -> PipeAction {  // the first input not done; {op, -1, -1} when ready
     for (const PipeAction& in : action_inputs(a, S)) {
       const size_t y = static_cast<size_t>(slot_index(in, m));
       if ((in.op == PipeOp::forward ? done_f : done_back)[y]) continue;
       if (in.op != PipeOp::backward) return in;
-      return {pos_b[y].first >= 0 ? PipeOp::backward : PipeOp::backward_input, in.stage, in.micro_batch};
+      return {ix.pos_b[y].first >= 0 ? PipeOp::backward : PipeOp::backward_input, in.stage, in.micro_batch};
     }
     return {a.op, -1, -1};
   };
@@ -380,14 +397,28 @@ void check_schedule(const PipeSchedule& schedule, int m, const Locate& where) {
     const size_t n = next[static_cast<size_t>(r)];
     if (n == program[static_cast<size_t>(r)].size()) continue;
     const PipeAction w = awaited(program[static_cast<size_t>(r)][n]);
-    const Pos p = pos_of(w.op)[static_cast<size_t>(slot_index(w, m))];
-    blocked += detail::concat(blocked.empty() ? "" : "; ", cell(r, static_cast<int>(n)), " waits for ", action_name(w),
-                              ", which rank ", p.first, " runs later (", where(p.first, p.second), ")");
+    const ProgramIndex::Pos p = ix.of(w.op)[static_cast<size_t>(slot_index(w, m))];
+    blocked += detail::concat(blocked.empty() ? "" : "; ", ix.cell(r, static_cast<int>(n)), " waits for ",
+                              action_name(w), ", which rank ", p.first, " runs later (", ix.where(p.first, p.second),
+                              ")");
   }
-  ANVIL_CHECK(blocked.empty(), name, " deadlocks: ", blocked,
+  ANVIL_CHECK(blocked.empty(), ix.name, " deadlocks: ", blocked,
               ". A forward waits for the previous stage's forward of its micro-batch, a backward (B or I) for "
               "its own forward and the next stage's backward, a W for its I; reorder the rows so that what "
               "each rank waits for comes first");
+}
+
+}  // namespace
+
+void check_schedule(const PipeSchedule& schedule, int m, const Locate& where) {
+  const int P = static_cast<int>(schedule.program.size()), S = schedule.placement.stages();
+  const std::string name = schedule.name.empty() ? "the pipeline schedule" : "pipeline schedule " + schedule.name;
+  ANVIL_CHECK(schedule.placement.ranks == P, name, " has ", P, " rows of actions for ", schedule.placement.ranks,
+              " pipeline ranks; it needs one row per rank");
+  ANVIL_CHECK(m >= 1 && S >= 1, name, " needs at least one stage and one micro-batch");
+  ProgramIndex ix = index_program(schedule, m, where, name);
+  check_complete(ix);
+  check_deadlock_free(ix);
 }
 
 Locate program_positions() {
