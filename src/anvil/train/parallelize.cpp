@@ -129,8 +129,9 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   }
   setup_phase.reset();
   ps.release_grads();  // each step's backward creates them
-  master_ = fsdp_ ? &fsdp_->master() : &ps.master_flat();
-  opt_numel_ = fsdp_ ? fsdp_->shard_numel() : ps.numel();
+  // AdamW updates this rank's master weights (its FSDP shard, or the model's) and their bf16 copy.
+  Tensor* compute_copy = compute_dtype == DType::bf16 ? (fsdp_ ? &fsdp_->compute() : &ps.compute_flat()) : nullptr;
+  optimizer_ = std::make_unique<RankOptimizer>(fsdp_ ? fsdp_->master() : ps.master_flat(), compute_copy);
 }
 
 ParallelizedModel::~ParallelizedModel() = default;
@@ -167,7 +168,9 @@ void ParallelizedModel::load_global_weights(const std::function<void(ParamStore&
 }
 
 nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpointer, int64_t step) {
-  create_optimizer_state();
+  optimizer_->create_state();
+  Tensor& adam_m = optimizer_->exp_avg();
+  Tensor& adam_v = optimizer_->exp_avg_sq();
   // Loads the global tensors into `target` and moments m, v of its layout:
   // under TP through a global staging copy, of which this rank keeps its slices.
   auto load_state = [&](ParamStore& target, Tensor& m, Tensor& v) {
@@ -182,15 +185,15 @@ nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpoint
     target.sync_compute_copy();
     return st;
   };
-  if (!fsdp_) return load_state(model_->params(), adam_m_, adam_v_);
+  if (!fsdp_) return load_state(model_->params(), adam_m, adam_v);
   // Every rank reads the global tensors and keeps its slices.
   ParamStore full = full_staging();
   Tensor m = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
   Tensor v = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
   nlohmann::json state = load_state(full, m, v);
   fsdp_->load_full_master(full.master_flat());
-  fsdp_->scatter_full(m, adam_m_);
-  fsdp_->scatter_full(v, adam_v_);
+  fsdp_->scatter_full(m, adam_m);
+  fsdp_->scatter_full(v, adam_v);
   return state;
 }
 
@@ -202,11 +205,11 @@ void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step
   Tensor full_master, full_m, full_v;
   if (fsdp_) {
     full_master = fsdp_->gather_full_master();
-    if (!model_only) full_m = fsdp_->gather_full(adam_m_), full_v = fsdp_->gather_full(adam_v_);
+    if (!model_only) full_m = fsdp_->gather_full(optimizer_->exp_avg()), full_v = fsdp_->gather_full(optimizer_->exp_avg_sq());
   }
   const Tensor* w = fsdp_ ? &full_master : &model_->params().master_flat();
-  const Tensor* m = model_only ? nullptr : (fsdp_ ? &full_m : &adam_m_);
-  const Tensor* v = model_only ? nullptr : (fsdp_ ? &full_v : &adam_v_);
+  const Tensor* m = model_only ? nullptr : (fsdp_ ? &full_m : &optimizer_->exp_avg());
+  const Tensor* v = model_only ? nullptr : (fsdp_ ? &full_v : &optimizer_->exp_avg_sq());
   const std::vector<ParamSpec>* specs = &ps.specs();
   Tensor global_w, global_m, global_v;
   if (tp_) {  // then the tp ranks' slices into global tensors (every rank takes part)
@@ -294,11 +297,6 @@ void ParallelizedModel::finish_backward() {
   if (fsdp_) fsdp_->finish();
 }
 
-void ParallelizedModel::create_optimizer_state() {
-  adam_m_ = Tensor::zeros({opt_numel_}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg");
-  adam_v_ = Tensor::zeros({opt_numel_}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg_sq");
-}
-
 Tensor& ParallelizedModel::grads() { return fsdp_ ? fsdp_->grads() : model_->params().grad_flat(); }
 
 double ParallelizedModel::grad_norm() {
@@ -319,10 +317,7 @@ double ParallelizedModel::grad_norm() {
 }
 
 void ParallelizedModel::optimizer_step(const AdamWConfig& adamw, int64_t step, float clip) {
-  if (!adam_m_.defined()) create_optimizer_state();
-  Tensor* compute_copy =
-      compute_dtype_ == DType::bf16 ? (fsdp_ ? &fsdp_->compute() : &model_->params().compute_flat()) : nullptr;
-  adamw_step(adamw, step, *master_, grads(), adam_m_, adam_v_, compute_copy, clip);
+  optimizer_->step(adamw, step, grads(), clip);
 }
 
 void ParallelizedModel::release_grads() {

@@ -1,7 +1,7 @@
 // The job's layout, built once (torchtitan's parallelize_llama): the model
 // with tensor parallelism applied, FSDP/HSDP or DDP attached through its
 // parameter-group hooks, and everything else that depends on the layout —
-// the optimizer's buffers and step, the gradient norm over the ranks,
+// which weights the optimizer (train/optimizer.h) updates, the gradient norm over the ranks,
 // checkpoint gather and scatter, and loading global weights into any layout.
 // The trainer drives a step through it without knowing which layout it is.
 #pragma once
@@ -17,6 +17,7 @@
 #include "anvil/ops/adamw.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
+#include "anvil/train/optimizer.h"
 #include "anvil/train/parallel.h"
 #include "anvil/train/schedule.h"
 
@@ -88,8 +89,6 @@ class ParallelizedModel {
  private:
   // The gradients this rank's optimizer updates.
   Tensor& grads();
-  // AdamW's moments, zero, shaped as this rank's master weights.
-  void create_optimizer_state();
   // Fills `target` — this tp rank's whole-model staging store under FSDP, else
   // the model's own store — with the global tensors `read` produces, sliced to
   // this tp rank's part.
@@ -115,9 +114,7 @@ class ParallelizedModel {
   // gathered from, and sliced to, the tp ranks' slices (the specs carry the
   // offsets). Specs only: nothing is allocated.
   std::unique_ptr<ParamStore> global_layout_;
-  Tensor* master_ = nullptr;  // what this rank's optimizer updates: the model's weights or its FSDP shard
-  int64_t opt_numel_ = 0;
-  Tensor adam_m_, adam_v_;
+  std::unique_ptr<RankOptimizer> optimizer_;  // over the model's weights or its FSDP shard
 };
 
 }  // namespace anvil
