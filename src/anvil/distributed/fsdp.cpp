@@ -84,7 +84,6 @@ Tensor FsdpParams::gather_full(const Tensor& shard_state) {
   return full;
 }
 
-Tensor FsdpParams::gather_full_master() { return gather_full(master_); }
 
 void FsdpParams::zero_grad() {
   if (!grads_.defined())

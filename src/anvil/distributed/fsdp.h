@@ -60,9 +60,9 @@ class FsdpParams : public ParamGroupHooks {
   // Copies this rank's slices out of a full (flat) fp32 master buffer laid out
   // as ParamStore's, and refreshes the compute shard.
   void load_full_master(const Tensor& full_master);
-  // The whole model's fp32 master buffer, gathered (collective over the shard group).
-  Tensor gather_full_master();
-  // The same for any per-parameter fp32 state kept in the shard layout (AdamW's moments).
+  // The whole (tp rank's) model of a per-parameter fp32 state kept in the
+  // shard layout — the master weights, AdamW's moments — gathered
+  // (collective over the shard group).
   Tensor gather_full(const Tensor& shard_state);
   void scatter_full(const Tensor& full, Tensor& shard_state);  // this rank's slices of a full buffer
   void sync_compute_copy();

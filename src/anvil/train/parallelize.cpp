@@ -115,6 +115,7 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   else if (ddp_)
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
+  whole_layout_ = std::make_unique<ParamStore>(global_param_specs(args), DType::f32, /*allocate=*/false);
   if (par.pp_size > 1) {
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, par.mesh->pp(), par.pp_schedule,
                                                 cfg.parallelism.pipeline_parallel_keep_outputs);
@@ -197,36 +198,35 @@ nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpoint
   return state;
 }
 
+Tensor ParallelizedModel::to_global(const Tensor& rank_state) {
+  // FSDP's shards into this tp rank's whole stage, then the tp ranks' slices
+  // into the stage's global tensors, then the stages into the whole model's
+  // on pp rank 0: every rank of each group takes part.
+  Tensor state = fsdp_ ? fsdp_->gather_full(rank_state) : rank_state;
+  if (tp_) state = local_to_global(par_, model_->params(), state, *global_layout_);
+  if (pipeline_)
+    state = gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, par_.pp_schedule.placement, state);
+  return state;
+}
+
+const std::vector<ParamSpec>& ParallelizedModel::global_specs() const {
+  return pipeline_ ? whole_layout_->specs() : tp_ ? global_layout_->specs() : model_->params().specs();
+}
+
 void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step, bool model_only, DType model_dtype,
                                         const std::function<CheckpointMeta()>& meta) {
-  const ParamStore& ps = model_->params();
-  // Checkpoints hold global tensors whatever the layout: FSDP gathers
-  // them (every rank takes part), and rank 0 writes.
-  Tensor full_master, full_m, full_v;
-  if (fsdp_) {
-    full_master = fsdp_->gather_full_master();
-    if (!model_only) full_m = fsdp_->gather_full(optimizer_->exp_avg()), full_v = fsdp_->gather_full(optimizer_->exp_avg_sq());
+  // Checkpoints hold the whole model's tensors whatever the layout, one
+  // state after another (weights, then each moment), and rank 0 writes.
+  const Tensor master = fsdp_ ? fsdp_->master() : model_->params().master_flat();
+  const Tensor w = to_global(master);
+  Tensor m, v;
+  if (!model_only) {
+    m = to_global(optimizer_->exp_avg());
+    v = to_global(optimizer_->exp_avg_sq());
   }
-  const Tensor* w = fsdp_ ? &full_master : &model_->params().master_flat();
-  const Tensor* m = model_only ? nullptr : (fsdp_ ? &full_m : &optimizer_->exp_avg());
-  const Tensor* v = model_only ? nullptr : (fsdp_ ? &full_v : &optimizer_->exp_avg_sq());
-  const std::vector<ParamSpec>* specs = &ps.specs();
-  Tensor global_w, global_m, global_v;
-  if (tp_) {  // then the tp ranks' slices into global tensors (every rank takes part)
-    auto gather = [&](const Tensor& local) { return local_to_global(par_, ps, local, *global_layout_); };
-    global_w = gather(*w), w = &global_w;
-    if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
-    specs = &global_layout_->specs();
-  }
-  std::unique_ptr<ParamStore> whole;
-  if (pipeline_) {  // then the stages' tensors into the whole model's, on pp rank 0
-    auto gather = [&](const Tensor& stage) { return gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, par_.pp_schedule.placement, stage); };
-    global_w = gather(*w), w = &global_w;
-    if (m) global_m = gather(*m), global_v = gather(*v), m = &global_m, v = &global_v;
-    whole = std::make_unique<ParamStore>(global_param_specs(args_), DType::f32, /*allocate=*/false);
-    specs = &whole->specs();
-  }
-  if (par_.rank0()) checkpointer.save(step, *specs, *w, m, v, meta(), model_dtype);
+  if (par_.rank0())
+    checkpointer.save(step, global_specs(), w, model_only ? nullptr : &m, model_only ? nullptr : &v, meta(),
+                      model_dtype);
 }
 
 ScheduleResult ParallelizedModel::run_step(const MicroBatches& batches, float grad_scale, const AcPolicy& policy,

@@ -114,6 +114,13 @@ class ParallelizedModel {
   // gathered from, and sliced to, the tp ranks' slices (the specs carry the
   // offsets). Specs only: nothing is allocated.
   std::unique_ptr<ParamStore> global_layout_;
+  std::unique_ptr<ParamStore> whole_layout_;  // the whole model's, as checkpoints store it (specs only)
+  // This rank's per-parameter fp32 state (laid out as the weights its
+  // optimizer updates) as the whole model's flat buffer, laid out as
+  // global_specs(): collective over the FSDP, tp and pp groups; under
+  // pipeline parallelism defined on pp rank 0 only.
+  Tensor to_global(const Tensor& rank_state);
+  const std::vector<ParamSpec>& global_specs() const;
   std::unique_ptr<RankOptimizer> optimizer_;  // over the model's weights or its FSDP shard
 };
 
