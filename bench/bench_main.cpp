@@ -2,7 +2,7 @@
 // ratio to a bf16 GEMM and a memory copy measured right after it (ceilings.h).
 #include <cstdio>
 
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/ops/matmul.h"
 #include "ceilings.h"
 

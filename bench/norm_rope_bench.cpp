@@ -2,7 +2,7 @@
 // M = B·T = 4096..16384 rows, f32 and bf16. Memory-bound: judged by GB/s against
 // a memory copy (vs_copy), counting the bytes that must move: inputs read once
 // plus outputs written once.
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/ops/rmsnorm.h"
 #include "anvil/ops/rope.h"
 #include "ceilings.h"

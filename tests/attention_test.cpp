@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <string>
 
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "test_util.h"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "anvil/core/allocator.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/core/rng.h"
 #include "anvil/core/tensor.h"
 
@@ -127,7 +127,7 @@ TEST(Rng, PhiloxKnownAnswer) {
   EXPECT_EQ(r[3], 0x9b00dbd8u);
 }
 
-TEST(Parallel, CoversTheRangeExactlyOnce) {
+TEST(ParallelDims, CoversTheRangeExactlyOnce) {
   std::vector<std::atomic<int>> hits(10007);
   parallel_for(0, 10007, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) hits[i]++;

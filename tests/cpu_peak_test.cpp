@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "anvil/core/cpu_peak.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/ops/matmul.h"
 
 namespace anvil {

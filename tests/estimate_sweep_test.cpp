@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "allocation_timeline.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/train/config.h"
 #include "anvil/train/estimate.h"
 #include "mpi_test_util.h"

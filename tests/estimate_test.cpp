@@ -120,7 +120,7 @@ TEST(Preflight, RefusalNamesRankStageAndCategory) {
   // What fits is not refused, and the estimate returned is the rank's own.
   const JobConfig small = config("--parallelism.pipeline_parallel_degree 2 --training.local_batch_size 2");
   const ModelArgs debug = model_flavor("llama3", "debugmodel");
-  const Parallel par = resolve_parallel(small, debug, 2, 1);
+  const ParallelDims par = resolve_parallel(small, debug, 2, 1);
   EXPECT_EQ(check_rank_fits(small, debug, par, gib24, 2).memory.peak,
             estimate_layout(small, debug, 2).ranks[1].memory.peak);
 }

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "test_util.h"
 
 namespace {

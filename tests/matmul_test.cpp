@@ -2,7 +2,7 @@
 // and central finite differences.
 #include <gtest/gtest.h>
 
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/ops/matmul.h"
 #include "test_util.h"
 

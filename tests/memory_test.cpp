@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/dry_run.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/core/rng.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/matmul.h"

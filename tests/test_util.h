@@ -15,7 +15,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/rng.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/core/tensor.h"
 
 namespace anvil::testing {

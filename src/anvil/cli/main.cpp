@@ -16,14 +16,14 @@
 #include "anvil/cli/tokenizer_train_cmd.h"
 #include "anvil/core/cpu_peak.h"
 #include "anvil/core/error.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/distributed/mesh.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/matmul.h"
 #include "anvil/plan/flops.h"
 #include "anvil/plan/memory.h"
 #include "anvil/train/config.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 #include "anvil/train/trainer.h"
 
 namespace {

@@ -1,6 +1,6 @@
 #include "anvil/core/dtype.h"
 
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 
 namespace anvil {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 
 namespace anvil {
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <exception>
 
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 
 namespace anvil {
 

@@ -4,7 +4,7 @@
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/ops/avx512_math.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)

@@ -18,7 +18,7 @@
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/ops/avx512_math.h"
 #include "anvil/ops/matmul.h"
 

@@ -7,7 +7,7 @@
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/ops/vec16.h"
 
 namespace anvil {

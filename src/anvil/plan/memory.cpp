@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "anvil/core/dry_run.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/model/params.h"
 
 namespace anvil {

@@ -7,14 +7,14 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/core/parallel.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/train/preflight.h"
 #include "anvil/plan/flops.h"
 #include "anvil/plan/memory.h"
 
 namespace anvil {
 
-void route_rank_output(const JobConfig& cfg, const Parallel& par) {
+void route_rank_output(const JobConfig& cfg, const ParallelDims& par) {
   if (par.rank0()) return;
   const std::filesystem::path dir = std::filesystem::path(cfg.job.dump_folder) / "logs";
   std::error_code ec;
@@ -38,7 +38,7 @@ std::string with_commas(int64_t n) {
   return out;
 }
 
-RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType dt,
+RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType dt,
                                     const AcPolicy& ac) {
   const auto& tc = cfg.training;
   // This rank's own estimate under the layout, refused here when it does not fit.

@@ -9,7 +9,7 @@
 #include "anvil/model/args.h"
 #include "anvil/model/llama.h"
 #include "anvil/train/config.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 
 namespace anvil {
 
@@ -17,7 +17,7 @@ namespace anvil {
 // to <dump_folder>/logs/rank-<r>.log (appended to, so a resumed run keeps the
 // history), where its own step lines show the same loss as rank 0's. Errors
 // still reach stderr on every rank.
-void route_rank_output(const JobConfig& cfg, const Parallel& par);
+void route_rank_output(const JobConfig& cfg, const ParallelDims& par);
 
 // 1234567 → "1,234,567".
 std::string with_commas(int64_t n);
@@ -33,7 +33,7 @@ struct RunBasis {
 // Throws anvil::Error, before anything is allocated, when the run's predicted
 // peak memory per process exceeds what is available, saying what would fit;
 // otherwise prints the banner.
-RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const Parallel& par,
+RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par,
                                     DType compute_dtype, const AcPolicy& ac);
 
 }  // namespace anvil

@@ -24,7 +24,7 @@ int64_t first_save_step(const JobConfig& cfg) { return std::min(cfg.checkpoint.i
 
 RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank,
                           std::vector<MemEvent>* step2) {
-  Parallel par = resolve_parallel(cfg, args, world_size, rank);
+  ParallelDims par = resolve_parallel(cfg, args, world_size, rank);
   RankEstimate out;
   out.rank = rank;
   out.pp_rank = par.pp_rank;

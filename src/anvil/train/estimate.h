@@ -18,7 +18,7 @@
 #include "anvil/model/args.h"
 #include "anvil/plan/memory.h"
 #include "anvil/train/config.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 
 namespace anvil {
 
@@ -37,7 +37,7 @@ struct RankEstimate {
 };
 
 struct LayoutEstimate {
-  Parallel par;                     // the resolved layout (no mesh)
+  ParallelDims par;                     // the resolved layout (no mesh)
   std::vector<RankEstimate> ranks;  // every rank, by world rank
   double flops_per_token = 0;
 };

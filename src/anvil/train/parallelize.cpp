@@ -29,12 +29,12 @@ namespace {
 // keeps no weights of its own (FSDP lends each group's while it runs).
 // The module ranges of this rank's pipeline stages; the whole model as one
 // without pipeline parallelism.
-std::vector<ModuleRange> rank_stages(const ModelArgs& args, const Parallel& par) {
+std::vector<ModuleRange> rank_stages(const ModelArgs& args, const ParallelDims& par) {
   if (par.pp_size == 1) return {{0, llama_num_modules(args)}};
   return pipeline_rank_modules(args, par.pp_split, par.pp_schedule.placement, par.pp_rank);
 }
 
-void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType compute_dtype,
+void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype,
                  bool allocate_params, std::unique_ptr<TensorParallelPlan>& tp, std::unique_ptr<Llama>& model) {
   if (par.tp_size > 1)
     tp = std::make_unique<TensorParallelPlan>(
@@ -47,7 +47,7 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const Parallel& pa
 }
 
 // The global parameters of this rank's stages (the whole model's without pipeline parallelism).
-std::vector<ParamSpec> stage_global_specs(const ModelArgs& args, const Parallel& par) {
+std::vector<ParamSpec> stage_global_specs(const ModelArgs& args, const ParallelDims& par) {
   return llama_param_specs(args, rank_stages(args, par));
 }
 
@@ -60,21 +60,21 @@ void global_to_local(const ParamStore& global, const Tensor& global_flat, const 
 }
 
 // The stage's global flat buffer assembled from every tp rank's `local` (collective over tp).
-Tensor local_to_global(const Parallel& par, const ParamStore& local_layout, const Tensor& local,
+Tensor local_to_global(const ParallelDims& par, const ParamStore& local_layout, const Tensor& local,
                        const ParamStore& global_layout) {
   return gather_tp_global(par.mesh->tp(), local_layout.specs(), local, global_layout.specs(), global_layout.numel());
 }
 
 // The pieces of this rank's gradients whose squares, summed over tp (and
 // dp_shard), count every global element once.
-std::vector<Tensor> tp_grads_counted_once(const Parallel& par, const ParamStore& ps, const Tensor& grad,
+std::vector<Tensor> tp_grads_counted_once(const ParallelDims& par, const ParamStore& ps, const Tensor& grad,
                                           const FsdpParams* fsdp) {
   return grads_counted_once(ps, grad, par.tp_rank, fsdp, fsdp ? par.mesh->dp_shard().rank() : 0);
 }
 
 }  // namespace
 
-void sum_loss_over_dp(const Parallel& par, double& loss_sum, int64_t& tokens) {
+void sum_loss_over_dp(const ParallelDims& par, double& loss_sum, int64_t& tokens) {
   if (!par.distributed()) return;
   float totals[2] = {static_cast<float>(loss_sum), static_cast<float>(tokens)};
   par.sum_over_dp(totals, 2);
@@ -82,7 +82,7 @@ void sum_loss_over_dp(const Parallel& par, double& loss_sum, int64_t& tokens) {
   tokens = static_cast<int64_t>(totals[1]);
 }
 
-ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args, const Parallel& par,
+ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par,
                                      DType compute_dtype)
     : cfg_(cfg), args_(args), par_(par), compute_dtype_(compute_dtype) {
   // Under FSDP the model holds no weights of its own: FsdpParams keeps this

@@ -18,7 +18,7 @@
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
 #include "anvil/train/optimizer.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 #include "anvil/train/schedule.h"
 
 namespace anvil {
@@ -38,13 +38,13 @@ struct StepComm {
 
 // A loss sum and its token count summed over the data-parallel ranks (as f32,
 // enough for a loss; a single process's are left as they are).
-void sum_loss_over_dp(const Parallel& par, double& loss_sum, int64_t& tokens);
+void sum_loss_over_dp(const ParallelDims& par, double& loss_sum, int64_t& tokens);
 
 class ParallelizedModel {
  public:
   // Builds the model for this rank's place in `par` and initialises its
   // weights from training.seed (the global model's, whatever the layout).
-  ParallelizedModel(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, DType compute_dtype);
+  ParallelizedModel(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype);
   ~ParallelizedModel();
   ParallelizedModel(const ParallelizedModel&) = delete;
   ParallelizedModel& operator=(const ParallelizedModel&) = delete;
@@ -101,7 +101,7 @@ class ParallelizedModel {
 
   const JobConfig& cfg_;
   ModelArgs args_;
-  const Parallel& par_;
+  const ParallelDims& par_;
   DType compute_dtype_;
   std::unique_ptr<TensorParallelPlan> tp_;
   std::unique_ptr<Llama> model_;

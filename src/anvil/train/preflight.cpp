@@ -124,7 +124,7 @@ std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& ar
   return out;
 }
 
-RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, size_t available,
+RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, size_t available,
                              int local_ranks) {
   const RankEstimate mine = estimate_rank(cfg, args, par.world_size, par.rank);
   const size_t share = available / static_cast<size_t>(std::max(1, local_ranks));

@@ -12,7 +12,7 @@
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
 #include "anvil/train/estimate.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 
 namespace anvil {
 
@@ -35,7 +35,7 @@ std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& ar
 // This rank's estimate, after checking it against `available` bytes shared by
 // `local_ranks` processes; throws anvil::Error, saying what would fit, when it
 // does not fit. available = 0: unknown, nothing is checked.
-RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const Parallel& par, size_t available,
+RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, size_t available,
                              int local_ranks);
 
 }  // namespace anvil

@@ -69,7 +69,7 @@ namespace {
 bool g_log_turned_timeline_on = false;  // the allocation log, not a step capture, switched the timeline on
 }  // namespace
 
-void write_run_peaks(const JobConfig& cfg, const Parallel& par, const MemStats& peaks) {
+void write_run_peaks(const JobConfig& cfg, const ParallelDims& par, const MemStats& peaks) {
   if (cfg.profiling.allocation_log_step <= 0) return;
   nlohmann::json j;
   for (int c = 0; c < kNumMemCategories; ++c) j["peak_bytes"][category_name(static_cast<MemCategory>(c))] = peaks.peak[c];
@@ -87,7 +87,7 @@ size_t begin_allocation_log() {
   return alloc.timeline().size();
 }
 
-void end_allocation_log(const JobConfig& cfg, const Parallel& par, size_t from) {
+void end_allocation_log(const JobConfig& cfg, const ParallelDims& par, size_t from) {
   TrackingAllocator& alloc = TrackingAllocator::instance();
   std::vector<MemEvent> events = alloc.timeline();
   if (g_log_turned_timeline_on) {
@@ -104,7 +104,7 @@ void end_allocation_log(const JobConfig& cfg, const Parallel& par, size_t from) 
                 static_cast<long long>(cfg.profiling.allocation_log_step), events.size(), path.c_str());
 }
 
-std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const Parallel& par, int64_t step,
+std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const ParallelDims& par, int64_t step,
                                                  int64_t first_step) {
   const auto& p = cfg.profiling;
   const bool every_rank_traces = par.pp_size > 1 && p.enable_profiling;
@@ -127,7 +127,7 @@ void finish_capture(std::unique_ptr<StepCapture>& capture, int64_t step) {
   if (!written.empty()) std::printf("anvil: step %lld: %s\n", static_cast<long long>(step), written.c_str());
 }
 
-void rethrow_with_oom_snapshot(const OutOfMemoryError& e, const JobConfig& cfg, const Parallel& par, int64_t step) {
+void rethrow_with_oom_snapshot(const OutOfMemoryError& e, const JobConfig& cfg, const ParallelDims& par, int64_t step) {
   auto& alloc = TrackingAllocator::instance();
   Profiler::instance().stop();
   alloc.set_timeline(false);

@@ -10,7 +10,7 @@
 #include "anvil/core/error.h"
 #include "anvil/obs/trace.h"
 #include "anvil/train/config.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 
 namespace anvil {
 
@@ -43,22 +43,22 @@ std::string snapshot_dir(const JobConfig& cfg);
 // pipeline parallelism every rank writes its trace (step-N.rank-R.trace.json
 // beside rank 0's step-N.trace.json), since a pipeline's bubbles are seen only
 // across ranks (bench/pipeline_bubbles.py lays them on one timeline).
-std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const Parallel& par, int64_t step,
+std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const ParallelDims& par, int64_t step,
                                                  int64_t first_step);
 
 // Finishes a step's capture, if any, and says on the console what it wrote.
 void finish_capture(std::unique_ptr<StepCapture>& capture, int64_t step);
 
 size_t begin_allocation_log();
-void end_allocation_log(const JobConfig& cfg, const Parallel& par, size_t from);
+void end_allocation_log(const JobConfig& cfg, const ParallelDims& par, size_t from);
 // With profiling.allocation_log_step set, the run's peaks (StepLogger::run_peaks)
 // to <dump_folder>/allocations/rank-<r>.peaks.json, in bytes, at its end.
-void write_run_peaks(const JobConfig& cfg, const Parallel& par, const MemStats& peaks);
+void write_run_peaks(const JobConfig& cfg, const ParallelDims& par, const MemStats& peaks);
 // Runs `step_fn` (the step's run_train_step); when `step` is
 // profiling.allocation_log_step, writes every allocation and free it made to
 // <dump_folder>/allocations/rank-<r>.jsonl (obs/allocation_log.h).
 template <class F>
-auto log_allocations_of(const JobConfig& cfg, const Parallel& par, int64_t step, F&& step_fn) {
+auto log_allocations_of(const JobConfig& cfg, const ParallelDims& par, int64_t step, F&& step_fn) {
   if (step != cfg.profiling.allocation_log_step) return step_fn();
   const size_t from = begin_allocation_log();
   auto result = step_fn();
@@ -68,7 +68,7 @@ auto log_allocations_of(const JobConfig& cfg, const Parallel& par, int64_t step,
 // Writes what was live when memory ran out in `step` to the snapshot folder,
 // for the user to see where it went, and throws `e` again saying where that
 // list is and what would fit.
-[[noreturn]] void rethrow_with_oom_snapshot(const OutOfMemoryError& e, const JobConfig& cfg, const Parallel& par,
+[[noreturn]] void rethrow_with_oom_snapshot(const OutOfMemoryError& e, const JobConfig& cfg, const ParallelDims& par,
                                             int64_t step);
 
 }  // namespace anvil

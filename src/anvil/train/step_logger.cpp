@@ -17,7 +17,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
-StepLogger::StepLogger(const JobConfig& cfg, const Parallel& par, PeakFlops peak, double flops_per_token,
+StepLogger::StepLogger(const JobConfig& cfg, const ParallelDims& par, PeakFlops peak, double flops_per_token,
                        double comm_bytes_closed_form)
     : cfg_(cfg), par_(par), peak_(std::move(peak)), flops_per_token_(flops_per_token),
       comm_closed_form_(comm_bytes_closed_form) {
@@ -45,7 +45,7 @@ void StepLogger::measure_untracked(int64_t after_step, size_t predicted_reserved
               human_bytes(predicted_reserved + untracked_).c_str(), human_bytes(predicted_reserved).c_str());
 }
 
-void gather_rank_figures(const Parallel& par, StepLog& log) {
+void gather_rank_figures(const ParallelDims& par, StepLog& log) {
   if (!par.distributed()) return;
   const std::vector<double> mib = par.gather_world(static_cast<double>(log.memory.peak_total) / (1 << 20));
   log.tokens_per_s_by_rank = par.gather_world(log.tokens_per_s);

@@ -14,7 +14,7 @@
 #include "anvil/obs/tensorboard.h"
 #include "anvil/train/config.h"
 #include "anvil/train/metrics.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 #include "anvil/train/parallelize.h"
 
 namespace anvil {
@@ -25,13 +25,13 @@ struct TrainResult;
 // peaks by category, RSS, reserved bytes): a collective over the world, made
 // by the trainer at each logged step and by the estimator's dry run
 // (train/estimate.h) as the trainer does, for the buffers it takes.
-void gather_rank_figures(const Parallel& par, StepLog& log);
+void gather_rank_figures(const ParallelDims& par, StepLog& log);
 
 class StepLogger {
  public:
   // Rank 0 writes the job's files: metrics.jsonl and the TensorBoard events.
   // peak and flops_per_token: what MFU is measured against.
-  StepLogger(const JobConfig& cfg, const Parallel& par, PeakFlops peak, double flops_per_token,
+  StepLogger(const JobConfig& cfg, const ParallelDims& par, PeakFlops peak, double flops_per_token,
              double comm_bytes_closed_form);
   // Where the files go ("(rank 0)" on the other ranks), for the console.
   void print_destinations() const;
@@ -66,7 +66,7 @@ class StepLogger {
 
   using Clock = std::chrono::steady_clock;
   const JobConfig& cfg_;
-  const Parallel& par_;
+  const ParallelDims& par_;
   PeakFlops peak_;
   double flops_per_token_;
   double comm_closed_form_;

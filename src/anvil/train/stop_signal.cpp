@@ -21,7 +21,7 @@ StopSignals::~StopSignals() {
   std::signal(SIGTERM, previous_term_);
 }
 
-bool StopSignals::requested(const Parallel& par) {
+bool StopSignals::requested(const ParallelDims& par) {
   signal_ = par.max_over_world(static_cast<int>(g_interrupted));
   return signal_ != 0;
 }

@@ -4,7 +4,7 @@
 // same one.
 #pragma once
 
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 
 namespace anvil {
 
@@ -19,7 +19,7 @@ class StopSignals {
 
   // Whether any rank has caught a stop signal: collective over the world (every
   // rank must ask equally often), so all ranks get the same answer.
-  bool requested(const Parallel& par);
+  bool requested(const ParallelDims& par);
   // The signal of the last positive answer, agreed over the ranks.
   int signal() const { return signal_; }
 

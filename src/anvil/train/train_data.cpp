@@ -67,7 +67,7 @@ std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelA
   return tokenizer;
 }
 
-TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Parallel& par) : cfg_(cfg) {
+TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const ParallelDims& par) : cfg_(cfg) {
   const auto& tc = cfg.training;
   const auto t_data = std::chrono::steady_clock::now();
   const uint64_t tokenizer_hash =
@@ -99,7 +99,7 @@ int64_t TrainData::next_step() {
   return tokens;
 }
 
-std::pair<double, int64_t> TrainData::validation_loss(ParallelizedModel& layout, const Parallel& par) {
+std::pair<double, int64_t> TrainData::validation_loss(ParallelizedModel& layout, const ParallelDims& par) {
   double sum = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < cfg_.validation.steps; ++i) {

@@ -9,7 +9,7 @@
 #include "anvil/data/tokenizer.h"
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 #include "anvil/train/schedule.h"
 
 namespace anvil {
@@ -24,7 +24,7 @@ class TrainData {
   // Opens the dataset and prints its line. Data-parallel rank r reads windows
   // r, r + dp, ...: the union of the ranks' batches is the single-process
   // batch of dp times the size.
-  TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Parallel& par);
+  TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const ParallelDims& par);
 
   StreamLoader& loader() { return *loader_; }
   // The step's micro-batches are fetched up front, so the loss can be
@@ -35,7 +35,7 @@ class TrainData {
   int64_t next_step();
   // The loss of the validation set's validation.steps batches, summed over
   // the data-parallel ranks: (loss sum, tokens). The same held-out batches every time.
-  std::pair<double, int64_t> validation_loss(ParallelizedModel& layout, const Parallel& par);
+  std::pair<double, int64_t> validation_loss(ParallelizedModel& layout, const ParallelDims& par);
 
  private:
   const JobConfig& cfg_;

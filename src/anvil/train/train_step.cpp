@@ -50,7 +50,7 @@ MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches)
 }
 
 StepOutcome run_train_step(const StepContext& ctx, const MicroBatches& batches, int64_t step_tokens, int64_t step) {
-  const Parallel& par = ctx.par;
+  const ParallelDims& par = ctx.par;
   ParallelizedModel& layout = ctx.layout;
   StepOutcome out;
   layout.begin_step();

@@ -12,7 +12,7 @@
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
 #include "anvil/train/lr_schedule.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 #include "anvil/train/parallelize.h"
 #include "anvil/train/schedule.h"
 
@@ -37,7 +37,7 @@ struct StepOutcome {
 // What a step needs besides its batches.
 struct StepContext {
   const JobConfig& cfg;
-  const Parallel& par;
+  const ParallelDims& par;
   ParallelizedModel& layout;
   const AcPolicy& ac;
   AdamWConfig& adamw;  // its lr is set for each step

@@ -23,7 +23,7 @@
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/console.h"
 #include "anvil/train/lr_schedule.h"
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 #include "anvil/train/parallelize.h"
 #include "anvil/train/profiling.h"
 #include "anvil/train/schedule.h"
@@ -134,14 +134,14 @@ void record_step(TrainResult& result, int64_t step, double loss) {
 }
 
 void validate_if_due(const JobConfig& cfg, int64_t step, TrainData& data, ParallelizedModel& layout,
-                     const Parallel& par, StepLogger& logger) {
+                     const ParallelDims& par, StepLogger& logger) {
   if (!validation_due(cfg, step)) return;
   const auto [sum, tokens] = data.validation_loss(layout, par);
   logger.log_validation(step, sum / static_cast<double>(tokens), tokens);
 }
 
 // The stop agreed inside a step: its gradients are dropped.
-void report_stop_in_step(int signal, const Parallel& par, int64_t step, int64_t micro_batches_done) {
+void report_stop_in_step(int signal, const ParallelDims& par, int64_t step, int64_t micro_batches_done) {
   std::printf("anvil: interrupted (%s) during step %lld after micro-batch %lld of %lld; its gradients were "
               "discarded. %lld steps completed.\n",
               strsignal(signal), static_cast<long long>(step), static_cast<long long>(micro_batches_done),
@@ -152,7 +152,7 @@ void report_stop_in_step(int signal, const Parallel& par, int64_t step, int64_t 
                  static_cast<long long>(par.accum_steps));
 }
 
-void report_stop_after_step(int signal, const Parallel& par, int64_t step, int64_t steps) {
+void report_stop_after_step(int signal, const ParallelDims& par, int64_t step, int64_t steps) {
   std::printf("anvil: interrupted (%s) after step %lld of %lld.\n", strsignal(signal), static_cast<long long>(step),
               static_cast<long long>(steps));
   if (par.distributed())
@@ -160,7 +160,7 @@ void report_stop_after_step(int signal, const Parallel& par, int64_t step, int64
 }
 
 // The per-op table of the steps after the first, on rank 0's console and in the dump folder.
-void print_op_table(const JobConfig& cfg, const Parallel& par, OpTable& table) {
+void print_op_table(const JobConfig& cfg, const ParallelDims& par, OpTable& table) {
   if (!par.rank0()) return;
   if (table.steps == 0) {
     std::printf("anvil: op times: no step after the first (which builds the kernels) was timed; run 2 or more steps\n");
@@ -180,7 +180,7 @@ namespace {
 struct TrainRun {
   const JobConfig& cfg;
   const ModelArgs& args;
-  const Parallel& par;
+  const ParallelDims& par;
   const RunBasis& mfu;
   StopSignals& stop;
   TrainData& data;
@@ -196,7 +196,7 @@ struct TrainRun {
 // `step` is the step running (an out-of-memory error names it).
 TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
   const JobConfig& cfg = run.cfg;
-  const Parallel& par = run.par;
+  const ParallelDims& par = run.par;
   StepLogger& logger = run.logger;
   TrainResult result;
   // Training draws random numbers only to initialise the weights and order the
@@ -274,7 +274,7 @@ TrainResult train(const JobConfig& cfg) {
   ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
   args.validate();
   // The layout first: every rank checks it, with the same message.
-  const Parallel par = setup_parallel(cfg, args);
+  const ParallelDims par = setup_parallel(cfg, args);
   // Rank 0 speaks for the job; the others write their own logs.
   route_rank_output(cfg, par);
   const DType dt = compute_dtype(cfg);

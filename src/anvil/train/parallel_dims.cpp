@@ -1,4 +1,4 @@
-#include "anvil/train/parallel.h"
+#include "anvil/train/parallel_dims.h"
 
 #include <cstdlib>
 #include <vector>
@@ -17,7 +17,7 @@ bool launched_by_mpi_launcher() {
   return false;
 }
 
-void Parallel::sum_over_dp(float* values, int n) const {
+void ParallelDims::sum_over_dp(float* values, int n) const {
   if (!mesh || dp_size == 1) return;
   Tensor t = Tensor::empty({n}, DType::f32, MemCategory::communication, "dp.sum");
   for (int i = 0; i < n; ++i) t.data<float>()[i] = values[i];
@@ -25,7 +25,7 @@ void Parallel::sum_over_dp(float* values, int n) const {
   for (int i = 0; i < n; ++i) values[i] = t.data<float>()[i];
 }
 
-int Parallel::max_over_world(int value) const {
+int ParallelDims::max_over_world(int value) const {
   if (!mesh || world_size == 1) return value;
   Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "world.max");
   t.data<float>()[0] = static_cast<float>(value);
@@ -33,9 +33,9 @@ int Parallel::max_over_world(int value) const {
   return static_cast<int>(t.data<float>()[0]);
 }
 
-std::vector<double> Parallel::gather_world(double value) const { return gather_world(std::vector<double>{value}); }
+std::vector<double> ParallelDims::gather_world(double value) const { return gather_world(std::vector<double>{value}); }
 
-std::vector<double> Parallel::gather_world(const std::vector<double>& values) const {
+std::vector<double> ParallelDims::gather_world(const std::vector<double>& values) const {
   if (!mesh || world_size == 1) return values;
   const auto n = static_cast<int64_t>(values.size());
   Tensor mine = Tensor::empty({n}, DType::f32, MemCategory::communication, "world.gather");
@@ -74,7 +74,7 @@ std::vector<PipeCosts> stage_costs(const ModelArgs& args, const PipelineSplit& s
 // The pipeline's schedule and cut (par.pp_schedule, par.pp_split), read and
 // checked on every rank with the same message before any work: the schedule
 // fixes the stage count, the keys (or the automatic split) the cut.
-void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, Parallel& par) {
+void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, ParallelDims& par) {
   const auto& p = cfg.parallelism;
   const int m = static_cast<int>(par.pp_micro_batches);
   const int64_t units = args.n_layers + p.pipeline_parallel_first_stage_less_layers +
@@ -149,8 +149,8 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
                 "(data_parallel_shard_degree = 1, data_parallel_replicate_degree = ", layout.dp(), ")");
 }
 
-Parallel resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
-  Parallel par;
+ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
+  ParallelDims par;
   const auto& p = cfg.parallelism;
   const ParallelDegrees degrees{p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
                                 p.data_parallel_shard_degree, p.tensor_parallel_degree};
@@ -200,12 +200,12 @@ Parallel resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world
   return par;
 }
 
-Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
+ParallelDims setup_parallel(const JobConfig& cfg, const ModelArgs& args) {
   const bool mpi = MpiRuntime::active();
   Communicator world = mpi ? Communicator::world() : Communicator();
   const int world_size = mpi ? world.size() : 1;
   if (mpi && world_size > 1) check_same_config(world, config_to_toml(cfg));
-  Parallel par = resolve_parallel(cfg, args, world_size, mpi ? world.rank() : 0);
+  ParallelDims par = resolve_parallel(cfg, args, world_size, mpi ? world.rank() : 0);
   if (world_size > 1) par.mesh = std::make_unique<DeviceMesh>(world, par.layout);
   return par;
 }

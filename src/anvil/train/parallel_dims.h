@@ -26,7 +26,7 @@ bool launched_by_mpi_launcher();
 
 enum class DataParallelMode { single, ddp, fsdp };
 
-struct Parallel {
+struct ParallelDims {
   DataParallelMode mode = DataParallelMode::single;
   std::unique_ptr<DeviceMesh> mesh;  // null for a single process, and when only resolved
   MeshLayout layout{1, 1, 1, 1};     // the degrees, resolved against the world size
@@ -69,10 +69,10 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
 // model, on every rank with the same message, and the batch against them
 // (accum_steps); checks that every rank has the same configuration. Requires
 // MPI to be running when launched by MPI.
-Parallel setup_parallel(const JobConfig& cfg, const ModelArgs& args);
+ParallelDims setup_parallel(const JobConfig& cfg, const ModelArgs& args);
 
 // The same resolution and checks for rank `rank` of `world_size` ranks,
 // without MPI (no mesh, no communicators): what the estimator plans with.
-Parallel resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank);
+ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank);
 
 }  // namespace anvil
