@@ -38,34 +38,35 @@ struct SweepCase {
 struct SweepLayout {
   const char* name;
   int ranks;
+  int dp;  // data-parallel ranks: the global batch is local × dp × accumulation
   const char* flags;
   bool pipeline;
 };
 const SweepLayout kLayouts[] = {
-    {"single", 1, "", false},
-    {"fsdp2", 2, "", false},
-    {"ddp2", 2, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1", false},
-    {"hsdp2x2", 4, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2", false},
-    {"tp2", 2, "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", false},
-    {"tp2_no_sp", 2,
+    {"single", 1, 1, "", false},
+    {"fsdp2", 2, 2, "", false},
+    {"ddp2", 2, 2, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1", false},
+    {"hsdp2x2", 4, 4, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2", false},
+    {"tp2", 2, 1, "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", false},
+    {"tp2_no_sp", 2, 1,
      "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
      "--parallelism.enable_sequence_parallel false --parallelism.disable_loss_parallel true",
      false},
-    {"tp2_fsdp2", 4, "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", false},
-    {"pp2_1f1b", 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", true},
-    {"pp2_gpipe", 2,
+    {"tp2_fsdp2", 4, 2, "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", false},
+    {"pp2_1f1b", 2, 1, "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", true},
+    {"pp2_gpipe", 2, 1,
      "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
      "--parallelism.pipeline_parallel_schedule GPipe",
      true},
-    {"pp2_zbv", 2,
+    {"pp2_zbv", 2, 1,
      "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
      "--parallelism.pipeline_parallel_schedule ZBVZeroBubble",
      true},
-    {"pp2_interleaved", 2,
+    {"pp2_interleaved", 2, 1,
      "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
      "--parallelism.pipeline_parallel_schedule Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage 2",
      true},
-    {"pp2_fsdp2", 4, "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", true},
+    {"pp2_fsdp2", 4, 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", true},
 };
 const char* const kAcModes[] = {
     "--activation_checkpoint.mode none",
@@ -104,14 +105,9 @@ std::vector<SweepCase> sweep_cases() {
     const int64_t accum = 1 + static_cast<int64_t>(pick(2));
     const bool bf16 = pick(2) == 1;
     const size_t ac = pick(std::size(kAcModes)), ckpt = pick(std::size(kCheckpoints));
-    const int dp = layout.ranks / (std::string(layout.flags).find("tensor_parallel_degree 2") != std::string::npos ||
-                                           std::string(layout.flags).find("pipeline_parallel_degree 2") !=
-                                               std::string::npos
-                                       ? 2
-                                       : 1);
     std::string flags = std::string(layout.flags) + " --training.seq_len " + std::to_string(T) +
                         " --training.local_batch_size " + std::to_string(B) + " --training.global_batch_size " +
-                        std::to_string(B * dp * accum) + " " + kAcModes[ac] + " " + kCheckpoints[ckpt] +
+                        std::to_string(B * layout.dp * accum) + " " + kAcModes[ac] + " " + kCheckpoints[ckpt] +
                         " --training.mixed_precision_param " + (bf16 ? "bfloat16" : "float32");
     if (layout.pipeline) flags += " --parallelism.pipeline_parallel_microbatch_size " + std::to_string(mb);
     try {  // the trainer's own check of the layout against the world and the model

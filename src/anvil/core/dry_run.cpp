@@ -7,6 +7,8 @@
 
 namespace anvil {
 
+std::atomic<bool> detail::g_dry_run{false};
+
 namespace {
 std::mutex g_release_mutex;
 std::vector<std::function<void()>>& releases() {
@@ -18,6 +20,7 @@ std::vector<std::function<void()>>& releases() {
 DryRun::DryRun() : allocator_(std::make_unique<TrackingAllocator>(/*dry=*/true)) {
   previous_ = TrackingAllocator::install(allocator_.get());
   ANVIL_ASSERT(previous_ == nullptr, "a dry run inside another dry run");
+  detail::g_dry_run.store(true);
 }
 
 DryRun::~DryRun() {
@@ -27,6 +30,7 @@ DryRun::~DryRun() {
     pending.swap(releases());
   }
   for (const auto& release : pending) release();
+  detail::g_dry_run.store(false);
   TrackingAllocator::install(previous_);
 }
 

@@ -12,6 +12,7 @@
 // Values computed in a dry run are meaningless; code that branches on one
 // (the loss being finite, the gradient norm) is named where it does so.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -19,8 +20,13 @@
 
 namespace anvil {
 
+namespace detail {
+extern std::atomic<bool> g_dry_run;  // set while a DryRun lives
+}  // namespace detail
+
 // True while a DryRun is on (in any thread: the allocator in use is global).
-inline bool dry_run() { return TrackingAllocator::instance().dry(); }
+// One relaxed load: parallel_for and every op ask it.
+inline bool dry_run() { return detail::g_dry_run.load(std::memory_order_relaxed); }
 
 class DryRun {
  public:

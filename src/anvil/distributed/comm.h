@@ -174,7 +174,6 @@ class Communicator {
   // non-blocking ones hold their buffers until the caller's wait() or test()
   // (which completes them), in the order the real code posts and waits.
   static Communicator dry(int rank, int size);
-  bool is_dry() const { return dry_; }
 
   bool valid() const { return comm_ != MPI_COMM_NULL || dry_; }
   int rank() const { return rank_; }

@@ -42,12 +42,6 @@
 
 namespace anvil {
 
-int64_t attention_diagonal_tile(int64_t tile, int64_t T) { return std::min({tile, std::max<int64_t>(64, T / 4), T}); }
-
-int64_t attention_task_splits(int64_t owners, int64_t max_splits, int64_t threads) {
-  if (owners % threads == 0) return 1;
-  return std::clamp<int64_t>(threads / std::gcd(owners, threads), 1, std::max<int64_t>(1, max_splits));
-}
 
 namespace {
 
@@ -304,10 +298,15 @@ void unpack_head(const float* src, const Dims& d, int64_t H, int64_t b, int64_t 
 // Each thread of the parallel_for takes tasks from a shared counter rather
 // than a fixed chunk, so a thread slowed down by other load on the machine
 // ends up doing fewer of them.
+// At most max_splits (the causal-balanced tile pairs along T).
 int64_t task_splits(int64_t owners, int64_t max_splits) {
-  return attention_task_splits(owners, max_splits, omp_in_parallel() ? 1 : num_threads());
+  const int64_t threads = omp_in_parallel() ? 1 : num_threads();
+  if (owners % threads == 0) return 1;
+  return std::clamp<int64_t>(threads / std::gcd(owners, threads), 1, std::max<int64_t>(1, max_splits));
 }
-int64_t diagonal_tile(int64_t tile, int64_t T) { return attention_diagonal_tile(tile, T); }
+// The tile along the causal diagonal: at most max(64, T/4), since about half
+// a tile of work per block row is masked out.
+int64_t diagonal_tile(int64_t tile, int64_t T) { return std::min({tile, std::max<int64_t>(64, T / 4), T}); }
 // The threads a call runs its tasks on, each with its own slot of scratch. The
 // scratch of every slot is allocated before the threads start, so the peak is
 // the same whichever threads the OS happens to run first (the memory

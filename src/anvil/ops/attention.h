@@ -40,15 +40,6 @@ struct AttentionTiles {
   int64_t bwd_q = 256, bwd_k = 256;  // backward
 };
 
-// How the kernels divide their work, exposed so the memory estimator sizes
-// attention's per-thread scratch from the same rules (plan/memory.cpp).
-// The tile along the causal diagonal: at most max(64, T/4), since about half
-// a tile of work per block row is masked out.
-int64_t attention_diagonal_tile(int64_t tile, int64_t T);
-// Splits per (batch, kv head) task for `owners` = B·Hkv tasks on `threads`
-// threads: 1 when the threads divide the tasks evenly, else threads / gcd,
-// at most max_splits (the causal-balanced tile pairs along T).
-int64_t attention_task_splits(int64_t owners, int64_t max_splits, int64_t threads);
 
 // scale = 0 means the usual 1/sqrt(D).
 // q, k, v, out share a dtype (f32 or bf16); lse is always f32.

@@ -37,11 +37,8 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   ParallelizedModel layout(cfg, args, par, dt);
   out.data_parallel_bytes = layout.comm_bytes_closed_form();
-  AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
-                    static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
-                    static_cast<float>(cfg.optimizer.weight_decay)};
-  const LrSchedule schedule{cfg.optimizer.lr,           cfg.training.steps,           cfg.lr_scheduler.warmup_steps,
-                            cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
+  AdamWConfig adamw = adamw_config(cfg);
+  const LrSchedule schedule = lr_schedule(cfg);
   const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
   const MicroBatches batches = allocate_micro_batches(cfg, par.accum_steps);
   // Between micro-batches the ranks agree on a stop (train/stop_signal.h): a
@@ -83,10 +80,6 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   out.memory.peak_total = stats.peak_total;
   out.memory.peak_reserved = stats.peak_reserved;
   return out;
-}
-
-RankEstimate estimate_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
-  return dry_run_rank(cfg, args, world_size, rank);
 }
 
 LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size) {

@@ -46,10 +46,7 @@ struct LayoutEstimate {
 // takes what the other degrees leave of them).
 LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size);
 
-// World rank `rank`'s estimate alone (what its pre-flight check needs).
-RankEstimate estimate_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank);
-
-// The dry run of one rank, with its step-2 allocation timeline (from the
+// The dry run of one rank (its pre-flight check needs no other), with its step-2 allocation timeline (from the
 // step's start to the end of its optimizer step: every allocation and free
 // in order, with tag, category and bytes) when `step2` is not null.
 RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank,

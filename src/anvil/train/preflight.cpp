@@ -126,7 +126,7 @@ std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& ar
 
 RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, size_t available,
                              int local_ranks) {
-  const RankEstimate mine = estimate_rank(cfg, args, par.world_size, par.rank);
+  const RankEstimate mine = dry_run_rank(cfg, args, par.world_size, par.rank);
   const size_t share = available / static_cast<size_t>(std::max(1, local_ranks));
   if (available == 0 || mine.memory.peak_reserved <= share) return mine;
 

@@ -37,6 +37,19 @@ float clip_factor(const JobConfig& cfg, double grad_norm) {
 
 }  // namespace
 
+AdamWConfig adamw_config(const JobConfig& cfg) {
+  const AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
+                          static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
+                          static_cast<float>(cfg.optimizer.weight_decay)};
+  check_adamw_config(adamw);
+  return adamw;
+}
+
+LrSchedule lr_schedule(const JobConfig& cfg) {
+  return LrSchedule{cfg.optimizer.lr,           cfg.training.steps,           cfg.lr_scheduler.warmup_steps,
+                    cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
+}
+
 MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches) {
   const auto& tc = cfg.training;
   MicroBatches batches;

@@ -18,6 +18,10 @@
 
 namespace anvil {
 
+// The [optimizer] keys as AdamW's settings (checked), and the [lr_scheduler] keys as the schedule.
+AdamWConfig adamw_config(const JobConfig& cfg);
+LrSchedule lr_schedule(const JobConfig& cfg);
+
 // The step's micro-batch buffers (tokens and targets, (local_batch_size,
 // seq_len) i32 each), made once and refilled every step.
 MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches);

@@ -41,19 +41,6 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 std::string model_description(const ModelArgs& args) { return detail::concat(args.name, "/", args.flavor); }
 
-AdamWConfig adamw_config(const JobConfig& cfg) {
-  const AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
-                          static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
-                          static_cast<float>(cfg.optimizer.weight_decay)};
-  check_adamw_config(adamw);
-  return adamw;
-}
-
-LrSchedule lr_schedule(const JobConfig& cfg) {
-  return LrSchedule{cfg.optimizer.lr,           cfg.training.steps,           cfg.lr_scheduler.warmup_steps,
-                    cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
-}
-
 // checkpoint.initial_load_path: the weights of an Anvil checkpoint folder or a
 // Hugging Face one.
 void load_initial_weights(const std::string& path, const ModelArgs& args, ParamStore& ps) {
