@@ -1,4 +1,4 @@
-// The GPU-cluster planner (plan/gpu_estimate.h) against the published seeds
+// The GPU-cluster planner (estimate/gpu_estimate.h) against the published seeds
 // and its own invariants. Nothing here is fitted: the seed rows hold the
 // model to the published figures within the targets where it meets
 // them, and state what it is (an upper bound) where it does not.
@@ -9,10 +9,10 @@
 
 #include "anvil/cli/plan_cmd.h"
 #include "anvil/core/error.h"
-#include "anvil/plan/gpu_estimate.h"
-#include "anvil/plan/gpu_hardware.h"
-#include "anvil/plan/gpu_search.h"
-#include "anvil/plan/gpu_seeds.h"
+#include "anvil/estimate/gpu_estimate.h"
+#include "anvil/estimate/gpu_hardware.h"
+#include "anvil/estimate/gpu_search.h"
+#include "anvil/estimate/gpu_seeds.h"
 
 namespace anvil {
 namespace {

@@ -3,6 +3,8 @@
 // every activation-checkpointing mode and both compute dtypes; the trainer's
 // own logged peaks against the estimate; the ordering of the
 // activation-checkpointing modes; flat memory under gradient accumulation.
+#include "anvil/estimate/memory.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -15,7 +17,6 @@
 #include "anvil/core/rng.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/matmul.h"
-#include "anvil/plan/memory.h"
 #include "test_util.h"
 
 using namespace anvil;

@@ -86,7 +86,7 @@ TEST(TransformerBlock, InputThenWeightGradientPassesEqualTheFusedBackward) {
       ParamStore params(llama_param_specs(args), dt);
       params.init(5);
       const RopeTable rope = rope_table(T, args.head_dim(), args.rope_theta, args.rope_scaling);
-      const ParallelPlan single_process;
+      const ParallelStyle single_process;
       const int first = params.index_of("model.layers." + std::to_string(layer) + ".input_layernorm.weight");
       TransformerBlock block(params, first, layer, args, rope, single_process);
       const Tensor x = random_tensor({B * T, args.dim}, dt, "x");

@@ -2,6 +2,8 @@
 // (phase, nesting, parallel regions), what the table prints, and that a
 // training run writes it with the model's ops. Times are never asserted on;
 // calls, FLOPs and attribution are.
+#include "anvil/core/op_timer.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,10 +14,9 @@
 #include <string>
 #include <thread>
 
-#include "anvil/core/op_timer.h"
 #include "anvil/core/profiler.h"
+#include "anvil/estimate/flops.h"
 #include "anvil/model/args.h"
-#include "anvil/plan/flops.h"
 #include "anvil/obs/op_table.h"
 #include "test_util.h"
 

@@ -1,5 +1,7 @@
 // The trainer's layout component and single-stage schedule, in one process:
 // what train() relies on them for, checked without running train().
+#include "anvil/train/parallelize.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,9 +11,8 @@
 #include "anvil/core/allocator.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/train/checkpoint.h"
+#include "anvil/train/forward_backward.h"
 #include "anvil/train/parallel_dims.h"
-#include "anvil/train/parallelize.h"
-#include "anvil/train/schedule.h"
 #include "test_util.h"
 
 namespace anvil {
@@ -54,7 +55,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 double step(ParallelizedModel& layout, const MicroBatches& mb, int64_t step_number) {
   layout.begin_step();
   const int64_t tokens = mb.size() * mb.tokens[0].numel();
-  const ScheduleResult r = layout.run_step(mb, 1.0f / static_cast<float>(tokens), AcPolicy{}, {});
+  const ForwardBackwardResult r = layout.forward_backward(mb, 1.0f / static_cast<float>(tokens), AcPolicy{}, {});
   layout.finish_backward();
   const double norm = layout.grad_norm();
   AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
@@ -75,7 +76,7 @@ TEST(ParallelizedModel, MomentsAppearAtTheFirstOptimizerStepAndTheNormIsTheGradi
 
   const MicroBatches mb = random_batches(2, 2, 32, args.vocab_size, 1);
   layout.begin_step();
-  run_single_stage(layout.model(), mb, 1.0f / 128, AcPolicy{}, {});
+  forward_backward_single_stage(layout.model(), mb, 1.0f / 128, AcPolicy{}, {});
   layout.finish_backward();
   const Tensor grads[] = {layout.model().params().grad_flat()};
   const double expected = std::sqrt(grad_sum_of_squares(grads));
@@ -127,9 +128,9 @@ TEST(SingleStageSchedule, StopsAfterTheMicroBatchAtWhichAStopIsAgreed) {
   std::vector<std::pair<int64_t, int64_t>> calls;
   int asked = 0;
   layout.begin_step();
-  const ScheduleResult r =
-      run_single_stage(layout.model(), mb, 1.0f / 192, AcPolicy{},
-                       {[&](int64_t i, int64_t n) { calls.emplace_back(i, n); }, [&] { return ++asked == 2; }});
+  const ForwardBackwardResult r = forward_backward_single_stage(
+      layout.model(), mb, 1.0f / 192, AcPolicy{},
+      {[&](int64_t i, int64_t n) { calls.emplace_back(i, n); }, [&] { return ++asked == 2; }});
   EXPECT_EQ(r.stopped_after, 2);
   EXPECT_EQ(asked, 2);
   EXPECT_EQ(calls, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 3}}));

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "anvil/core/error.h"
+#include "anvil/estimate/pipeline_split.h"
+#include "anvil/model/args.h"
 #include "anvil/pipeline/executor.h"
 #include "anvil/pipeline/schedule.h"
-#include "anvil/model/args.h"
-#include "anvil/plan/pipeline_split.h"
 #include "layout_parity.h"
 
 using namespace anvil;

@@ -94,8 +94,9 @@ void check_case(const Case& c) {
   const AcPolicy policy{c.ac, 1};
   Llama ref(args, DType::f32, args.max_seq_len);
   ref.params().init(7);
-  const TensorParallelPlan tp(world, args, {.sequence_parallel = c.sequence_parallel, .loss_parallel = c.loss_parallel});
-  Llama model(args, DType::f32, args.max_seq_len, {.plan = &tp});
+  const TensorParallelStyle tp(world, args,
+                               {.sequence_parallel = c.sequence_parallel, .loss_parallel = c.loss_parallel});
+  Llama model(args, DType::f32, args.max_seq_len, {.parallel_style = &tp});
   model.params().init(7);
   const auto& gspecs = ref.params().specs();
   const auto& lspecs = model.params().specs();

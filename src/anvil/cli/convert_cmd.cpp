@@ -11,9 +11,9 @@
 
 #include "anvil/core/error.h"
 #include "anvil/data/bpe_tokenizer.h"
+#include "anvil/estimate/memory.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
-#include "anvil/plan/memory.h"
 #include "anvil/train/checkpoint.h"
 
 namespace fs = std::filesystem;

@@ -1,8 +1,8 @@
 // The `anvil` program: train | estimate | tokenizer | tokenize | report | pipeline-schedule | convert |
 // config-docs | info.
 #include <cstdio>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,10 +18,10 @@
 #include "anvil/core/error.h"
 #include "anvil/core/parallel_for.h"
 #include "anvil/distributed/mesh.h"
+#include "anvil/estimate/flops.h"
+#include "anvil/estimate/memory.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/matmul.h"
-#include "anvil/plan/flops.h"
-#include "anvil/plan/memory.h"
 #include "anvil/train/config.h"
 #include "anvil/train/parallel_dims.h"
 #include "anvil/train/trainer.h"

@@ -1,16 +1,15 @@
 #include "anvil/cli/plan_cmd.h"
 
-#include "anvil/cli/count_arg.h"
-
 #include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "anvil/cli/count_arg.h"
 #include "anvil/core/error.h"
-#include "anvil/plan/gpu_estimate.h"
-#include "anvil/plan/gpu_hardware.h"
-#include "anvil/plan/gpu_search.h"
-#include "anvil/plan/gpu_seeds.h"
+#include "anvil/estimate/gpu_estimate.h"
+#include "anvil/estimate/gpu_hardware.h"
+#include "anvil/estimate/gpu_search.h"
+#include "anvil/estimate/gpu_seeds.h"
 
 namespace anvil {
 

@@ -1,4 +1,4 @@
-// The GPU-cluster planner's commands (plan/gpu_estimate.h): `anvil estimate
+// The GPU-cluster planner's commands (estimate/gpu_estimate.h): `anvil estimate
 // CFG --hardware H --gpus N` (one layout) and `anvil plan CFG --hardware H
 // --gpus N` (search the layouts that fit, ranked by predicted tokens/s per
 // GPU); `anvil plan --seeds` prints the checks against seeds 000 and 001.

@@ -35,7 +35,7 @@ int64_t padded_vocab_size(int64_t vocab_size, int tp) {
   return (vocab_size + tp - 1) / tp * tp;
 }
 
-TensorParallelPlan::TensorParallelPlan(Communicator& tp, const ModelArgs& args, TensorParallelOptions options)
+TensorParallelStyle::TensorParallelStyle(Communicator& tp, const ModelArgs& args, TensorParallelOptions options)
     : comm_(tp), args_(args), options_(options) {
   const int64_t T = tp.size();
   ANVIL_CHECK(args.n_heads % T == 0 && args.n_kv_heads % T == 0, args.name, "/", args.flavor, ": ", T,
@@ -44,7 +44,7 @@ TensorParallelPlan::TensorParallelPlan(Communicator& tp, const ModelArgs& args, 
               " tensor-parallel ranks must divide the feed-forward width ", args.ffn_hidden_dim());
 }
 
-std::vector<ParamSpec> TensorParallelPlan::shard_params(std::vector<ParamSpec> specs) const {
+std::vector<ParamSpec> TensorParallelStyle::shard_params(std::vector<ParamSpec> specs) const {
   return tensor_parallel_param_specs(std::move(specs), size(), rank());
 }
 
@@ -100,25 +100,25 @@ void add_into(const Tensor& src, const Tensor& dst) {
 
 }  // namespace
 
-void TensorParallelPlan::all_reduce_sum(const Tensor& t) const {
+void TensorParallelStyle::all_reduce_sum(const Tensor& t) const {
   traced("tp.all_reduce", CommOp::all_reduce, reduced_bytes(t), size(), [&] { comm_.all_reduce(t); });
 }
 
-void TensorParallelPlan::all_reduce_max(const Tensor& t) const {
+void TensorParallelStyle::all_reduce_max(const Tensor& t) const {
   traced("tp.all_reduce_max", CommOp::all_reduce, reduced_bytes(t), size(),
          [&] { comm_.all_reduce(t, ReduceOp::max); });
 }
 
-void TensorParallelPlan::all_gather(const Tensor& shard, const Tensor& full) const {
+void TensorParallelStyle::all_gather(const Tensor& shard, const Tensor& full) const {
   traced("tp.all_gather", CommOp::all_gather, full.nbytes(), size(), [&] { comm_.all_gather(shard, full); });
 }
 
-void TensorParallelPlan::reduce_scatter(const Tensor& full, const Tensor& shard) const {
+void TensorParallelStyle::reduce_scatter(const Tensor& full, const Tensor& shard) const {
   traced("tp.reduce_scatter", CommOp::reduce_scatter, reduced_bytes(full), size(),
          [&] { comm_.reduce_scatter(full, shard); });
 }
 
-int64_t TensorParallelPlan::residual_rows(int64_t M) const {
+int64_t TensorParallelStyle::residual_rows(int64_t M) const {
   if (!sequence_parallel()) return M;
   ANVIL_CHECK(M % size() == 0, "sequence parallelism splits the ", M,
               " tokens of a micro-batch (batch x sequence length) over ", size(),
@@ -126,13 +126,13 @@ int64_t TensorParallelPlan::residual_rows(int64_t M) const {
   return M / size();
 }
 
-int64_t TensorParallelPlan::vocab_rows(const Tensor& w) const {
+int64_t TensorParallelStyle::vocab_rows(const Tensor& w) const {
   return std::clamp<int64_t>(args_.vocab_size - vocab_begin(w), 0, w.size(0));
 }
 
 // Vocabulary-parallel: each rank looks up the ids in its range (zero rows for the rest);
 // the sum over tp is the lookup, exactly (one nonzero term per row).
-Tensor TensorParallelPlan::embedding_forward(const Tensor& tokens, const Tensor& weight, DType dt) const {
+Tensor TensorParallelStyle::embedding_forward(const Tensor& tokens, const Tensor& weight, DType dt) const {
   const int64_t M = tokens.numel(), Ml = residual_rows(M), D = weight.size(1);
   Tensor partial = new_activation({M, D}, dt, Ml == M ? "embed.out" : "embed.partial");
   embedding_forward_shard(tokens, weight, vocab_begin(weight), args_.vocab_size, partial);
@@ -145,20 +145,20 @@ Tensor TensorParallelPlan::embedding_forward(const Tensor& tokens, const Tensor&
   return h;
 }
 
-void TensorParallelPlan::embedding_backward(const Tensor& dh, const Tensor& tokens, Tensor grad) const {
+void TensorParallelStyle::embedding_backward(const Tensor& dh, const Tensor& tokens, Tensor grad) const {
   const Tensor full = gather_rows(dh, "embed.dout");
   embedding_backward_shard(full, tokens, vocab_begin(grad), args_.vocab_size, grad);
 }
 
-Tensor TensorParallelPlan::gather_rows(const Tensor& local, const char* tag) const {
+Tensor TensorParallelStyle::gather_rows(const Tensor& local, const char* tag) const {
   if (!sequence_parallel()) return local;
   Tensor full = new_activation({local.size(0) * size(), local.size(1)}, local.dtype(), tag);
   all_gather(local, full);
   return full;
 }
 
-Tensor TensorParallelPlan::row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w,
-                                            const char* tag) const {
+Tensor TensorParallelStyle::row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w,
+                                             const char* tag) const {
   const DType dt = residual.dtype();
   const int64_t M = in.size(0), D = w.size(0), Ml = residual_rows(M), r = rank();
   const bool sp = sequence_parallel();
@@ -180,8 +180,8 @@ Tensor TensorParallelPlan::row_parallel_out(const Tensor& residual, const Tensor
   return reduce_partial(partial, dt, tag);     // the same reduction as an input gradient's, and one rounding
 }
 
-Tensor TensorParallelPlan::column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt,
-                                             const char* tag) const {
+Tensor TensorParallelStyle::column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt,
+                                              const char* tag) const {
   const InputGradTerm& first = *terms.begin();
   Tensor partial = Tensor::empty({first.dy.size(0), first.w.size(1)}, DType::f32, MemCategory::activations,
                                  "tp.partial");
@@ -193,7 +193,7 @@ Tensor TensorParallelPlan::column_input_grad(std::initializer_list<InputGradTerm
   return reduce_partial(partial, dt, tag);
 }
 
-Tensor TensorParallelPlan::reduce_partial(const Tensor& partial, DType dt, const char* tag) const {
+Tensor TensorParallelStyle::reduce_partial(const Tensor& partial, DType dt, const char* tag) const {
   ANVIL_ASSERT(partial.dtype() == DType::f32);
   const int64_t M = partial.size(0), D = partial.size(1), Ml = residual_rows(M);
   Tensor reduced = partial;
@@ -212,7 +212,7 @@ Tensor TensorParallelPlan::reduce_partial(const Tensor& partial, DType dt, const
 // Under sequence parallelism each rank's norm-weight gradients cover its rows only: they
 // are gathered in a zeroed scratch, summed over tp, then added to the gradients (adding the
 // sum into the gradients directly would also re-sum earlier micro-batches' accumulation).
-NormGradTargets TensorParallelPlan::norm_grad_targets(std::initializer_list<Tensor> grads) const {
+NormGradTargets TensorParallelStyle::norm_grad_targets(std::initializer_list<Tensor> grads) const {
   if (!sequence_parallel()) return {grads, Tensor()};
   const int64_t k = static_cast<int64_t>(grads.size()), D = grads.begin()->numel();
   NormGradTargets t;
@@ -221,22 +221,22 @@ NormGradTargets TensorParallelPlan::norm_grad_targets(std::initializer_list<Tens
   return t;
 }
 
-void TensorParallelPlan::finish_norm_grads(const NormGradTargets& targets, std::initializer_list<Tensor> grads) const {
+void TensorParallelStyle::finish_norm_grads(const NormGradTargets& targets, std::initializer_list<Tensor> grads) const {
   if (!targets.scratch.defined()) return;
   all_reduce_sum(targets.scratch);  // every norm's gradient in one all-reduce
   size_t i = 0;
   for (const Tensor& g : grads) add_into(targets.at[i++], g);
 }
 
-Tensor TensorParallelPlan::gather_output_weight(const Tensor& local) const {
+Tensor TensorParallelStyle::gather_output_weight(const Tensor& local) const {
   Tensor full = Tensor::empty({local.size(0) * size(), local.size(1)}, local.dtype(), MemCategory::communication,
                               "tp.output_weight");
   all_gather(local, full);
   return full;
 }
 
-CrossEntropyResult TensorParallelPlan::loss_parallel_lse(const Tensor& hn, const Tensor& w, int64_t begin,
-                                                         const Tensor& targets, Tensor& lse) const {
+CrossEntropyResult TensorParallelStyle::loss_parallel_lse(const Tensor& hn, const Tensor& w, int64_t begin,
+                                                          const Tensor& targets, Tensor& lse) const {
   const int64_t M = hn.size(0);
   // stats (3, M): this shard's row max, Σ exp(logit − max), target logit.
   Tensor stats = Tensor::empty({3, M}, DType::f32, MemCategory::workspace, "loss_parallel.stats");
@@ -249,9 +249,9 @@ CrossEntropyResult TensorParallelPlan::loss_parallel_lse(const Tensor& hn, const
   return cross_entropy_combine_rows(global_max, stats, targets, lse);
 }
 
-CrossEntropyResult TensorParallelPlan::loss_forward_backward(const Tensor& hn, const Tensor& w_local, Tensor dw_local,
-                                                             const Tensor& targets, float grad_scale,
-                                                             Tensor& dhn) const {
+CrossEntropyResult TensorParallelStyle::loss_forward_backward(const Tensor& hn, const Tensor& w_local, Tensor dw_local,
+                                                              const Tensor& targets, float grad_scale,
+                                                              Tensor& dhn) const {
   const int64_t M = hn.size(0), D = hn.size(1), V = args_.vocab_size;
   // This rank's real vocabulary rows: the padding takes no part in the softmax.
   const int64_t rows = vocab_rows(w_local), begin = vocab_begin(w_local);
@@ -286,7 +286,7 @@ CrossEntropyResult TensorParallelPlan::loss_forward_backward(const Tensor& hn, c
   return loss;
 }
 
-CrossEntropyResult TensorParallelPlan::loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const {
+CrossEntropyResult TensorParallelStyle::loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const {
   if (loss_parallel()) {
     Tensor lse = Tensor::empty({hn.size(0)}, DType::f32, MemCategory::workspace, "loss_parallel.lse");
     return loss_parallel_lse(hn, w.slice(0, vocab_rows(w)), vocab_begin(w), targets, lse);

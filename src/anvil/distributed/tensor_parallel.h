@@ -1,6 +1,6 @@
 // Megatron-style tensor parallelism (Shoeybi et al. 2019; sequence
 // parallelism: Korthikanti et al. 2022), applied to the model from outside:
-// TensorParallelPlan is the model's ParallelPlan for a tp rank — which slice
+// TensorParallelStyle is the model's ParallelStyle for a tp rank — which slice
 // of each parameter the rank holds, and the collectives over the tp group at
 // the seams between kernels — and the functions below are the places outside
 // the model where tp ranks cooperate: checkpoints (global tensors gathered
@@ -12,7 +12,7 @@
 #include "anvil/distributed/comm.h"
 #include "anvil/distributed/fsdp.h"
 #include "anvil/model/args.h"
-#include "anvil/model/parallel_plan.h"
+#include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
 
 namespace anvil {
@@ -34,11 +34,11 @@ struct TensorParallelOptions {
 //   embed_tokens, lm_head                        vocabulary-parallel: rows split, the
 //                                                vocabulary padded to a multiple of tp
 //   the RMSNorm weights                          replicated
-class TensorParallelPlan : public ParallelPlan {
+class TensorParallelStyle : public ParallelStyle {
  public:
   // tp: the tp group's communicator (not owned). Throws anvil::Error when tp
   // does not divide the heads or the feed-forward width.
-  TensorParallelPlan(Communicator& tp, const ModelArgs& args, TensorParallelOptions options);
+  TensorParallelStyle(Communicator& tp, const ModelArgs& args, TensorParallelOptions options);
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   bool sequence_parallel() const { return options_.sequence_parallel; }

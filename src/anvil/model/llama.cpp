@@ -75,8 +75,8 @@ std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptio
 
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, const LlamaOptions& options)
     : args_(args),
-      plan_(options.plan ? options.plan : &single_process_),
-      params_(plan_->shard_params(llama_param_specs(args, stages_or_whole(args, options))), compute_dtype,
+      style_(options.parallel_style ? options.parallel_style : &single_process_),
+      params_(style_->shard_params(llama_param_specs(args, stages_or_whole(args, options))), compute_dtype,
               options.allocate_params) {
   args_.validate();
   rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, args.rope_scaling);
@@ -88,18 +88,18 @@ Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, co
     for (int m = r.first; m < r.end; ++m) held_modules_.push_back(m);
     if (r.first == 0) {
       st.embedding = true;
-      embedding_ = std::make_unique<TokenEmbedding>(params_, params_.index_of("model.embed_tokens.weight"), *plan_);
+      embedding_ = std::make_unique<TokenEmbedding>(params_, params_.index_of("model.embed_tokens.weight"), *style_);
     }
     for (int m = std::max(r.first, 1); m < std::min(r.end, last); ++m) {
       const int layer = m - 1;
       const int first_param = params_.index_of("model.layers." + std::to_string(layer) + ".input_layernorm.weight");
-      blocks_.emplace_back(params_, first_param, layer, args_, rope_, *plan_);
+      blocks_.emplace_back(params_, first_param, layer, args_, rope_, *style_);
     }
     st.num_blocks = blocks_.size() - st.first_block;
     if (r.end == last + 1) {
       st.head = true;
       const int output = params_.index_of(args.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-      head_ = std::make_unique<OutputHead>(params_, params_.index_of("model.norm.weight"), output, args_, *plan_);
+      head_ = std::make_unique<OutputHead>(params_, params_.index_of("model.norm.weight"), output, args_, *style_);
     }
     stages_.push_back(st);
   }

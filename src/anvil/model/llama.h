@@ -9,7 +9,7 @@
 // each block keeps between them is decided by the activation-checkpointing
 // policy and memory is knowable in advance. A micro-batch's saved state is a
 // StageSaved record owned by the caller (the schedule), not by the model.
-// Parallelisms are applied from outside: a ParallelPlan (parallel_plan.h) gives
+// Parallelisms are applied from outside: a ParallelStyle (parallel_style.h) gives
 // this rank's parameter slices and the collectives at the seams, and
 // ParamGroupHooks let data parallelism act around each module.
 #pragma once
@@ -20,7 +20,7 @@
 #include "anvil/model/activation_checkpoint.h"
 #include "anvil/model/args.h"
 #include "anvil/model/output_head.h"
-#include "anvil/model/parallel_plan.h"
+#include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
 #include "anvil/model/token_embedding.h"
 #include "anvil/model/transformer_block.h"
@@ -59,7 +59,7 @@ struct LlamaOptions {
   // for looped and V-shaped pipeline schedules); empty: the whole model as one.
   std::vector<ModuleRange> stages = {};
   // How this rank holds and runs its modules (not owned); null: a single process.
-  const ParallelPlan* plan = nullptr;
+  const ParallelStyle* parallel_style = nullptr;
   // false: no flat parameter buffers; every group is bound while in use by
   // someone who owns its weights (FSDP).
   bool allocate_params = true;
@@ -98,7 +98,7 @@ class Llama {
   int group_of_module(int module) const;
   // Rows of the residual stream (a stage's input and output) this rank holds
   // of a micro-batch's M token rows.
-  int64_t residual_rows(int64_t M) const { return plan_->residual_rows(M); }
+  int64_t residual_rows(int64_t M) const { return style_->residual_rows(M); }
 
   // ---- One stage, one micro-batch ----
   // `stage` indexes this rank's stages; the overloads without it are for a
@@ -163,8 +163,8 @@ class Llama {
   ModelArgs args_;
   std::vector<Stage> stages_;
   std::vector<int> held_modules_;  // ascending: the group numbers' order
-  ParallelPlan single_process_;
-  const ParallelPlan* plan_;
+  ParallelStyle single_process_;
+  const ParallelStyle* style_;
   ParamStore params_;
   RopeTable rope_;
   std::unique_ptr<TokenEmbedding> embedding_;  // null unless this rank holds module 0

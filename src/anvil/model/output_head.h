@@ -5,7 +5,7 @@
 #pragma once
 #include "anvil/core/tensor.h"
 #include "anvil/model/args.h"
-#include "anvil/model/parallel_plan.h"
+#include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
 #include "anvil/ops/cross_entropy.h"
 
@@ -15,9 +15,12 @@ class OutputHead {
  public:
   // norm_index, output_index: the final norm's and the output projection's
   // parameters (the embedding's, with tied embeddings).
-  OutputHead(ParamStore& params, int norm_index, int output_index, const ModelArgs& args, const ParallelPlan& plan)
-      : params_(params), norm_(norm_index), output_(output_index), eps_(static_cast<float>(args.norm_eps)),
-        plan_(plan) {}
+  OutputHead(ParamStore& params, int norm_index, int output_index, const ModelArgs& args, const ParallelStyle& style)
+      : params_(params),
+        norm_(norm_index),
+        output_(output_index),
+        eps_(static_cast<float>(args.norm_eps)),
+        style_(style) {}
 
   // Training: h (residual_rows(M), D), targets (M) i32 (ignore_index carries no
   // loss). Returns the loss and writes dh, the gradient of grad_scale ·
@@ -33,7 +36,7 @@ class OutputHead {
   ParamStore& params_;
   int norm_, output_;
   float eps_;
-  const ParallelPlan& plan_;
+  const ParallelStyle& style_;
 };
 
 }  // namespace anvil

@@ -16,10 +16,10 @@ enum class ParamInit { ones, normal, trunc_normal };
 // How a rank's parameter maps to the global tensor of the same name (what
 // checkpoints hold): the whole tensor (replicated), or the slice [begin, begin
 // + shape[dim]) of the global tensor along dim 0 (rows) or 1 (columns), as a
-// parallel plan shards it (tensor parallelism: distributed/tensor_parallel.h).
+// parallel style shards it (tensor parallelism: distributed/tensor_parallel.h).
 // Indices at or past global_extent are padding (a vocabulary padded to a
 // multiple of the shard count): zero, never trained, not stored. Without a
-// sharding plan every slice is the whole tensor.
+// sharding style every slice is the whole tensor.
 struct GlobalSlice {
   int dim = -1;               // -1: replicated
   int64_t begin = 0;          // the slice's first global index along dim

@@ -3,11 +3,11 @@
 namespace anvil {
 
 Tensor TokenEmbedding::forward(const Tensor& tokens) const {
-  return plan_.embedding_forward(tokens, params_.compute(weight_), params_.compute_dtype());
+  return style_.embedding_forward(tokens, params_.compute(weight_), params_.compute_dtype());
 }
 
 void TokenEmbedding::backward(const Tensor& tokens, const Tensor& dh) {
-  plan_.embedding_backward(dh, tokens, params_.grad(weight_));
+  style_.embedding_backward(dh, tokens, params_.grad(weight_));
 }
 
 }  // namespace anvil

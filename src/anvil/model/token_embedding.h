@@ -3,15 +3,15 @@
 // gradient, only the table's.
 #pragma once
 #include "anvil/core/tensor.h"
-#include "anvil/model/parallel_plan.h"
+#include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
 
 namespace anvil {
 
 class TokenEmbedding {
  public:
-  TokenEmbedding(ParamStore& params, int weight_index, const ParallelPlan& plan)
-      : params_(params), weight_(weight_index), plan_(plan) {}
+  TokenEmbedding(ParamStore& params, int weight_index, const ParallelStyle& style)
+      : params_(params), weight_(weight_index), style_(style) {}
   // tokens (B, T) i32 → h (residual_rows(B·T), D) in the compute dtype.
   Tensor forward(const Tensor& tokens) const;
   // dh: the gradient of h; adds into the table's gradient.
@@ -20,7 +20,7 @@ class TokenEmbedding {
  private:
   ParamStore& params_;
   int weight_;
-  const ParallelPlan& plan_;
+  const ParallelStyle& style_;
 };
 
 }  // namespace anvil

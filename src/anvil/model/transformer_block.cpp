@@ -17,7 +17,7 @@ enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kFfnNorm, kW1, kW3, kW2 };
 }  // namespace
 
 TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args,
-                                   const RopeTable& rope, const ParallelPlan& plan)
+                                   const RopeTable& rope, const ParallelStyle& style)
     : params_(params),
       first_param_(first_param),
       layer_(layer),
@@ -25,7 +25,7 @@ TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int laye
       head_dim_(args.head_dim()),
       eps_(static_cast<float>(args.norm_eps)),
       rope_(rope),
-      plan_(plan) {
+      style_(style) {
   const std::vector<ParamSpec>& specs = params.specs();
   heads_ = specs[static_cast<size_t>(first_param + kWq)].shape[0] / head_dim_;
   kv_heads_ = specs[static_cast<size_t>(first_param + kWk)].shape[0] / head_dim_;
@@ -63,7 +63,7 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   const BlockParams p = compute_params();
   const DType dt = params_.compute_dtype();
   // Hq, Hkv, F: the heads and feed-forward columns this block's parameters hold.
-  const int64_t B = s.B, T = s.T, M = B * T, Ml = plan_.residual_rows(M), D = dim_, hd = head_dim_, Hq = heads_,
+  const int64_t B = s.B, T = s.T, M = B * T, Ml = style_.residual_rows(M), D = dim_, hd = head_dim_, Hq = heads_,
                 Hkv = kv_heads_, F = ffn_;
 
   const SpanCategory cat = recomputing ? SpanCategory::recompute : SpanCategory::forward;
@@ -73,7 +73,7 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   s.h1 = new_activation({Ml, D}, dt, "block.h1");
   s.rstd1 = new_activation({Ml}, DType::f32, "block.rstd1");
   rmsnorm_forward(s.x, p.attention_norm, eps_, s.h1, s.rstd1);
-  s.h1 = plan_.gather_rows(s.h1, "block.h1");
+  s.h1 = style_.gather_rows(s.h1, "block.h1");
   s.q = new_activation({B, T, Hq, hd}, dt, "block.q");
   s.k = new_activation({B, T, Hkv, hd}, dt, "block.k");
   s.v = new_activation({B, T, Hkv, hd}, dt, "block.v");
@@ -86,7 +86,7 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   s.o = new_activation({B, T, Hq, hd}, dt, "block.o");
   s.lse = new_activation({B, Hq, T}, DType::f32, "block.lse");
   attention_forward(s.q, s.k, s.v, s.o, s.lse);
-  s.x2 = plan_.row_parallel_out(s.x, s.o.view({M, Hq * hd}), p.wo, "block.x2");
+  s.x2 = style_.row_parallel_out(s.x, s.o.view({M, Hq * hd}), p.wo, "block.x2");
 
   // Feed-forward: h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
   phase.reset();
@@ -94,14 +94,14 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   s.h2 = new_activation({Ml, D}, dt, "block.h2");
   s.rstd2 = new_activation({Ml}, DType::f32, "block.rstd2");
   rmsnorm_forward(s.x2, p.ffn_norm, eps_, s.h2, s.rstd2);
-  s.h2 = plan_.gather_rows(s.h2, "block.h2");
+  s.h2 = style_.gather_rows(s.h2, "block.h2");
   s.g = new_activation({M, F}, dt, "block.g");
   s.u = new_activation({M, F}, dt, "block.u");
   linear_forward(s.h2, p.w1, s.g);
   linear_forward(s.h2, p.w3, s.u);
   s.s = new_activation({M, F}, dt, "block.s");
   swiglu_forward(s.g, s.u, s.s);
-  return plan_.row_parallel_out(s.x2, s.s, p.w2, "block.out");
+  return style_.row_parallel_out(s.x2, s.s, p.w2, "block.out");
 }
 
 void TransformerBlock::drop_unkept(BlockSaved& s, const AcPolicy& policy) const {
@@ -125,18 +125,18 @@ void TransformerBlock::recompute(BlockSaved& s) const {
   }
   const BlockParams p = compute_params();
   const DType dt = params_.compute_dtype();
-  const int64_t M = s.B * s.T, Ml = plan_.residual_rows(M), D = dim_, F = ffn_;
+  const int64_t M = s.B * s.T, Ml = style_.residual_rows(M), D = dim_, F = ffn_;
   if (!s.h1.defined()) {
     s.h1 = new_activation({Ml, D}, dt, "block.h1");
     s.rstd1 = new_activation({Ml}, DType::f32, "block.rstd1");
     rmsnorm_forward(s.x, p.attention_norm, eps_, s.h1, s.rstd1);
-    s.h1 = plan_.gather_rows(s.h1, "block.h1");
+    s.h1 = style_.gather_rows(s.h1, "block.h1");
   }
   if (!s.h2.defined()) {
     s.h2 = new_activation({Ml, D}, dt, "block.h2");
     s.rstd2 = new_activation({Ml}, DType::f32, "block.rstd2");
     rmsnorm_forward(s.x2, p.ffn_norm, eps_, s.h2, s.rstd2);
-    s.h2 = plan_.gather_rows(s.h2, "block.h2");
+    s.h2 = style_.gather_rows(s.h2, "block.h2");
   }
   if (!s.s.defined()) {
     s.s = new_activation({M, F}, dt, "block.s");
@@ -177,13 +177,13 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
     work->products.push_back({kept, x, grad});
   };
   // Where the two norms' weight gradients accumulate: the ffn norm's, the attention norm's.
-  const NormGradTargets norm_grads = plan_.norm_grad_targets({gp.ffn_norm, gp.attention_norm});
+  const NormGradTargets norm_grads = style_.norm_grad_targets({gp.ffn_norm, gp.attention_norm});
   Tensor g_ffn_norm = norm_grads.at[0], g_attention_norm = norm_grads.at[1];
 
   // Feed-forward, in reverse.
   {
     const ScopedPhase phase(SpanCategory::backward, "feed_forward.backward", layer_);
-    Tensor dout_full = plan_.gather_rows(dout, "block.dout");  // (M, D)
+    Tensor dout_full = style_.gather_rows(dout, "block.dout");  // (M, D)
     Tensor ds = new_activation({M, F}, dt, "block.ds");
     linear_backward_input(dout_full, p.w2, ds);
     weight_grad(dout_full, s.s, gp.w2);
@@ -192,7 +192,7 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
     // dg and du overwrite g and u: they are not needed after this.
     swiglu_backward(ds, s.g, s.u, s.g, s.u);
     ds = Tensor();
-    Tensor dh2 = plan_.column_input_grad({{s.g, p.w1}, {s.u, p.w3}}, dt, "block.dh2");  // (M_l, D)
+    Tensor dh2 = style_.column_input_grad({{s.g, p.w1}, {s.u, p.w3}}, dt, "block.dh2");  // (M_l, D)
     weight_grad(s.g, s.h2, gp.w1);
     weight_grad(s.u, s.h2, gp.w3);
     s.g = s.u = s.h2 = Tensor();
@@ -202,7 +202,7 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
   // Attention, in reverse.
   {
     const ScopedPhase phase(SpanCategory::backward, "attention.backward", layer_);
-    Tensor dout_full = plan_.gather_rows(dout, "block.dout");  // (M, D)
+    Tensor dout_full = style_.gather_rows(dout, "block.dout");  // (M, D)
     Tensor dO = new_activation({B, T, Hq, hd}, dt, "block.do");
     Tensor dO2 = dO.view({M, Hq * hd});
     linear_backward_input(dout_full, p.wo, dO2);
@@ -217,14 +217,14 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
     rope_backward(dq, rope_, 0, dq);
     rope_backward(dk, rope_, 0, dk);
     const Tensor dq2 = dq.view({M, Hq * hd}), dk2 = dk.view({M, Hkv * hd}), dv2 = dv.view({M, Hkv * hd});
-    Tensor dh1 = plan_.column_input_grad({{dq2, p.wq}, {dk2, p.wk}, {dv2, p.wv}}, dt, "block.dh1");  // (M_l, D)
+    Tensor dh1 = style_.column_input_grad({{dq2, p.wq}, {dk2, p.wk}, {dv2, p.wv}}, dt, "block.dh1");  // (M_l, D)
     weight_grad(dq2, s.h1, gp.wq);
     weight_grad(dk2, s.h1, gp.wk);
     weight_grad(dv2, s.h1, gp.wv);
     s.h1 = Tensor();
     rmsnorm_backward(dh1, s.x, p.attention_norm, s.rstd1, eps_, dout, g_attention_norm, /*accumulate_dx=*/true);
   }
-  plan_.finish_norm_grads(norm_grads, {gp.ffn_norm, gp.attention_norm});
+  style_.finish_norm_grads(norm_grads, {gp.ffn_norm, gp.attention_norm});
   s = BlockSaved{};
   return dout;
 }

@@ -12,7 +12,7 @@
 #include "anvil/core/tensor.h"
 #include "anvil/model/activation_checkpoint.h"
 #include "anvil/model/args.h"
-#include "anvil/model/parallel_plan.h"
+#include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
 #include "anvil/ops/rope.h"
 
@@ -53,7 +53,7 @@ class TransformerBlock {
   // order. layer: its number in the whole model. The heads and feed-forward
   // width it runs are its parameters' (a tensor-parallel rank holds a share).
   TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args, const RopeTable& rope,
-                   const ParallelPlan& plan);
+                   const ParallelStyle& style);
   int layer() const { return layer_; }
 
   // x (residual_rows(M), D) → the block output, same shape. saved gets x and
@@ -86,7 +86,7 @@ class TransformerBlock {
   int64_t dim_, head_dim_, heads_, kv_heads_, ffn_;
   float eps_;
   const RopeTable& rope_;
-  const ParallelPlan& plan_;
+  const ParallelStyle& style_;
 };
 
 }  // namespace anvil

@@ -8,9 +8,9 @@
 #include <map>
 
 #include "anvil/core/error.h"
+#include "anvil/estimate/memory.h"
 #include "anvil/obs/dump_reader.h"
 #include "anvil/obs/svg_chart.h"
-#include "anvil/plan/memory.h"
 
 namespace fs = std::filesystem;
 

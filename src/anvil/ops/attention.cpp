@@ -77,7 +77,7 @@ void check_lse(const Tensor& lse, const Dims& d) {
                shape_str(lse.shape()), " must be f32 (B, Hq, T)");
 }
 
-// The FLOPs the model's count credits (plan/flops.cpp, torchtitan's convention): the products as if
+// The FLOPs the model's count credits (estimate/flops.cpp, torchtitan's convention): the products as if
 // not causal, 4·T²·head_dim per query head forward and twice that backward.
 double attention_flops(const Dims& d, double per_element) {
   return per_element * static_cast<double>(d.B * d.Hq * d.D) * static_cast<double>(d.T) * static_cast<double>(d.T);

@@ -1,7 +1,7 @@
 // The pipeline's stages: the module list (embedding, blocks, head) cut into
 // contiguous slices, and which of them a rank holds. Pure arithmetic on the
 // model's shape: the runtime (pipeline/executor.h), the layout's resolution
-// and the GPU planner (plan/gpu_estimate.cpp) all cut by it.
+// and the GPU planner (estimate/gpu_estimate.cpp) all cut by it.
 #pragma once
 #include <string>
 #include <utility>
@@ -19,7 +19,7 @@ namespace anvil {
 // one block fewer), and the n_layers + those units spread as evenly as they
 // go, the earlier stages taking the remainder.
 // Or, when first_modules is set (parallelism.pipeline_parallel_auto_split,
-// plan/pipeline_split.h), stage s starts at module first_modules[s].
+// estimate/pipeline_split.h), stage s starts at module first_modules[s].
 struct PipelineSplit {
   int stages = 1;
   int first_stage_less_layers = 1, last_stage_less_layers = 1;

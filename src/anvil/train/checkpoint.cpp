@@ -5,22 +5,22 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "anvil/core/dry_run.h"
-#include "anvil/core/error.h"
 #include "anvil/core/durable_file.h"
+#include "anvil/core/error.h"
 #include "anvil/core/profiler.h"
 #include "anvil/core/safetensors.h"
-#include "anvil/plan/memory.h"
+#include "anvil/estimate/memory.h"
 
 namespace anvil {
 

@@ -8,9 +8,9 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/estimate/flops.h"
+#include "anvil/estimate/memory.h"
 #include "anvil/train/preflight.h"
-#include "anvil/plan/flops.h"
-#include "anvil/plan/memory.h"
 
 namespace anvil {
 

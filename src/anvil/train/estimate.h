@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "anvil/core/allocator.h"
+#include "anvil/estimate/memory.h"
 #include "anvil/model/args.h"
-#include "anvil/plan/memory.h"
 #include "anvil/train/config.h"
 #include "anvil/train/parallel_dims.h"
 

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "anvil/core/error.h"
-#include "anvil/plan/memory.h"
+#include "anvil/estimate/memory.h"
 
 namespace anvil {
 

@@ -1,6 +1,6 @@
 // The metrics log: one console line and one JSON line per logging step, with
 // throughput and MFU as torchtitan defines them (FLOPs per token is predicted in
-// plan/flops.h, the CPU's peak FLOP rate is in core/cpu_peak.h).
+// estimate/flops.h, the CPU's peak FLOP rate is in core/cpu_peak.h).
 #pragma once
 #include <array>
 #include <cstdint>

@@ -6,8 +6,8 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
 #include "anvil/distributed/config_check.h"
+#include "anvil/estimate/pipeline_split.h"
 #include "anvil/pipeline/executor.h"
-#include "anvil/plan/pipeline_split.h"
 
 namespace anvil {
 

@@ -35,15 +35,15 @@ std::vector<ModuleRange> rank_stages(const ModelArgs& args, const ParallelDims& 
 }
 
 void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype,
-                 bool allocate_params, std::unique_ptr<TensorParallelPlan>& tp, std::unique_ptr<Llama>& model) {
+                 bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<Llama>& model) {
   if (par.tp_size > 1)
-    tp = std::make_unique<TensorParallelPlan>(
+    tp = std::make_unique<TensorParallelStyle>(
         par.mesh->tp(), args,
         TensorParallelOptions{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
                               .loss_parallel = !cfg.parallelism.disable_loss_parallel});
-  model = std::make_unique<Llama>(args, compute_dtype, cfg.training.seq_len,
-                                  LlamaOptions{.stages = rank_stages(args, par), .plan = tp.get(),
-                                               .allocate_params = allocate_params});
+  model = std::make_unique<Llama>(
+      args, compute_dtype, cfg.training.seq_len,
+      LlamaOptions{.stages = rank_stages(args, par), .parallel_style = tp.get(), .allocate_params = allocate_params});
 }
 
 // The global parameters of this rank's stages (the whole model's without pipeline parallelism).
@@ -229,15 +229,15 @@ void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step
                       model_dtype);
 }
 
-ScheduleResult ParallelizedModel::run_step(const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
-                                           const ScheduleHooks& hooks) {
+ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& batches, float grad_scale,
+                                                          const AcPolicy& policy, const ForwardBackwardHooks& hooks) {
   if (!pipeline_) {
-    const ScheduleHooks with_sync{[&](int64_t i, int64_t n) { before_micro_batch(i, n); }, hooks.stop_requested};
-    return run_single_stage(*model_, batches, grad_scale, policy, with_sync);
+    const ForwardBackwardHooks with_sync{[&](int64_t i, int64_t n) { before_micro_batch(i, n); }, hooks.stop_requested};
+    return forward_backward_single_stage(*model_, batches, grad_scale, policy, with_sync);
   }
   // Each micro-batch of local_batch_size sequences runs through the pipeline
   // as pp_micro_batches smaller ones (views of its rows).
-  ScheduleResult result;
+  ForwardBackwardResult result;
   const int64_t n = batches.size(), m = par_.pp_micro_batches;
   for (int64_t i = 0; i < n; ++i) {
     const Tensor& tokens = batches.tokens[static_cast<size_t>(i)];

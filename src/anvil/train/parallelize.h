@@ -17,16 +17,16 @@
 #include "anvil/ops/adamw.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
+#include "anvil/train/forward_backward.h"
 #include "anvil/train/optimizer.h"
 #include "anvil/train/parallel_dims.h"
-#include "anvil/train/schedule.h"
 
 namespace anvil {
 
 class Llama;
 class FsdpParams;
 class DdpGradSync;
-class TensorParallelPlan;
+class TensorParallelStyle;
 class PipelineExecutor;
 
 // This rank's communication since the last take.
@@ -66,14 +66,15 @@ class ParallelizedModel {
   void save_checkpoint(Checkpointer& checkpointer, int64_t step, bool model_only, DType model_dtype,
                        const std::function<CheckpointMeta()>& meta);
 
-  // The step, in order: begin_step, run_step, finish_backward, grad_norm,
+  // The step, in order: begin_step, forward_backward, finish_backward, grad_norm,
   // optimizer_step, release_grads.
   void begin_step();  // drops gradients a skipped or interrupted step left
-  // The step's micro-batches through this rank's schedule: the single-stage
-  // one, or the pipeline's (each micro-batch cut into pp_micro_batches). The
+  // The step's micro-batches forward and backward: one after another through
+  // the whole model, or through the pipeline's schedule (each micro-batch cut
+  // into pp_micro_batches). The
   // loss returned is the whole model's on every rank.
-  ScheduleResult run_step(const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
-                          const ScheduleHooks& hooks);
+  ForwardBackwardResult forward_backward(const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
+                                         const ForwardBackwardHooks& hooks);
   // The loss of one micro-batch, forward only, on every rank.
   CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
   void finish_backward();  // waits for the gradient reductions in flight
@@ -103,7 +104,7 @@ class ParallelizedModel {
   ModelArgs args_;
   const ParallelDims& par_;
   DType compute_dtype_;
-  std::unique_ptr<TensorParallelPlan> tp_;
+  std::unique_ptr<TensorParallelStyle> tp_;
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;

@@ -9,8 +9,8 @@
 #include "anvil/data/tokenizer.h"
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
+#include "anvil/train/forward_backward.h"
 #include "anvil/train/parallel_dims.h"
-#include "anvil/train/schedule.h"
 
 namespace anvil {
 

@@ -70,8 +70,8 @@ StepOutcome run_train_step(const StepContext& ctx, const MicroBatches& batches, 
   // Every data-parallel rank sees as many tokens; the gradients are summed
   // over the ranks, so each scales by the whole step's count.
   const float grad_scale = 1.0f / static_cast<float>(step_tokens * par.dp_size);
-  out.run = layout.run_step(batches, grad_scale, ctx.ac, ctx.hooks);
-  if (ctx.after_schedule) ctx.after_schedule();
+  out.run = layout.forward_backward(batches, grad_scale, ctx.ac, ctx.hooks);
+  if (ctx.after_forward_backward) ctx.after_forward_backward();
   layout.finish_backward();
   out.comm = layout.take_comm_stats();
   sum_loss_over_dp(par, out.run.loss_sum, out.run.loss_tokens);
@@ -82,7 +82,7 @@ StepOutcome run_train_step(const StepContext& ctx, const MicroBatches& batches, 
   out.loss = out.run.loss_sum / static_cast<double>(out.run.loss_tokens);
   const ScopedPhase phase(SpanCategory::optimizer, "optimizer");
   out.grad_norm = layout.grad_norm();
-  out.lr = ctx.schedule.at(step);
+  out.lr = ctx.lr_schedule.at(step);
   if (skip_nonfinite_step(ctx.cfg, step, out.loss, out.grad_norm)) {
     out.end = StepOutcome::End::skipped;
     return out;

@@ -11,14 +11,14 @@
 #include "anvil/ops/adamw.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
+#include "anvil/train/forward_backward.h"
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/parallel_dims.h"
 #include "anvil/train/parallelize.h"
-#include "anvil/train/schedule.h"
 
 namespace anvil {
 
-// The [optimizer] keys as AdamW's settings (checked), and the [lr_scheduler] keys as the schedule.
+// The [optimizer] keys as AdamW's settings (checked), and the [lr_scheduler] keys as the learning-rate schedule.
 AdamWConfig adamw_config(const JobConfig& cfg);
 LrSchedule lr_schedule(const JobConfig& cfg);
 
@@ -33,7 +33,7 @@ struct StepOutcome {
     skipped,  // a non-finite loss or norm under training.skip_nonfinite_steps
   };
   End end = End::done;
-  ScheduleResult run;  // loss and tokens summed over the data-parallel ranks
+  ForwardBackwardResult run;  // loss and tokens summed over the data-parallel ranks
   StepComm comm;       // this rank's communication of the step
   double loss = 0, grad_norm = 0, lr = 0;
 };
@@ -45,13 +45,13 @@ struct StepContext {
   ParallelizedModel& layout;
   const AcPolicy& ac;
   AdamWConfig& adamw;  // its lr is set for each step
-  const LrSchedule& schedule;
-  ScheduleHooks hooks;                  // the stop signal's agreement, asked between micro-batches
-  std::function<void()> after_schedule;  // a test hook (a rank dying mid-step); may be empty
+  const LrSchedule& lr_schedule;
+  ForwardBackwardHooks hooks;                    // the stop signal's agreement, asked between micro-batches
+  std::function<void()> after_forward_backward;  // a test hook (a rank dying mid-step); may be empty
 };
 
 // Step `step` on `batches`, which hold `step_tokens` of this rank's tokens:
-// the schedule (forward, loss, backward of every micro-batch), the gradient
+// forward and backward (forward, loss, backward of every micro-batch), the gradient
 // reductions, the loss over the ranks, the gradient norm, clipping and AdamW.
 // A non-finite loss or norm throws, or skips the step under
 // training.skip_nonfinite_steps. (In a dry run the loss is 0 over every

@@ -22,15 +22,15 @@
 #include "anvil/ops/grad_norm.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/console.h"
+#include "anvil/train/forward_backward.h"
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/parallel_dims.h"
 #include "anvil/train/parallelize.h"
 #include "anvil/train/profiling.h"
-#include "anvil/train/schedule.h"
 #include "anvil/train/step_logger.h"
-#include "anvil/train/train_step.h"
 #include "anvil/train/stop_signal.h"
 #include "anvil/train/train_data.h"
+#include "anvil/train/train_step.h"
 
 namespace anvil {
 
@@ -274,7 +274,7 @@ TrainResult train(const JobConfig& cfg) {
   ParallelizedModel layout(cfg, args, par, dt);
   layout.print_comm_closed_form();
   AdamWConfig adamw = adamw_config(cfg);
-  const LrSchedule schedule = lr_schedule(cfg);
+  const LrSchedule lr = lr_schedule(cfg);
   StepLogger logger(cfg, par, mfu.peak, mfu.flops_per_token, layout.comm_bytes_closed_form());
   const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
   const int64_t first_step = restore(cfg, args, layout, checkpointer.get(), data.loader());
@@ -293,10 +293,10 @@ TrainResult train(const JobConfig& cfg) {
   logger.start();
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
-  const StepContext step_ctx{cfg, par, layout, ac, adamw, schedule, ScheduleHooks{{}, [&] { return stop.requested(par); }},
-                             [&] {
-                               if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
-                             }};
+  const StepContext step_ctx{
+      cfg, par, layout, ac, adamw, lr, ForwardBackwardHooks{{}, [&] { return stop.requested(par); }}, [&] {
+        if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
+      }};
   OpTable op_table;
   OpTimer::reset();
   TrainResult result;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "anvil/plan/gpu_estimate.h"
+#include "anvil/estimate/gpu_estimate.h"
 
 namespace anvil {
 
@@ -27,7 +27,7 @@ std::vector<Seed000Row> seed000_rows();
 struct Seed001Row {
   std::string model;  // "llama3/8B"
   int batch;
-  std::string ac;     // as the table writes it
+  std::string ac;       // as the table writes it
   double wps, mfu_pct;  // published
   GpuRunSpec spec;
 };

@@ -1,4 +1,4 @@
-#include "anvil/plan/memory.h"
+#include "anvil/estimate/memory.h"
 
 #include <algorithm>
 #include <fstream>
@@ -28,8 +28,9 @@ Dims dims_of(const ModelArgs& a, const TrainShape& s) {
 
 // Everything block_forward produces, in bytes (BlockSaved with no policy applied, x included).
 size_t block_all_bytes(const Dims& d) {
-  return d.M * d.e * (3 * d.D /* x, h1, x2 */ + d.D /* h2 */ + 2 * d.Dq /* q, o */ + 2 * d.Dkv /* k, v */ +
-                      3 * d.F /* g, u, s */) +
+  return d.M * d.e *
+             (3 * d.D /* x, h1, x2 */ + d.D /* h2 */ + 2 * d.Dq /* q, o */ + 2 * d.Dkv /* k, v */ +
+              3 * d.F /* g, u, s */) +
          2 * d.M * 4 /* rstd1, rstd2 */ + d.lse;
 }
 
@@ -38,7 +39,7 @@ size_t block_all_bytes(const Dims& d) {
 size_t block_saved_bytes(const ModelArgs& args, const TrainShape& shape, int layer) {
   const Dims d = dims_of(args, shape);
   if (shape.ac.recomputes_whole_block(layer)) return d.M * d.D * d.e;  // the input only
-  if (shape.ac.mode == AcMode::selective_op)  // drops h1, rstd1, h2, rstd2, s
+  if (shape.ac.mode == AcMode::selective_op)                           // drops h1, rstd1, h2, rstd2, s
     return block_all_bytes(d) - d.M * d.e * (2 * d.D + d.F) - 2 * d.M * 4;
   return block_all_bytes(d);
 }

@@ -1,4 +1,4 @@
-#include "anvil/plan/gpu_search.h"
+#include "anvil/estimate/gpu_search.h"
 
 #include <algorithm>
 
@@ -6,8 +6,8 @@ namespace anvil {
 
 GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus) {
   GpuPlanResult out;
-  const std::vector<AcPolicy> acs = {{AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2},
-                                     {AcMode::full, 2}};
+  const std::vector<AcPolicy> acs = {
+      {AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2}, {AcMode::full, 2}};
   for (int64_t tp = 1; tp <= hw.gpus_per_node && tp <= gpus; tp *= 2) {
     if (gpus % tp || base.model.n_heads % tp || base.model.n_kv_heads % tp) continue;
     for (int64_t pp = 1; pp <= gpus / tp && pp <= base.model.n_layers / 2; pp *= 2) {

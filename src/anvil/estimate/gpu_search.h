@@ -1,12 +1,12 @@
 // The planner's search (anvil plan): every torchtitan layout of N GPUs for a
 // model and sequence length — FSDP/HSDP, TP, PP degrees, AC mode, local and
-// micro-batch size — estimated with plan/gpu_estimate.h, the ones that fit
+// micro-batch size — estimated with estimate/gpu_estimate.h, the ones that fit
 // ranked by predicted tokens/s per GPU.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "anvil/plan/gpu_estimate.h"
+#include "anvil/estimate/gpu_estimate.h"
 
 namespace anvil {
 

@@ -12,8 +12,8 @@
 #pragma once
 #include <vector>
 
+#include "anvil/estimate/memory.h"
 #include "anvil/model/args.h"
-#include "anvil/plan/memory.h"
 
 namespace anvil {
 

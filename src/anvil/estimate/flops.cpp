@@ -1,4 +1,4 @@
-#include "anvil/plan/flops.h"
+#include "anvil/estimate/flops.h"
 
 namespace anvil {
 

@@ -1,4 +1,4 @@
-#include "anvil/plan/pipeline_split.h"
+#include "anvil/estimate/pipeline_split.h"
 
 #include <algorithm>
 #include <limits>
@@ -16,7 +16,7 @@ std::vector<ModuleCost> pipeline_module_costs(const ModelArgs& args, const Train
   out.push_back({2 * M * D, 0, 4 * M * D, V * D * state, 0});  // the embedding: a gather, a scatter-add of M rows
   const double block_params = static_cast<double>(args.params_per_layer());
   // The matrix products 6 FLOPs per weight per token, attention's scores and
-  // weighted sum 12·heads·head_dim·seq per token (as plan/flops.h counts them).
+  // weighted sum 12·heads·head_dim·seq per token (as estimate/flops.h counts them).
   const double attention = 12.0 * static_cast<double>(args.n_heads * args.head_dim() * shape.seq_len);
   for (int l = 0; l < args.n_layers; ++l) {
     // A third each: the forward, the input gradient (attention's backward is

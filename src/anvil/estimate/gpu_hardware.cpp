@@ -1,4 +1,4 @@
-#include "anvil/plan/gpu_hardware.h"
+#include "anvil/estimate/gpu_hardware.h"
 
 #include "anvil/core/error.h"
 
@@ -27,13 +27,14 @@ namespace {
 // 400 Gb/s = 50 GB/s per direction.
 const std::vector<GpuHardware>& table() {
   static const std::vector<GpuHardware> t = {
-      {"h100-80g", "NVIDIA H100 SXM5 80GB (DGX H100: NVLink 4, 8x400 Gb/s NDR)", 989e12, 80e9, 3.35e12, 450e9,
-       50e9, 8, 0.35},
-      {"a100-80g", "NVIDIA A100 SXM4 80GB (DGX A100: NVLink 3, 8x200 Gb/s HDR)", 312e12, 80e9, 2.039e12, 300e9,
-       25e9, 8, 0.73},
-      {"a100-40g", "NVIDIA A100 SXM4 40GB (DGX A100: NVLink 3, 8x200 Gb/s HDR)", 312e12, 40e9, 1.555e12, 300e9,
-       25e9, 8, 0.73},
-      {"h200", "NVIDIA H200 SXM 141GB (DGX H200: NVLink 4, 8x400 Gb/s NDR)", 989e12, 141e9, 4.8e12, 450e9, 50e9, 8, 0.35},
+      {"h100-80g", "NVIDIA H100 SXM5 80GB (DGX H100: NVLink 4, 8x400 Gb/s NDR)", 989e12, 80e9, 3.35e12, 450e9, 50e9, 8,
+       0.35},
+      {"a100-80g", "NVIDIA A100 SXM4 80GB (DGX A100: NVLink 3, 8x200 Gb/s HDR)", 312e12, 80e9, 2.039e12, 300e9, 25e9, 8,
+       0.73},
+      {"a100-40g", "NVIDIA A100 SXM4 40GB (DGX A100: NVLink 3, 8x200 Gb/s HDR)", 312e12, 40e9, 1.555e12, 300e9, 25e9, 8,
+       0.73},
+      {"h200", "NVIDIA H200 SXM 141GB (DGX H200: NVLink 4, 8x400 Gb/s NDR)", 989e12, 141e9, 4.8e12, 450e9, 50e9, 8,
+       0.35},
   };
   return t;
 }

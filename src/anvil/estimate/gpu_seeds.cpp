@@ -1,4 +1,4 @@
-#include "anvil/plan/gpu_seeds.h"
+#include "anvil/estimate/gpu_seeds.h"
 
 #include <cmath>
 #include <cstdio>
@@ -83,10 +83,12 @@ std::string seed_tables_markdown() {
   std::string out;
   char b[512];
   const GpuHardware& h100 = gpu_hardware("h100-80g");
-  out += "### Seed 000: FSDP 2 x PP 2, 1F1B, Llama 3 8B pruned to 16 layers, seq 4096, AC full "
-         "(max reserved, GiB)\n\n";
-  out += "| keep outputs | micro-batches | stage 0 predicted | stage 0 published | error | last stage predicted | "
-         "last stage published | error | last stage peak at |\n|---|---|---|---|---|---|---|---|---|\n";
+  out +=
+      "### Seed 000: FSDP 2 x PP 2, 1F1B, Llama 3 8B pruned to 16 layers, seq 4096, AC full "
+      "(max reserved, GiB)\n\n";
+  out +=
+      "| keep outputs | micro-batches | stage 0 predicted | stage 0 published | error | last stage predicted | "
+      "last stage published | error | last stage peak at |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const Seed000Row& r : seed000_rows()) {
     const GpuStepEstimate e = estimate_gpu_run(r.spec, h100);
     const double p0 = e.stages.front().reserved / kGiB, pl = e.stages.back().reserved / kGiB;
@@ -98,12 +100,14 @@ std::string seed_tables_markdown() {
   }
   const GpuHardware& a100 = gpu_hardware("a100-80g");
   out += "\n### Seed 001: FSDP2 on 64 A100-80GB (tokens/s per GPU and MFU)\n\n";
-  out += "| model | local batch | AC | WPS predicted | WPS published | error | MFU predicted | MFU published | "
-         "error | step (s) | compute (s) | FSDP comm (s) | max reserved (GiB) |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  out +=
+      "| model | local batch | AC | WPS predicted | WPS published | error | MFU predicted | MFU published | "
+      "error | step (s) | compute (s) | FSDP comm (s) | max reserved (GiB) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Seed001Row& r : seed001_rows()) {
     const GpuStepEstimate e = estimate_gpu_run(r.spec, a100);
-    std::snprintf(b, sizeof b, "| %s | %d | %s | %.0f | %.0f | %s | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.2f | %.1f |\n",
+    std::snprintf(b, sizeof b,
+                  "| %s | %d | %s | %.0f | %.0f | %s | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.2f | %.1f |\n",
                   r.model.c_str(), r.batch, r.ac.c_str(), e.tokens_per_second_per_gpu, r.wps,
                   pct(relative_error(e.tokens_per_second_per_gpu, r.wps)).c_str(), 100 * e.mfu, r.mfu_pct,
                   pct(relative_error(100 * e.mfu, r.mfu_pct)).c_str(), e.step_seconds, e.compute_seconds,

@@ -1,29 +1,29 @@
-#include "anvil/model/parallel_plan.h"
+#include "anvil/model/parallel_style.h"
 
 #include "anvil/ops/embedding.h"
 #include "anvil/ops/matmul.h"
 
 namespace anvil {
 
-Tensor ParallelPlan::embedding_forward(const Tensor& tokens, const Tensor& weight, DType dt) const {
+Tensor ParallelStyle::embedding_forward(const Tensor& tokens, const Tensor& weight, DType dt) const {
   Tensor h = new_activation({tokens.numel(), weight.size(1)}, dt, "embed.out");
   anvil::embedding_forward(tokens, weight, h);
   return h;
 }
 
-void ParallelPlan::embedding_backward(const Tensor& dh, const Tensor& tokens, Tensor grad) const {
+void ParallelStyle::embedding_backward(const Tensor& dh, const Tensor& tokens, Tensor grad) const {
   anvil::embedding_backward(dh, tokens, grad);
 }
 
-Tensor ParallelPlan::row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w,
-                                      const char* tag) const {
+Tensor ParallelStyle::row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w,
+                                       const char* tag) const {
   Tensor out = new_activation(residual.shape(), residual.dtype(), tag);
   out.copy_from(residual);
   linear_forward_accumulate(in, w, out);  // out (M, D) += in (M, K) · w (D, K)ᵀ
   return out;
 }
 
-Tensor ParallelPlan::column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt, const char* tag) const {
+Tensor ParallelStyle::column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt, const char* tag) const {
   const InputGradTerm& first = *terms.begin();
   Tensor dx = new_activation({first.dy.size(0), first.w.size(1)}, dt, tag);
   bool accumulate = false;
@@ -34,13 +34,13 @@ Tensor ParallelPlan::column_input_grad(std::initializer_list<InputGradTerm> term
   return dx;
 }
 
-CrossEntropyResult ParallelPlan::loss_forward_backward(const Tensor& hn, const Tensor& w, Tensor dw,
-                                                       const Tensor& targets, float grad_scale, Tensor& dhn) const {
+CrossEntropyResult ParallelStyle::loss_forward_backward(const Tensor& hn, const Tensor& w, Tensor dw,
+                                                        const Tensor& targets, float grad_scale, Tensor& dhn) const {
   dhn = new_activation(hn.shape(), hn.dtype(), "final_norm.dout");
   return cross_entropy_forward_backward(hn, w, targets, grad_scale, dhn, dw);
 }
 
-CrossEntropyResult ParallelPlan::loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const {
+CrossEntropyResult ParallelStyle::loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const {
   return cross_entropy_forward(hn, w, targets);
 }
 

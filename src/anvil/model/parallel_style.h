@@ -1,5 +1,7 @@
-// The places in the modules' dataflow where a parallelism applied from
-// outside acts (torchtitan's parallelize plan): which part of each parameter
+// The parallel style: the places in the modules' dataflow where a parallelism
+// applied from outside acts (PyTorch's ParallelStyle — colwise, rowwise,
+// sequence and loss parallel — which torchtitan's parallelize plans pick per
+// module): which part of each parameter
 // this rank holds, and what happens at each seam between kernels. The base
 // class is the single process: every seam is the plain computation, and the
 // modules call nothing else, so the model has one code path and no
@@ -32,15 +34,15 @@ struct InputGradTerm {
 };
 
 // Where a backward's RMSNorm weight gradients accumulate: `at[i]` for the i-th
-// gradient given; `scratch` is the plan's, if it needs one.
+// gradient given; `scratch` is the style's, if it needs one.
 struct NormGradTargets {
   std::vector<Tensor> at;
   Tensor scratch;
 };
 
-class ParallelPlan {
+class ParallelStyle {
  public:
-  virtual ~ParallelPlan() = default;
+  virtual ~ParallelStyle() = default;
 
   // This rank's parameters, from the model's whole list (in the same order,
   // each spec's `slice` saying where its tensor sits in the global one).

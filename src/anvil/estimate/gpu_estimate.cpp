@@ -1,12 +1,12 @@
-#include "anvil/plan/gpu_estimate.h"
+#include "anvil/estimate/gpu_estimate.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "anvil/core/error.h"
+#include "anvil/estimate/flops.h"
 #include "anvil/pipeline/schedule.h"
 #include "anvil/pipeline/split.h"
-#include "anvil/plan/flops.h"
 
 namespace anvil {
 
@@ -37,7 +37,7 @@ std::vector<StageShape> split_stages(const ModelArgs& args, int64_t pp) {
   const PipelineSplit split{static_cast<int>(pp), 1, 1};
   std::vector<StageShape> out;
   for (int s = 0; s < split.stages; ++s) {
-    const auto [first, end] = pipeline_stage_modules(args, split, s);  // modules: 0 the embedding, n + 1 the head
+    const auto [first, end] = pipeline_stage_modules(args, split, s);      // modules: 0 the embedding, n + 1 the head
     const int b0 = std::max(first, 1) - 1, b1 = std::min(end, n + 1) - 1;  // blocks [b0, b1)
     out.push_back({b0, b1 - b0, first == 0, end == n + 2});
   }
@@ -79,10 +79,14 @@ double saved_per_token(const Dims& d, BlockAc ac) {
 // wraps block number c (counted from 1) when c % k == 0.
 BlockAc block_ac(const AcPolicy& ac, int64_t index) {
   switch (ac.mode) {
-    case AcMode::none: return BlockAc::none;
-    case AcMode::selective_op: return BlockAc::op;
-    case AcMode::full: return BlockAc::full;
-    case AcMode::selective_layer: return (index + 1) % ac.every == 0 ? BlockAc::full : BlockAc::none;
+    case AcMode::none:
+      return BlockAc::none;
+    case AcMode::selective_op:
+      return BlockAc::op;
+    case AcMode::full:
+      return BlockAc::full;
+    case AcMode::selective_layer:
+      return (index + 1) % ac.every == 0 ? BlockAc::full : BlockAc::none;
   }
   return BlockAc::none;
 }
@@ -162,15 +166,15 @@ void check_gpu_run(const GpuRunSpec& sp) {
               "use a shard degree of 2 or more");
   ANVIL_CHECK(sp.dp_replicate >= 1 && sp.tp >= 1 && sp.pp >= 1, "parallel degrees must be positive");
   ANVIL_CHECK(a.n_heads % sp.tp == 0 && a.n_kv_heads % sp.tp == 0, "parallelism.tensor_parallel_degree ", sp.tp,
-              " does not divide ", a.name, "/", a.flavor, "'s ", a.n_heads, " heads and ", a.n_kv_heads,
-              " KV heads");
-  ANVIL_CHECK(sp.seq_len >= 1 && sp.local_batch >= 1, "training.seq_len and training.local_batch_size must be positive");
+              " does not divide ", a.name, "/", a.flavor, "'s ", a.n_heads, " heads and ", a.n_kv_heads, " KV heads");
+  ANVIL_CHECK(sp.seq_len >= 1 && sp.local_batch >= 1,
+              "training.seq_len and training.local_batch_size must be positive");
   ANVIL_CHECK(!a.tie_embeddings || sp.pp == 1, a.name, "/", a.flavor,
               " ties its embedding to its head, which pipeline stages cannot share");
   if (sp.pp > 1) {
-    ANVIL_CHECK(sp.microbatch_size >= 1 && sp.local_batch % sp.microbatch_size == 0,
-                "training.local_batch_size ", sp.local_batch, " is not a multiple of ",
-                "parallelism.pipeline_parallel_microbatch_size ", sp.microbatch_size);
+    ANVIL_CHECK(sp.microbatch_size >= 1 && sp.local_batch % sp.microbatch_size == 0, "training.local_batch_size ",
+                sp.local_batch, " is not a multiple of ", "parallelism.pipeline_parallel_microbatch_size ",
+                sp.microbatch_size);
     ANVIL_CHECK(sp.pp_schedule == "1F1B" || sp.pp_schedule == "GPipe", "parallelism.pipeline_parallel_schedule ",
                 sp.pp_schedule, ": the GPU planner models GPipe and 1F1B (one stage per rank)");
   }
@@ -182,8 +186,8 @@ struct RunTerms {
   const GpuRunSpec& sp;
   Dims d;
   bool gqa, v010;
-  int64_t m;                       // micro-batches per step (pipeline), 1 otherwise
-  double t, N, s, T, Vt;           // tp, shards, seq_len, tokens per micro-batch, vocabulary per GPU
+  int64_t m;              // micro-batches per step (pipeline), 1 otherwise
+  double t, N, s, T, Vt;  // tp, shards, seq_len, tokens per micro-batch, vocabulary per GPU
   double layer_params, emb_params, head_params;
   Roofline rf;
   double bw_shard, bw_rep, bw_tp, bw_pp;
@@ -311,8 +315,10 @@ GpuStageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, 
     // something holds it: the pipeline stage's cache (its bf16 output) in
     // v0_1_0 with PP, train.py's `pred` (fp32) in apr2024.
     double per_logit = 3 * kF32;
-    if (!r.v010) per_logit += kF32;
-    else if (sp.pp > 1) per_logit += kBf16;
+    if (!r.v010)
+      per_logit += kF32;
+    else if (sp.pp > 1)
+      per_logit += kBf16;
     Candidate c;
     c.parts.activations = inflight_acts;
     c.parts.loss_buffers = per_logit * logits;
@@ -358,8 +364,7 @@ GpuStageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, 
     // The largest single blocks freed earlier in the step: the loss's fp32
     // buffers, the reduce-scatter input of the largest group (compute stream
     // in v0_1_0) and the fp32 accumulator of the largest weight (the head's).
-    const double largest_cached =
-        std::max({kF32 * logits, r.v010 ? kF32 * largest_group : 0.0, kF32 * d.D * r.Vt});
+    const double largest_cached = std::max({kF32 * logits, r.v010 ? kF32 * largest_group : 0.0, kF32 * d.D * r.Vt});
     const double merge_moment = mem.parameters + mem.optimizer + mem.pp_buffers + 2 * kept_all;
     if (kept_all > largest_cached) compute_reserved += kept_all;
     compute_reserved = std::max(compute_reserved, merge_moment);
@@ -409,12 +414,19 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     const double attn = attn_fwd_flops / (rf.peak * rf.attn_eff);
     out.fwd += gemms + attn + ew_fwd;
     out.bwd += 2 * gemms + 2.5 * attn + 2 * ew_fwd;  // dX and dW per GEMM; FlashAttention's backward is 2.5 forwards
-    out.tp_fwd += 4 * tp_coll;                      // sequence parallel: all-gather and reduce-scatter around both halves
+    out.tp_fwd += 4 * tp_coll;  // sequence parallel: all-gather and reduce-scatter around both halves
     out.tp_bwd += 4 * tp_coll;
     switch (block_ac(sp.ac, l - st.first_layer)) {
-      case BlockAc::none: break;
-      case BlockAc::op: out.bwd += wkv + wo + w13 + ew_fwd; out.tp_bwd += 2 * tp_coll; break;  // every second mm
-      case BlockAc::full: out.bwd += gemms + attn + ew_fwd; out.tp_bwd += 4 * tp_coll; break;
+      case BlockAc::none:
+        break;
+      case BlockAc::op:
+        out.bwd += wkv + wo + w13 + ew_fwd;
+        out.tp_bwd += 2 * tp_coll;
+        break;  // every second mm
+      case BlockAc::full:
+        out.bwd += gemms + attn + ew_fwd;
+        out.tp_bwd += 4 * tp_coll;
+        break;
     }
   }
   if (st.embedding) {
@@ -429,9 +441,9 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   }
   // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter copy-in.
   const double gathers = sp.pp > 1 ? 1 : 2;
-  out.fsdp_mem = rf.mem(gathers * 2 * kBf16 * psi +
-                        (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi
-                                   : (kBf16 + kF32) * psi));
+  out.fsdp_mem = rf.mem(
+      gathers * 2 * kBf16 * psi +
+      (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi : (kBf16 + kF32) * psi));
   out.optimizer = rf.mem(kOptimizerBytesPerParam * psi / N);
   // FSDP traffic per step: gathers of bf16 weights (forward, and again in
   // backward after resharding, except the root and the last block), a
@@ -454,8 +466,8 @@ void single_stage_step(const RunTerms& r, const StageShape& st, const StageTime&
   const double root = stage_params(r, st).root;
   const double compute = time.fwd + time.bwd + time.fsdp_mem;
   const double tp_comm = time.tp_fwd + time.tp_bwd;
-  const double last_rs =
-      ring_seconds(kF32 * root, sp.dp_shard, r.bw_shard) + 2 * ring_seconds(kF32 * root / r.N, sp.dp_replicate, r.bw_rep);
+  const double last_rs = ring_seconds(kF32 * root, sp.dp_shard, r.bw_shard) +
+                         2 * ring_seconds(kF32 * root / r.N, sp.dp_replicate, r.bw_rep);
   const double exposed = time.first_group_ag + last_rs;
   const double hidden = std::max(0.0, time.fsdp_comm - exposed);
   const double body = std::max(compute + tp_comm, hidden);
@@ -516,8 +528,10 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
     out.max_reserved = std::max(out.max_reserved, out.stages.back().reserved);
     times.push_back(stage_time(r, shapes[si]));
   }
-  if (sp.pp == 1) single_stage_step(r, shapes[0], times[0], out);
-  else pipeline_step(r, shapes, times, schedule, out);
+  if (sp.pp == 1)
+    single_stage_step(r, shapes[0], times[0], out);
+  else
+    pipeline_step(r, shapes, times, schedule, out);
 
   const double local_tokens = static_cast<double>(sp.local_batch) * r.s;
   out.tokens_per_second_per_gpu = local_tokens / out.step_seconds / static_cast<double>(sp.tp * sp.pp);

@@ -1,6 +1,6 @@
 // The compute prediction: floating-point operations per trained token, the
 // numerator of throughput in TFLOP/s and of MFU (torchtitan's definition, so
-// the figures compare with its logs). Beside plan/memory.h, the other prediction.
+// the figures compare with its logs). Beside estimate/memory.h, the other prediction.
 #pragma once
 #include <cstdint>
 

@@ -1,18 +1,18 @@
 // The GPU-cluster planner's model: what a torchtitan-style run (PyTorch eager,
 // FSDP2 with bf16 parameters gathered and fp32 gradients reduced, optional TP
 // with sequence parallel and PP, the CUDA caching allocator) holds per GPU and
-// how fast it steps, from published hardware figures (plan/gpu_hardware.h).
+// how fast it steps, from published hardware figures (estimate/gpu_hardware.h).
 // Nothing in it is fitted to a measurement; docs/estimator.md derives each
 // term and states the assumptions. This models torchtitan on GPUs, not
-// Anvil's own CPU runs (plan/memory.h does those).
+// Anvil's own CPU runs (estimate/memory.h does those).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "anvil/estimate/gpu_hardware.h"
 #include "anvil/model/activation_checkpoint.h"
 #include "anvil/model/args.h"
-#include "anvil/plan/gpu_hardware.h"
 
 namespace anvil {
 
@@ -25,7 +25,7 @@ namespace anvil {
 //   v0_1_0   torchtitan v0.1.0 (July 2025, seed 000): bf16 logits, the loss
 //            upcasts them (cross_entropy(pred.float())); reduce-scatter input
 //            on the compute stream; MFU counts 6·(N − embedding)
-//            (plan/flops.h's flops_per_token).
+//            (estimate/flops.h's flops_per_token).
 enum class TorchtitanEra { apr2024, v0_1_0 };
 
 struct GpuRunSpec {
@@ -58,35 +58,35 @@ struct GpuStageMemory {
   int stage = 0;
   int64_t layers = 0;
   bool has_embedding = false, has_head = false;
-  int in_flight = 1;           // micro-batches whose activations the stage holds at once
-  double parameters = 0;       // fp32 shards of the parameters (FSDP)
-  double optimizer = 0;        // AdamW exp_avg and exp_avg_sq, fp32 shards
-  double gradients = 0;        // fp32 gradient shards (reduce-scatter outputs: the reduce-scatter stream's pool)
+  int in_flight = 1;             // micro-batches whose activations the stage holds at once
+  double parameters = 0;         // fp32 shards of the parameters (FSDP)
+  double optimizer = 0;          // AdamW exp_avg and exp_avg_sq, fp32 shards
+  double gradients = 0;          // fp32 gradient shards (reduce-scatter outputs: the reduce-scatter stream's pool)
   double grad_accumulators = 0;  // unsharded fp32 gradients FSDP accumulates while gradient sync is off (PP)
-  double gathered_params = 0;  // bf16 unsharded parameters held at the peak
-  double activations = 0;      // what the in-flight micro-batches keep for backward, at the peak
-  double working = 0;          // the peak's transient: a block's recompute and backward, or a reduce-scatter input
-  double loss_buffers = 0;     // logits and cross-entropy buffers, when the peak is the loss's backward
-  double kept_outputs = 0;     // seed 000: every micro-batch's output kept until the step ends
-  double merged_outputs = 0;   // ... and their concatenation, a new segment when no cached block holds it
-  double pp_buffers = 0;       // receive buffers, one per micro-batch per stage boundary
-  double allgather_pool = 0;   // the all-gather stream's cached flat buffers
+  double gathered_params = 0;    // bf16 unsharded parameters held at the peak
+  double activations = 0;        // what the in-flight micro-batches keep for backward, at the peak
+  double working = 0;            // the peak's transient: a block's recompute and backward, or a reduce-scatter input
+  double loss_buffers = 0;       // logits and cross-entropy buffers, when the peak is the loss's backward
+  double kept_outputs = 0;       // seed 000: every micro-batch's output kept until the step ends
+  double merged_outputs = 0;     // ... and their concatenation, a new segment when no cached block holds it
+  double pp_buffers = 0;         // receive buffers, one per micro-batch per stage boundary
+  double allgather_pool = 0;     // the all-gather stream's cached flat buffers
   double reduce_pool_extra = 0;  // the reduce-scatter input when allocated on that stream (apr2024)
-  double peak_allocated = 0;   // the most bytes allocated at once over all pools
-  double reserved = 0;         // the prediction of torch.cuda.max_memory_reserved()
-  std::string peak_at;         // which moment of the step the compute stream peaks in
+  double peak_allocated = 0;     // the most bytes allocated at once over all pools
+  double reserved = 0;           // the prediction of torch.cuda.max_memory_reserved()
+  std::string peak_at;           // which moment of the step the compute stream peaks in
 };
 
 struct GpuStepEstimate {
   std::vector<GpuStageMemory> stages;  // one per pipeline stage (one when pp == 1)
   double max_reserved = 0;
-  bool fits = false;  // every stage's reserved <= the GPU's memory
-  double compute_seconds = 0;    // per rank: the roofline's sum over ops (the slowest stage under PP)
-  double fsdp_comm_seconds = 0;  // all-gathers, reduce-scatters (and HSDP all-reduce) per step
-  double tp_comm_seconds = 0;    // TP's collectives (not overlapped)
+  bool fits = false;                // every stage's reserved <= the GPU's memory
+  double compute_seconds = 0;       // per rank: the roofline's sum over ops (the slowest stage under PP)
+  double fsdp_comm_seconds = 0;     // all-gathers, reduce-scatters (and HSDP all-reduce) per step
+  double tp_comm_seconds = 0;       // TP's collectives (not overlapped)
   double exposed_comm_seconds = 0;  // communication that compute does not hide
   double optimizer_seconds = 0;
-  double bubble_fraction = 0;    // PP: idle / step of the busiest stage under the schedule's simulation
+  double bubble_fraction = 0;  // PP: idle / step of the busiest stage under the schedule's simulation
   double step_seconds = 0;
   double tokens_per_second_per_gpu = 0;  // torchtitan's definition: local tokens / step / (tp · pp)
   double flops_per_token = 0;            // the numerator MFU uses, per the era's definition

@@ -1,8 +1,9 @@
-// The single-stage schedule: one optimizer step's micro-batches run through
-// the whole model on this rank — forward, loss and backward for each, the
-// gradients accumulating. It is the schedule of a job without pipeline
-// parallelism; pipeline schedules (1F1B, interleaved, zero-bubble) sit beside
-// it and take the same inputs.
+// A step's forward and backward without pipeline parallelism: the step's
+// micro-batches run one after another through the whole model on this rank —
+// forward, loss and backward for each, the gradients accumulating
+// (torchtitan's forward_backward_step per micro-batch). With pipeline
+// parallelism the layout runs them through the pipeline's schedule instead
+// (pipeline/executor.h), with the same inputs and result.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -19,7 +20,7 @@ struct MicroBatches {
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
-struct ScheduleResult {
+struct ForwardBackwardResult {
   double loss_sum = 0;      // over the micro-batches that ran
   int64_t loss_tokens = 0;  // the targets that carried loss
   // Micro-batches done when a stop was agreed; 0 when the step ran to its end
@@ -27,7 +28,7 @@ struct ScheduleResult {
   int64_t stopped_after = 0;
 };
 
-struct ScheduleHooks {
+struct ForwardBackwardHooks {
   // Called before micro-batch i of n runs (the layout's per-micro-batch
   // control: DDP synchronises only on the last). May be empty.
   std::function<void(int64_t i, int64_t n)> before_micro_batch;
@@ -39,8 +40,8 @@ struct ScheduleHooks {
 // Runs `batches` through `model`: forward, loss and backward per micro-batch,
 // the parameter gradients scaled by grad_scale (1 / the step's tokens over
 // all data-parallel ranks, so accumulation equals one large batch).
-ScheduleResult run_single_stage(Llama& model, const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
-                                const ScheduleHooks& hooks);
+ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBatches& batches, float grad_scale,
+                                                    const AcPolicy& policy, const ForwardBackwardHooks& hooks);
 
 // The loss of one micro-batch, forward only (evaluation): no gradients, no
 // activations kept beyond the running block.

@@ -1,10 +1,10 @@
-#include "anvil/train/schedule.h"
+#include "anvil/train/forward_backward.h"
 
 namespace anvil {
 
-ScheduleResult run_single_stage(Llama& model, const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
-                                const ScheduleHooks& hooks) {
-  ScheduleResult out;
+ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBatches& batches, float grad_scale,
+                                                    const AcPolicy& policy, const ForwardBackwardHooks& hooks) {
+  ForwardBackwardResult out;
   const int64_t n = batches.size();
   for (int64_t i = 0; i < n; ++i) {
     if (hooks.before_micro_batch) hooks.before_micro_batch(i, n);
