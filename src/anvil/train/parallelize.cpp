@@ -27,13 +27,6 @@ namespace {
 // without pipeline parallelism), this tp rank's slices communicating over the
 // tp group when tensor_parallel_degree > 1. allocate_params = false: the model
 // keeps no weights of its own (FSDP lends each group's while it runs).
-// The module ranges of this rank's pipeline stages; the whole model as one
-// without pipeline parallelism.
-std::vector<ModuleRange> rank_stages(const ModelArgs& args, const ParallelDims& par) {
-  if (par.pp_size == 1) return {{0, llama_num_modules(args)}};
-  return pipeline_rank_modules(args, par.pp_split, par.pp_schedule.placement, par.pp_rank);
-}
-
 void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype,
                  bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<Llama>& model) {
   if (par.tp_size > 1)
@@ -44,32 +37,6 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
   model = std::make_unique<Llama>(
       args, compute_dtype, cfg.training.seq_len,
       LlamaOptions{.stages = rank_stages(args, par), .parallel_style = tp.get(), .allocate_params = allocate_params});
-}
-
-// The global parameters of this rank's stages (the whole model's without pipeline parallelism).
-std::vector<ParamSpec> stage_global_specs(const ModelArgs& args, const ParallelDims& par) {
-  return llama_param_specs(args, rank_stages(args, par));
-}
-
-// The whole model's parameter list, as checkpoints store it.
-std::vector<ParamSpec> global_param_specs(const ModelArgs& args) { return llama_param_specs(args); }
-
-// This rank's part (its stage's parameters, its tp slices) of a whole-model flat buffer.
-void global_to_local(const ParamStore& global, const Tensor& global_flat, const ParamStore& local, Tensor& local_flat) {
-  global_flat_to_local(global.specs(), global_flat, local.specs(), local_flat);
-}
-
-// The stage's global flat buffer assembled from every tp rank's `local` (collective over tp).
-Tensor local_to_global(const ParallelDims& par, const ParamStore& local_layout, const Tensor& local,
-                       const ParamStore& global_layout) {
-  return gather_tp_global(par.mesh->tp(), local_layout.specs(), local, global_layout.specs(), global_layout.numel());
-}
-
-// The pieces of this rank's gradients whose squares, summed over tp (and
-// dp_shard), count every global element once.
-std::vector<Tensor> tp_grads_counted_once(const ParallelDims& par, const ParamStore& ps, const Tensor& grad,
-                                          const FsdpParams* fsdp) {
-  return grads_counted_once(ps, grad, par.tp_rank, fsdp, fsdp ? par.mesh->dp_shard().rank() : 0);
 }
 
 }  // namespace
@@ -114,17 +81,17 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
                             hold_gathered_);
   else if (ddp_)
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
-  global_layout_ = std::make_unique<ParamStore>(stage_global_specs(args, par), DType::f32, /*allocate=*/false);
-  whole_layout_ = std::make_unique<ParamStore>(global_param_specs(args), DType::f32, /*allocate=*/false);
+  state_layout_ = std::make_unique<RankStateLayout>(args, par, ps, fsdp_.get(), tp_ != nullptr);
   if (par.pp_size > 1) {
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, par.mesh->pp(), par.pp_schedule,
                                                 cfg.parallelism.pipeline_parallel_keep_outputs);
   }
   // The global model's initialisation, of which each rank keeps its part.
   if (fsdp_) {
-    ParamStore full = full_staging();
+    ParamStore full(ps.specs(), DType::f32);  // this tp rank's slices of its stages, whole
     full.init(static_cast<uint64_t>(cfg.training.seed));
-    fsdp_->load_full_master(full.master_flat());
+    state_layout_->from_local(full.master_flat(), fsdp_->master());
+    fsdp_->sync_compute_copy();
   } else {
     ps.init(static_cast<uint64_t>(cfg.training.seed));
   }
@@ -147,86 +114,58 @@ void ParallelizedModel::print_comm_closed_form() const {
                 human_bytes(static_cast<size_t>(comm_closed_form_)).c_str());
 }
 
-// This tp rank's slices of the whole model, in fp32.
-ParamStore ParallelizedModel::full_staging() const { return ParamStore(model_->params().specs(), DType::f32); }
+Tensor& ParallelizedModel::master() { return fsdp_ ? fsdp_->master() : model_->params().master_flat(); }
 
-void ParallelizedModel::load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read) {
-  if (!tp_ && !pipeline_) return read(target);
-  ParamStore global(global_param_specs(args_), DType::f32);
-  read(global);
-  global_to_local(global, global.master_flat(), target, target.master_flat());
-  target.sync_compute_copy();
+void ParallelizedModel::sync_compute_copy() {
+  if (fsdp_)
+    fsdp_->sync_compute_copy();
+  else
+    model_->params().sync_compute_copy();
 }
 
 void ParallelizedModel::load_global_weights(const std::function<void(ParamStore&)>& read) {
-  if (fsdp_) {  // every rank reads the global tensors and keeps its slices
-    ParamStore full = full_staging();
-    load_global_into(full, read);
-    fsdp_->load_full_master(full.master_flat());
-  } else {
-    load_global_into(model_->params(), read);
-  }
+  if (state_layout_->is_global()) return read(model_->params());
+  // Every rank reads the global tensors and keeps its part.
+  ParamStore global(state_layout_->global_specs(), DType::f32);
+  read(global);
+  state_layout_->from_global(global.master_flat(), master());
+  sync_compute_copy();
 }
 
 nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpointer, int64_t step) {
   optimizer_->create_state();
-  Tensor& adam_m = optimizer_->exp_avg();
-  Tensor& adam_v = optimizer_->exp_avg_sq();
-  // Loads the global tensors into `target` and moments m, v of its layout:
-  // under TP through a global staging copy, of which this rank keeps its slices.
-  auto load_state = [&](ParamStore& target, Tensor& m, Tensor& v) {
-    if (!tp_ && !pipeline_) return checkpointer.load(step, target, m, v);
-    ParamStore global(global_param_specs(args_), DType::f32);
-    Tensor gm = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
-    Tensor gv = Tensor::empty({global.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
-    nlohmann::json st = checkpointer.load(step, global, gm, gv);
-    global_to_local(global, global.master_flat(), target, target.master_flat());
-    global_to_local(global, gm, target, m);
-    global_to_local(global, gv, target, v);
-    target.sync_compute_copy();
-    return st;
-  };
-  if (!fsdp_) return load_state(model_->params(), adam_m, adam_v);
-  // Every rank reads the global tensors and keeps its slices.
-  ParamStore full = full_staging();
-  Tensor m = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
-  Tensor v = Tensor::zeros({full.numel()}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
-  nlohmann::json state = load_state(full, m, v);
-  fsdp_->load_full_master(full.master_flat());
-  fsdp_->scatter_full(m, adam_m);
-  fsdp_->scatter_full(v, adam_v);
+  Tensor& m = optimizer_->exp_avg();
+  Tensor& v = optimizer_->exp_avg_sq();
+  nlohmann::json state;
+  if (state_layout_->is_global()) {
+    state = checkpointer.load(step, state_layout_->global_specs(), master(), m, v);
+  } else {  // every rank reads the global tensors and keeps its part
+    const int64_t n = state_layout_->global_numel();
+    Tensor gw = Tensor::empty({n}, DType::f32, MemCategory::workspace, "checkpoint.weights");
+    Tensor gm = Tensor::empty({n}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
+    Tensor gv = Tensor::empty({n}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
+    state = checkpointer.load(step, state_layout_->global_specs(), gw, gm, gv);
+    state_layout_->from_global(gw, master());
+    state_layout_->from_global(gm, m);
+    state_layout_->from_global(gv, v);
+  }
+  sync_compute_copy();
   return state;
-}
-
-Tensor ParallelizedModel::to_global(const Tensor& rank_state) {
-  // FSDP's shards into this tp rank's whole stage, then the tp ranks' slices
-  // into the stage's global tensors, then the stages into the whole model's
-  // on pp rank 0: every rank of each group takes part.
-  Tensor state = fsdp_ ? fsdp_->gather_full(rank_state) : rank_state;
-  if (tp_) state = local_to_global(par_, model_->params(), state, *global_layout_);
-  if (pipeline_)
-    state = gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, par_.pp_schedule.placement, state);
-  return state;
-}
-
-const std::vector<ParamSpec>& ParallelizedModel::global_specs() const {
-  return pipeline_ ? whole_layout_->specs() : tp_ ? global_layout_->specs() : model_->params().specs();
 }
 
 void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step, bool model_only, DType model_dtype,
                                         const std::function<CheckpointMeta()>& meta) {
   // Checkpoints hold the whole model's tensors whatever the layout, one
   // state after another (weights, then each moment), and rank 0 writes.
-  const Tensor master = fsdp_ ? fsdp_->master() : model_->params().master_flat();
-  const Tensor w = to_global(master);
+  const Tensor w = state_layout_->to_global(master());
   Tensor m, v;
   if (!model_only) {
-    m = to_global(optimizer_->exp_avg());
-    v = to_global(optimizer_->exp_avg_sq());
+    m = state_layout_->to_global(optimizer_->exp_avg());
+    v = state_layout_->to_global(optimizer_->exp_avg_sq());
   }
   if (par_.rank0())
-    checkpointer.save(step, global_specs(), w, model_only ? nullptr : &m, model_only ? nullptr : &v, meta(),
-                      model_dtype);
+    checkpointer.save(step, state_layout_->global_specs(), w, model_only ? nullptr : &m, model_only ? nullptr : &v,
+                      meta(), model_dtype);
 }
 
 ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& batches, float grad_scale,
@@ -300,20 +239,7 @@ void ParallelizedModel::finish_backward() {
 Tensor& ParallelizedModel::grads() { return fsdp_ ? fsdp_->grads() : model_->params().grad_flat(); }
 
 double ParallelizedModel::grad_norm() {
-  Tensor& grad = grads();
-  const Tensor all[] = {grad};
-  // Under TP each global element is counted on one tp rank only (replicated norms on tp rank 0).
-  double sum_sq = tp_ ? grad_sum_of_squares(tp_grads_counted_once(par_, model_->params(), grad, fsdp_.get()))
-                      : grad_sum_of_squares(all);
-  if (fsdp_ || tp_ || pipeline_) {  // each shard and stage holds part of the gradient; replicas hold the same parts
-    Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
-    t.data<float>()[0] = static_cast<float>(sum_sq);
-    if (fsdp_) par_.mesh->dp_shard().all_reduce(t);
-    if (tp_) par_.mesh->tp().all_reduce(t);
-    if (pipeline_) par_.mesh->pp().all_reduce(t);
-    sum_sq = t.data<float>()[0];
-  }
-  return grad_norm_from_sum_of_squares(sum_sq);
+  return grad_norm_from_sum_of_squares(state_layout_->global_sum_of_squares(grads()));
 }
 
 void ParallelizedModel::optimizer_step(const AdamWConfig& adamw, int64_t step, float clip) {

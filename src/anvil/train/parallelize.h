@@ -2,7 +2,8 @@
 // with tensor parallelism applied, FSDP/HSDP or DDP attached through its
 // parameter-group hooks, and everything else that depends on the layout —
 // which weights the optimizer (train/optimizer.h) updates, the gradient norm over the ranks,
-// checkpoint gather and scatter, and loading global weights into any layout.
+// checkpoint saves and loads, and loading global weights into any layout (the
+// last three through one RankStateLayout, train/state_layout.h).
 // The trainer drives a step through it without knowing which layout it is.
 #pragma once
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "anvil/train/forward_backward.h"
 #include "anvil/train/optimizer.h"
 #include "anvil/train/parallel_dims.h"
+#include "anvil/train/state_layout.h"
 
 namespace anvil {
 
@@ -90,15 +92,13 @@ class ParallelizedModel {
  private:
   // The gradients this rank's optimizer updates.
   Tensor& grads();
-  // Fills `target` — this tp rank's whole-model staging store under FSDP, else
-  // the model's own store — with the global tensors `read` produces, sliced to
-  // this tp rank's part.
-  void load_global_into(ParamStore& target, const std::function<void(ParamStore&)>& read);
+  // The fp32 weights this rank's optimizer updates (its FSDP shard, or the
+  // model's), and their compute copy brought up to date after a load.
+  Tensor& master();
+  void sync_compute_copy();
   void before_micro_batch(int64_t i, int64_t n);
   // The last stage's loss sum and token count, summed over the pp group (as f32, as over dp).
   void sum_loss_over_pp(double& loss_sum, int64_t& tokens);
-  // A whole-model fp32 store of this tp rank's slices, for staging a load.
-  ParamStore full_staging() const;
 
   const JobConfig& cfg_;
   ModelArgs args_;
@@ -111,17 +111,9 @@ class ParallelizedModel {
   std::unique_ptr<PipelineExecutor> pipeline_;  // null without pipeline parallelism
   double comm_closed_form_ = 0;
   bool hold_gathered_ = false;  // FSDP keeps the gathered weights for the step (under PP)
-  // Checkpoints hold global tensors; under tensor parallelism they are
-  // gathered from, and sliced to, the tp ranks' slices (the specs carry the
-  // offsets). Specs only: nothing is allocated.
-  std::unique_ptr<ParamStore> global_layout_;
-  std::unique_ptr<ParamStore> whole_layout_;  // the whole model's, as checkpoints store it (specs only)
-  // This rank's per-parameter fp32 state (laid out as the weights its
-  // optimizer updates) as the whole model's flat buffer, laid out as
-  // global_specs(): collective over the FSDP, tp and pp groups; under
-  // pipeline parallelism defined on pp rank 0 only.
-  Tensor to_global(const Tensor& rank_state);
-  const std::vector<ParamSpec>& global_specs() const;
+  // Where this rank's weights, gradients and moments sit in the whole
+  // model's: for checkpoints, global weights and the gradient norm.
+  std::unique_ptr<RankStateLayout> state_layout_;
   std::unique_ptr<RankOptimizer> optimizer_;  // over the model's weights or its FSDP shard
 };
 

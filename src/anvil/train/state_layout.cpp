@@ -1,0 +1,75 @@
+#include "anvil/train/state_layout.h"
+
+#include "anvil/distributed/fsdp.h"
+#include "anvil/distributed/tensor_parallel.h"
+#include "anvil/ops/grad_norm.h"
+#include "anvil/pipeline/executor.h"
+
+namespace anvil {
+
+std::vector<ModuleRange> rank_stages(const ModelArgs& args, const ParallelDims& par) {
+  if (par.pp_size == 1) return {{0, llama_num_modules(args)}};
+  return pipeline_rank_modules(args, par.pp_split, par.pp_schedule.placement, par.pp_rank);
+}
+
+RankStateLayout::RankStateLayout(const ModelArgs& args, const ParallelDims& par, const ParamStore& local,
+                                 FsdpParams* fsdp, bool tensor_parallel)
+    : args_(args),
+      par_(par),
+      local_(local),
+      fsdp_(fsdp),
+      tensor_parallel_(tensor_parallel),
+      stage_global_(std::make_unique<ParamStore>(llama_param_specs(args, rank_stages(args, par)), DType::f32,
+                                                 /*allocate=*/false)),
+      whole_(std::make_unique<ParamStore>(llama_param_specs(args), DType::f32, /*allocate=*/false)) {}
+
+RankStateLayout::~RankStateLayout() = default;
+
+const std::vector<ParamSpec>& RankStateLayout::global_specs() const { return whole_->specs(); }
+
+int64_t RankStateLayout::global_numel() const { return whole_->numel(); }
+
+Tensor RankStateLayout::to_global(const Tensor& rank_state) const {
+  Tensor state = fsdp_ ? fsdp_->gather_full(rank_state) : rank_state;
+  if (tensor_parallel_)
+    state = gather_tp_global(par_.mesh->tp(), local_.specs(), state, stage_global_->specs(), stage_global_->numel());
+  if (par_.pp_size > 1)
+    state = gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, par_.pp_schedule.placement, state);
+  return state;
+}
+
+void RankStateLayout::from_local(const Tensor& local, Tensor& rank_state) const {
+  if (fsdp_)
+    fsdp_->scatter_full(local, rank_state);
+  else if (local.raw() != rank_state.raw())
+    rank_state.copy_from(local);
+}
+
+void RankStateLayout::from_global(const Tensor& global, Tensor& rank_state) const {
+  if (!tensor_parallel_ && par_.pp_size == 1) return from_local(global, rank_state);  // local = global
+  // Under FSDP this tp rank's slices of its stages are staged whole, then sharded.
+  Tensor local =
+      fsdp_ ? Tensor::empty({local_.numel()}, DType::f32, MemCategory::workspace, "state.local") : rank_state;
+  global_flat_to_local(whole_->specs(), global, local_.specs(), local);
+  if (fsdp_) fsdp_->scatter_full(local, rank_state);
+}
+
+double RankStateLayout::global_sum_of_squares(const Tensor& rank_state) const {
+  const Tensor all[] = {rank_state};
+  // Under TP each global element is counted on one tp rank only (replicated norms on tp rank 0).
+  double sum_sq = tensor_parallel_ ? grad_sum_of_squares(grads_counted_once(local_, rank_state, par_.tp_rank, fsdp_,
+                                                                            fsdp_ ? par_.mesh->dp_shard().rank() : 0))
+                                   : grad_sum_of_squares(all);
+  // Each shard and stage holds part of the state; replicas hold the same parts.
+  if (fsdp_ || tensor_parallel_ || par_.pp_size > 1) {
+    Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
+    t.data<float>()[0] = static_cast<float>(sum_sq);
+    if (fsdp_) par_.mesh->dp_shard().all_reduce(t);
+    if (tensor_parallel_) par_.mesh->tp().all_reduce(t);
+    if (par_.pp_size > 1) par_.mesh->pp().all_reduce(t);
+    sum_sq = t.data<float>()[0];
+  }
+  return sum_sq;
+}
+
+}  // namespace anvil
