@@ -4,13 +4,17 @@
 // same rank (train/estimate.h's dry_run_rank, in this process, from the run's
 // own flags) must make the same allocations and frees in the same order —
 // tag, category and bytes — so a temporary freed before the peak, or a buffer
-// whose lifetime moved, shows here even when no peak changes.
+// whose lifetime moved, shows here even when no peak changes; and the run's
+// peaks — every category, the total, the reserved bytes — equal the dry run's
+// to the byte (allocations/rank-r.peaks.json).
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -49,9 +53,24 @@ inline size_t expect_same_allocations(const std::vector<MemEvent>& real, const s
   return first;
 }
 
+// Rank r's peaks over the whole run in `dump` (its allocations/rank-r.peaks.json)
+// against an estimate: every category, the total and the reserved bytes, to the byte.
+inline void expect_peaks_equal(const std::filesystem::path& dump, int r, const MemoryEstimate& e) {
+  std::ifstream f(dump / "allocations" / ("rank-" + std::to_string(r) + ".peaks.json"));
+  ASSERT_TRUE(f.good()) << "rank " << r << ": no peaks file in " << dump;
+  const nlohmann::json j = nlohmann::json::parse(f);
+  for (int cat = 0; cat < kNumMemCategories; ++cat) {
+    const char* name = category_name(static_cast<MemCategory>(cat));
+    EXPECT_EQ(j["peak_bytes"][name].get<size_t>(), e.peak[static_cast<size_t>(cat)]) << "rank " << r << " " << name;
+  }
+  EXPECT_EQ(j["peak_total_bytes"].get<size_t>(), e.peak_total) << "rank " << r << " peak total";
+  EXPECT_EQ(j["peak_reserved_bytes"].get<size_t>(), e.peak_reserved) << "rank " << r << " reserved";
+}
+
 // Every rank of a run in `dump` (made with `cfg` over `ranks` ranks and
 // profiling.allocation_log_step 2, each rank on `threads` threads) against
-// its dry run. Returns the events compared.
+// its dry run: step 2 event by event, and the run's peaks to the byte.
+// Returns the events compared.
 inline size_t expect_dry_run_matches_log(const std::filesystem::path& dump, const JobConfig& cfg, int ranks,
                                          int threads) {
   const ScopedThreads scoped(threads);
@@ -64,8 +83,9 @@ inline size_t expect_dry_run_matches_log(const std::filesystem::path& dump, cons
       continue;
     }
     std::vector<MemEvent> dry;
-    (void)dry_run_rank(cfg, args, ranks, r, &dry);
+    const RankEstimate est = dry_run_rank(cfg, args, ranks, r, &dry);
     events += expect_same_allocations(read_allocation_log(log.string()), dry, "rank " + std::to_string(r));
+    expect_peaks_equal(dump, r, est.memory);
   }
   return events;
 }

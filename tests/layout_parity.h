@@ -16,9 +16,12 @@
 // magnitude more.
 //
 // Each run is also held against the memory estimate (train/estimate.h)
-// of its flags: on every rank, the estimate's parameters, gradients, optimizer
-// state and activations within 1% of the allocator's measured peaks, and its
-// peak total within 3% (expect_estimate_matches_allocator).
+// of its flags (expect_estimate_matches_allocator): on every rank, step 2's
+// allocations and frees equal its dry run's event for event, and the run's
+// peaks — every category, the total, the reserved bytes — equal the dry run's
+// to the byte; besides, the layout's estimate of parameters, gradients,
+// optimizer state and activations within 1% of the per-step peaks the metrics
+// log, and its peak total within 3%.
 //
 // A new layout (pp2_1f1b) is one row of layouts(): its cases then run in
 // distributed_test, or in tensor_parallel_test when it has a tp degree.

@@ -131,8 +131,8 @@ Checkpointer::~Checkpointer() {
 }
 
 void Checkpointer::wait() {
-  dry_held_.reset();
   if (writer_.joinable()) writer_.join();
+  held_.reset();  // freed here, on the training thread, after the writer is done
   if (writer_error_) std::rethrow_exception(std::exchange(writer_error_, nullptr));
 }
 
@@ -186,18 +186,16 @@ void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const
     p.optimizer.emplace_back(s.name + ".exp_avg_sq",
                              keep(adam_v->slice(s.offset, s.numel()).view(s.shape), DType::f32));
   }
-  if (dry_run()) {
-    if (async_) dry_held_ = std::make_shared<Pending>(std::move(p));
-    return;
-  }
   if (!async_) {
-    write(p);
+    if (!dry_run()) write(p);
     return;
   }
-  writer_ = std::thread([this, pending = std::move(p)]() mutable {
+  held_ = std::make_shared<Pending>(std::move(p));
+  if (dry_run()) return;
+  writer_ = std::thread([this, pending = held_.get()] {
     Profiler::instance().set_thread_name("checkpoint writer");
     try {
-      write(pending);
+      write(*pending);
     } catch (...) {
       writer_error_ = std::current_exception();
     }

@@ -78,9 +78,11 @@ class Checkpointer {
   bool async_;
   std::thread writer_;
   std::exception_ptr writer_error_;
-  // A dry run writes nothing; an asynchronous save's copy is held here until
-  // wait(), as the writer thread holds it until it is done.
-  std::shared_ptr<Pending> dry_held_;
+  // An asynchronous save's copy, held until the next wait() — the next save
+  // or the run's end — however soon the writer is done with it, so what a run
+  // holds does not depend on how fast the disk is (and a dry run, which
+  // writes nothing, holds it the same).
+  std::shared_ptr<Pending> held_;
 };
 
 // The model weights of an Anvil checkpoint folder (step-N, full or model-only),

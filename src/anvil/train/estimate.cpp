@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
@@ -48,10 +49,16 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   const int64_t tokens = par.accum_steps * cfg.training.local_batch_size * cfg.training.seq_len;
   allocator.release_cache();  // setup's one-off blocks, as the trainer
   allocator.reset_peak();     // the trainer's peaks start here (StepLogger::start)
+  // The steps run, numbered as the trainer numbers them: the first; the first
+  // save's (when checkpoints are on; else the second); and after an
+  // asynchronous save that training outlives, the next, which runs beside the
+  // save's copy (held until the next save).
   const int64_t save_step = first_save_step(cfg);
-  for (int64_t step = 1; step <= 2; ++step) {
-    // The second step is the first save's, when checkpoints are on.
-    const int64_t as_step = step == 1 ? 1 : std::max<int64_t>(2, save_step);
+  std::vector<int64_t> as_steps = {1, std::max<int64_t>(2, save_step)};
+  if (checkpointer && cfg.checkpoint.async_mode == "async" && save_step >= 2 && save_step < cfg.training.steps)
+    as_steps.push_back(save_step + 1);
+  for (size_t i = 0; i < as_steps.size(); ++i) {
+    const int64_t as_step = as_steps[i], step = static_cast<int64_t>(i) + 1;
     if (step == 2 && step2) allocator.set_timeline(true);
     const StepOutcome s = run_train_step(ctx, batches, tokens, as_step);
     if (step == 2 && step2) {
@@ -69,7 +76,7 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
       log.memory = allocator.stats();
       gather_rank_figures(par, log);
     }
-    const bool one_off = step == 2 && checkpoint_due(cfg, as_step, checkpointer.get());
+    const bool one_off = validation_due(cfg, as_step) || checkpoint_due(cfg, as_step, checkpointer.get());
     release_after_step(layout, one_off);
     save_checkpoint_if_due(cfg, as_step, layout, checkpointer.get(), [] { return CheckpointMeta{}; });
     release_after_one_off(one_off);

@@ -5,7 +5,8 @@
 // role — every pipeline rank, and world rank 0, which writes checkpoints —
 // builds its ParallelizedModel (the model with its tensor-parallel slices,
 // FSDP or DDP, the pipeline executor) over dry communicators and runs two
-// training steps and a checkpoint save through the functions the trainer
+// training steps and a checkpoint save (and one step more beside a
+// background save's copy, when training goes on after it) through the functions the trainer
 // calls (train/train_step.h), one role after another in this process. The
 // dry allocator's peaks per category are that rank's; tests hold them, and
 // the whole allocation timeline of a step, equal to a real run's.
