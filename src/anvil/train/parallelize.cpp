@@ -156,7 +156,10 @@ nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpoint
 void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step, bool model_only, DType model_dtype,
                                         const std::function<CheckpointMeta()>& meta) {
   // Checkpoints hold the whole model's tensors whatever the layout, one
-  // state after another (weights, then each moment), and rank 0 writes.
+  // state after another (weights, then each moment), and rank 0 writes. The
+  // previous save's copy is let go before this one's gathers, so every save
+  // holds the same memory as the first.
+  checkpointer.wait();
   const Tensor w = state_layout_->to_global(master());
   Tensor m, v;
   if (!model_only) {
