@@ -67,6 +67,10 @@ TEST(Config, WrongTypesAndRangesAreRejected) {
   EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"--training.steps", "0"}); }), "out of range"));
   EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"--training.steps", "12abc"}); }), "integer"));
   EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"--optimizer.beta2", "1.5"}); }), "out of range"));
+  // A communication deadline cannot be switched off.
+  const std::string deadline = error_of([] { parse_config_text("", "x", {"--comm.train_timeout_seconds", "0"}); });
+  EXPECT_TRUE(has(deadline, "comm.train_timeout_seconds = 0 is out of range [1, inf]")) << deadline;
+  EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"--comm.init_timeout_seconds", "0"}); }), "out of range"));
   const std::string choice =
       error_of([] { parse_config_text("[activation_checkpoint]\nmode = \"partial\"\n", "a.toml"); });
   EXPECT_TRUE(has(choice, "a.toml:2")) << choice;
@@ -90,6 +94,8 @@ TEST(Config, HelpListsEveryKeyWithItsDefault) {
   EXPECT_TRUE(has(help, "--training.local_batch_size (integer, default 8)")) << help;
   EXPECT_TRUE(has(help, "--activation_checkpoint.mode (string, default \"none\")")) << help;
   EXPECT_TRUE(has(help, "--parallelism.tensor_parallel_degree")) << help;
+  EXPECT_TRUE(has(help, "--comm.init_timeout_seconds (integer, default 300)")) << help;
+  EXPECT_TRUE(has(help, "--comm.train_timeout_seconds (integer, default 100)")) << help;
 }
 
 TEST(Config, DocsMatchTheKeyTable) {

@@ -125,6 +125,36 @@ TEST(Distributed, ARankKilledMidStepEndsTheJobNamingIt) {
   EXPECT_EQ(out.text.find("anvil: done"), std::string::npos) << out.text;
 }
 
+// A rank that hangs without dying (SIGSTOP in step 7, after the checkpoint of
+// step 5) leaves the other waiting in the step's gradient all-reduce: its
+// deadline ends the job, with one line naming the step, the operation, the
+// group, the silent rank and its host, and the checkpoint to resume from.
+// Running the same command again resumes there, and steps 6-10 equal an
+// uninterrupted run's.
+TEST(Distributed, AHungRankEndsTheJobAtTheDeadlineAndTheRunResumes) {
+  const std::string flags = "--training.local_batch_size 2 --comm.train_timeout_seconds 3";
+  const Output hung = runs().mpi(2, "hung", flags, "ANVIL_FAULT_STALL_RANK=1:7 ");
+  EXPECT_NE(hung.exit_code, 0) << hung.text;
+  EXPECT_NE(hung.exit_code, 124) << "the job hung:\n" << hung.text;
+  for (const char* want : {"anvil: rank 0 (host ", "error: in step 7, all_reduce (MPI_Allreduce)", "over the dp group",
+                           "did not complete within 3 s (comm.train_timeout_seconds): no word from rank 1 (host ",
+                           "last complete checkpoint ", "checkpoint/step-5; to resume from it, run the same command"})
+    EXPECT_NE(hung.text.find(want), std::string::npos) << "missing '" << want << "' in:\n" << hung.text;
+  EXPECT_EQ(hung.text.find("anvil: done"), std::string::npos) << hung.text;
+
+  const Output resumed = runs().mpi(2, "hung", flags);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.text;
+  EXPECT_NE(resumed.text.find("resumed from"), std::string::npos) << resumed.text;
+  const Output whole = runs().mpi(2, "not_hung", flags);
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;
+  const auto want = runs().losses("not_hung");
+  const auto got = runs().losses("hung");
+  for (int64_t step = 6; step <= 10; ++step) {
+    ASSERT_TRUE(got.count(step) && want.count(step)) << "step " << step;
+    EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+  }
+}
+
 // Ctrl-C under mpirun. A terminal's Ctrl-C reaches mpirun only (OpenMPI puts
 // each rank in its own process group), and mpirun relays it as SIGTERM to every
 // rank, SIGKILL following after odls_base_sigkill_timeout seconds; a scheduler

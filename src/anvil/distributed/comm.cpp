@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "anvil/core/parallel_for.h"
+#include "anvil/distributed/deadline.h"
 
 namespace anvil {
 
@@ -133,6 +134,17 @@ void MpiRuntime::init(int* argc, char*** argv) {
     owns_ = false;
     throw;
   }
+  // Which host each rank runs on, for the banner and for every message that names a rank.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < size; ++r) hosts.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+  set_world_hosts(std::move(hosts));
 }
 
 MpiRuntime::~MpiRuntime() {
@@ -148,7 +160,7 @@ bool MpiRuntime::active() {
 
 void abort_all(const std::string& why) {
   std::fflush(stdout);
-  std::fprintf(stderr, "anvil: rank %d: %s\n", g_world_rank.load(), why.c_str());
+  std::fprintf(stderr, "anvil: %s: %s\n", rank_and_host(g_world_rank.load()).c_str(), why.c_str());
   std::fflush(stderr);
   if (MpiRuntime::active()) MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
@@ -200,6 +212,7 @@ struct Work::Pending {
   int64_t expect_count = -1;        // recv: the element count that must arrive
   MPI_Datatype type = MPI_DATATYPE_NULL;
   bool dry = false;                 // a dry run's: completes without MPI and computes nothing
+  const Communicator* group = nullptr;  // which outlives its pending Works (the mesh holds both)
 };
 
 Work::Work(std::unique_ptr<Pending> p) : pending_(std::move(p)) {}
@@ -250,7 +263,11 @@ void Work::wait() {
   if (pending_->dry) return complete(MPI_SUCCESS, MPI_Status{});
   require_main_thread("Work::wait");
   MPI_Status status{};
-  const int rc = MPI_Wait(&pending_->request, &status);
+  int rc = MPI_SUCCESS;
+  {
+    const CommWait deadline(pending_->what.c_str(), *pending_->group);
+    rc = MPI_Wait(&pending_->request, &status);
+  }
   complete(rc, status);
 }
 
@@ -293,6 +310,17 @@ Communicator::Communicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owne
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // The members' world ranks, for messages that name them.
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm_, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> mine(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) mine[static_cast<size_t>(i)] = i;
+  world_ranks_.resize(static_cast<size_t>(size_));
+  MPI_Group_translate_ranks(group, size_, mine.data(), world, world_ranks_.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  if (comm_ == MPI_COMM_WORLD) name_ = "world";
 }
 
 Communicator::~Communicator() { free_comm(); }
@@ -303,6 +331,8 @@ Communicator::Communicator(Communicator&& other) noexcept
       dry_(other.dry_),
       rank_(other.rank_),
       size_(other.size_),
+      world_ranks_(std::move(other.world_ranks_)),
+      name_(std::move(other.name_)),
       counters_(other.counters_) {
   other.comm_ = MPI_COMM_NULL;
   other.owned_ = false;
@@ -316,6 +346,8 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
     dry_ = other.dry_;
     rank_ = other.rank_;
     size_ = other.size_;
+    world_ranks_ = std::move(other.world_ranks_);
+    name_ = std::move(other.name_);
     counters_ = other.counters_;
     other.comm_ = MPI_COMM_NULL;
     other.owned_ = false;
@@ -354,7 +386,11 @@ Communicator Communicator::split(int color, int key) const {
   ANVIL_ASSERT(!dry_, "split of a dry communicator: build the dry run's groups with Communicator::dry");
   require_main_thread("split");
   MPI_Comm out = MPI_COMM_NULL;
-  const int rc = MPI_Comm_split(comm_, color, key, &out);
+  int rc = MPI_SUCCESS;
+  {
+    const CommWait deadline("split (MPI_Comm_split)", *this);
+    rc = MPI_Comm_split(comm_, color, key, &out);
+  }
   ANVIL_CHECK(rc == MPI_SUCCESS, "split: MPI_Comm_split failed on rank ", rank_, " of a group of ", size_, ": ",
               mpi_error_text(rc));
   return Communicator(out, true);
@@ -364,6 +400,7 @@ void Communicator::barrier() {
   ANVIL_CHECK(valid(), "barrier on an empty communicator");
   if (dry_) return;
   require_main_thread("barrier");
+  const CommWait deadline("barrier (MPI_Barrier)", *this);
   const int rc = MPI_Barrier(comm_);
   ANVIL_CHECK(rc == MPI_SUCCESS, "barrier: MPI_Barrier failed on rank ", rank_, " of a group of ", size_, ": ",
               mpi_error_text(rc));
@@ -385,6 +422,7 @@ Work Communicator::run(Call c, bool async) {
   p->expect_count = c.expect_count;
   p->type = c.type;
   p->dry = dry_;
+  p->group = this;
   if (dry_) return async ? Work(std::move(p)) : Work();  // the buffers go now, or at the caller's wait
   if (async) {
     const int rc = c.issue(&p->request, nullptr);
@@ -392,7 +430,11 @@ Work Communicator::run(Call c, bool async) {
     return Work(std::move(p));
   }
   MPI_Status status{};
-  const int rc = c.issue(nullptr, &status);
+  int rc = MPI_SUCCESS;
+  {
+    const CommWait deadline(p->what.c_str(), *this);
+    rc = c.issue(nullptr, &status);
+  }
   Work(std::move(p)).complete(rc, status);
   return Work();
 }

@@ -179,6 +179,11 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm native() const { return comm_; }
+  // The members' ranks in MPI_COMM_WORLD, in group order (empty in a dry run).
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  // What the group is called in messages ("tp", "dp_shard"; "world" or "group" by default).
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
 
   // Ranks passing the same color form a new communicator, ordered by key (ties
   // by rank here). Collective over this communicator.
@@ -239,6 +244,8 @@ class Communicator {
   bool dry_ = false;
   int rank_ = 0;
   int size_ = 0;
+  std::vector<int> world_ranks_;
+  std::string name_ = "group";
   CommCounters counters_;
 };
 

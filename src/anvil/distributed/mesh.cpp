@@ -207,11 +207,13 @@ DeviceMesh::DeviceMesh(const Communicator& world, const MeshLayout& layout)
               " ranks cannot be laid over a world of ", world.size());
   coord_ = layout_.coord_of(rank_);
   world_ = world.split(0, rank_);
+  world_.set_name("world");
   for (int g = 0; g < kNumMeshGroups; ++g) {
     const auto kind = static_cast<MeshGroup>(g);
     // The key is the group rank, so a sub-communicator's ranks follow the mesh
     // coordinates rather than whatever order MPI would pick.
     groups_[g] = world.split(layout_.group_index(rank_, kind), layout_.group_rank(rank_, kind));
+    groups_[g].set_name(mesh_group_name(kind));
     ANVIL_ASSERT(groups_[g].size() == layout_.group_size(kind) &&
                      groups_[g].rank() == layout_.group_rank(rank_, kind),
                  mesh_group_name(kind), " group: MPI gave rank ", groups_[g].rank(), " of ", groups_[g].size());

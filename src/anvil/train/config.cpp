@@ -261,6 +261,23 @@ std::vector<Key> key_table(JobConfig& c) {
        "held-out data in the training dataset's kind; empty: brown's own held-out split"},
       {"validation", "freq", &c.validation.freq, "evaluate every this many steps", {}, 1, kInf},
       {"validation", "steps", &c.validation.steps, "batches per evaluation", {}, 1, kInf},
+
+      {"comm",
+       "init_timeout_seconds",
+       &c.comm.init_timeout_seconds,
+       "deadline of every wait for other ranks (collective, send, receive) from start-up until the first step "
+       "ends; on expiry the rank names the operation and the ranks and hosts it waited for, and ends the job. "
+       "At least 1: a deadline cannot be turned off",
+       {},
+       1,
+       kInf},
+      {"comm",
+       "train_timeout_seconds",
+       &c.comm.train_timeout_seconds,
+       "the same deadline after the first step; long enough for the slowest step, save or validation",
+       {},
+       1,
+       kInf},
   };
 }
 

@@ -103,6 +103,10 @@ struct JobConfig {
     int64_t freq = 100;
     int64_t steps = 10;
   } validation;
+  struct Comm {  // deadlines on every wait for other ranks (distributed/deadline.h)
+    int64_t init_timeout_seconds = 300;
+    int64_t train_timeout_seconds = 100;
+  } comm;
 };
 
 // Parses `args` (after the subcommand): `--job.config_file PATH` (or a bare

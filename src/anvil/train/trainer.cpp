@@ -15,6 +15,8 @@
 #include "anvil/core/op_timer.h"
 #include "anvil/core/process_memory.h"
 #include "anvil/core/profiler.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/deadline.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
 #include "anvil/obs/op_table.h"
@@ -103,16 +105,47 @@ void print_destinations(const JobConfig& cfg, const StepLogger& logger, const Ch
   std::printf("anvil: report: anvil report %s\n", cfg.job.dump_folder.c_str());
 }
 
-// ANVIL_FAULT_KILL_RANK=<rank>:<step> (a test hook): that rank SIGKILLs
-// itself after the step's backward, before its gradients are reduced.
-// Returns the step at which this rank dies, or -1.
-int64_t fault_kill_step(int rank) {
-  const char* v = std::getenv("ANVIL_FAULT_KILL_RANK");
+// Test hooks, acting after the step's backward, before its gradients are
+// reduced: ANVIL_FAULT_KILL_RANK=r:s makes rank r SIGKILL itself in step s (a
+// rank that dies), ANVIL_FAULT_STALL_RANK=r:s makes it SIGSTOP itself there (a
+// rank that hangs without dying: the others' deadlines must end the job).
+// Returns this rank's step for `variable`, or -1.
+int64_t fault_step(const char* variable, int rank) {
+  const char* v = std::getenv(variable);
   int fault_rank = -1;
-  long long fault_step = -1;
-  if (v && std::sscanf(v, "%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank) return fault_step;
+  long long step = -1;
+  if (v && std::sscanf(v, "%d:%lld", &fault_rank, &step) == 2 && fault_rank == rank) return step;
   return -1;
 }
+
+// What a rank that gave up waiting for the others says of resuming.
+std::string resume_hint(const Checkpointer* checkpointer) {
+  if (!checkpointer) return "checkpoint.enable is off, so a relaunch starts afresh";
+  const int64_t last = checkpointer->latest_step();
+  if (last < 0) return "no checkpoint is complete yet, so a relaunch starts afresh";
+  return "last complete checkpoint " + checkpointer->path_of(last) +
+         "; to resume from it, run the same command again (it loads the newest complete checkpoint)";
+}
+
+// Deadlines on every wait for other ranks (distributed/deadline.h): the
+// start-up one until the first step ends, then the training one; the
+// expiry message names the step and the checkpoint to resume from.
+class CommDeadlines {
+ public:
+  CommDeadlines(const JobConfig& cfg, const Checkpointer* checkpointer) : cfg_(cfg) {
+    set_comm_deadline_step(0);
+    set_comm_deadline_context([checkpointer] { return resume_hint(checkpointer); });
+  }
+  ~CommDeadlines() { set_comm_deadline_context({}); }
+  void step_begins(int64_t step) { set_comm_deadline_step(step); }
+  void first_step_done() {
+    if (MpiRuntime::active())
+      set_comm_deadline(static_cast<double>(cfg_.comm.train_timeout_seconds), "comm.train_timeout_seconds");
+  }
+
+ private:
+  const JobConfig& cfg_;
+};
 
 void record_step(TrainResult& result, int64_t step, double loss) {
   if (result.steps_done == 0) result.first_loss = loss;
@@ -174,6 +207,7 @@ struct TrainRun {
   ParallelizedModel& layout;
   StepLogger& logger;
   Checkpointer* checkpointer;
+  CommDeadlines& deadlines;
   const StepContext& step_ctx;
   int64_t first_step;
 };
@@ -201,6 +235,7 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
     ++op_table.steps;
   };
   for (; step <= cfg.training.steps; ++step) {
+    run.deadlines.step_begins(step);
     std::unique_ptr<StepCapture> capture = capture_if_profiled(cfg, par, step, run.first_step);
     // Ops are timed from the second step on: the first makes every kernel and buffer.
     const auto t_step = Clock::now();
@@ -235,7 +270,10 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
     release_after_one_off(one_off);
     finish_capture(capture, step);
     // Once the first step has made its kernels, buffers and trace.
-    if (step == run.first_step) logger.measure_untracked(step, run.mfu.predicted_peak_bytes);
+    if (step == run.first_step) {
+      logger.measure_untracked(step, run.mfu.predicted_peak_bytes);
+      run.deadlines.first_step_done();
+    }
     if (run.stop.requested(par)) {
       report_stop_after_step(run.stop.signal(), par, step, cfg.training.steps);
       result.interrupted = true;
@@ -260,10 +298,14 @@ TrainResult train(const JobConfig& cfg) {
   const auto& tc = cfg.training;
   ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
   args.validate();
+  // Every wait for other ranks has a deadline, from the first collective on.
+  if (MpiRuntime::active())
+    set_comm_deadline(static_cast<double>(cfg.comm.init_timeout_seconds), "comm.init_timeout_seconds");
   // The layout first: every rank checks it, with the same message.
   const ParallelDims par = setup_parallel(cfg, args);
   // Rank 0 speaks for the job; the others write their own logs.
   route_rank_output(cfg, par);
+  if (par.distributed()) std::printf("anvil: hosts: %s\n", hosts_summary().c_str());
   const DType dt = compute_dtype(cfg);
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   const std::unique_ptr<Tokenizer> tokenizer = load_job_tokenizer(cfg, args);
@@ -277,6 +319,7 @@ TrainResult train(const JobConfig& cfg) {
   const LrSchedule lr = lr_schedule(cfg);
   StepLogger logger(cfg, par, mfu.peak, mfu.flops_per_token, layout.comm_bytes_closed_form());
   const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
+  CommDeadlines deadlines(cfg, checkpointer.get());
   const int64_t first_step = restore(cfg, args, layout, checkpointer.get(), data.loader());
   print_destinations(cfg, logger, checkpointer.get(), first_step);
   if (first_step > tc.steps) {
@@ -288,21 +331,24 @@ TrainResult train(const JobConfig& cfg) {
   std::printf("anvil: training to step %lld; Ctrl-C stops cleanly\n", static_cast<long long>(tc.steps));
 
   data.allocate_batches(par.accum_steps);
-  const int64_t fault_step = fault_kill_step(par.rank);
+  const int64_t kill_step = fault_step("ANVIL_FAULT_KILL_RANK", par.rank);
+  const int64_t stall_step = fault_step("ANVIL_FAULT_STALL_RANK", par.rank);
   TrackingAllocator::instance().release_cache();  // setup's one-off blocks
   logger.start();
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
   const StepContext step_ctx{
       cfg, par, layout, ac, adamw, lr, ForwardBackwardHooks{{}, [&] { return stop.requested(par); }}, [&] {
-        if (fault_step == step) std::raise(SIGKILL);  // a test hook: this rank dies mid-step
+        if (kill_step == step) std::raise(SIGKILL);   // test hooks: this rank dies mid-step,
+        if (stall_step == step) std::raise(SIGSTOP);  // or hangs there
       }};
   OpTable op_table;
   OpTimer::reset();
   TrainResult result;
   try {
-    result = run_steps({cfg, args, par, mfu, stop, data, layout, logger, checkpointer.get(), step_ctx, first_step}, step,
-                       op_table);
+    result = run_steps(
+        {cfg, args, par, mfu, stop, data, layout, logger, checkpointer.get(), deadlines, step_ctx, first_step}, step,
+        op_table);
   } catch (const OutOfMemoryError& e) {
     rethrow_with_oom_snapshot(e, cfg, par, step);
   }
