@@ -3,8 +3,11 @@
 // byte formulas. Under mpirun: tests/comm_worker.cpp, run here with 4 and 2
 // ranks and as a singleton, plus the failure scenarios (a config mismatch on
 // one rank, a rank calling abort_all).
+#include "anvil/distributed/comm.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -14,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "anvil/distributed/comm.h"
 #include "anvil/distributed/config_check.h"
 #include "anvil/distributed/mesh.h"
 
@@ -340,7 +342,12 @@ TEST(MultiRank, AbortAllEndsTheJobNamingTheRank) {
   const CommandRun r = run(mpirun(4, "--scenario=abort", 30));
   EXPECT_NE(r.exit_code, 124) << "mpirun hung until the timeout killed it\n" << r.output;
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("anvil: rank 2: simulated failure (comm_worker --scenario=abort)"), std::string::npos)
+  // The line names the rank and the host it runs on (this one's name, as MPI gives it).
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  EXPECT_NE(
+      r.output.find(std::string("anvil: rank 2 (host ") + host + "): simulated failure (comm_worker --scenario=abort)"),
+      std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("completed, which it must not"), std::string::npos) << r.output;
   std::printf("mpirun ended %.1f s after start\n", r.seconds);

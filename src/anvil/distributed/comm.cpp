@@ -212,7 +212,7 @@ struct Work::Pending {
   int64_t expect_count = -1;        // recv: the element count that must arrive
   MPI_Datatype type = MPI_DATATYPE_NULL;
   bool dry = false;                 // a dry run's: completes without MPI and computes nothing
-  const Communicator* group = nullptr;  // which outlives its pending Works (the mesh holds both)
+  std::shared_ptr<const GroupInfo> group;  // for a deadline's message
 };
 
 Work::Work(std::unique_ptr<Pending> p) : pending_(std::move(p)) {}
@@ -316,11 +316,19 @@ Communicator::Communicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owne
   MPI_Comm_group(MPI_COMM_WORLD, &world);
   std::vector<int> mine(static_cast<size_t>(size_));
   for (int i = 0; i < size_; ++i) mine[static_cast<size_t>(i)] = i;
-  world_ranks_.resize(static_cast<size_t>(size_));
-  MPI_Group_translate_ranks(group, size_, mine.data(), world, world_ranks_.data());
+  auto info = std::make_shared<GroupInfo>();
+  info->world_ranks.resize(static_cast<size_t>(size_));
+  MPI_Group_translate_ranks(group, size_, mine.data(), world, info->world_ranks.data());
   MPI_Group_free(&group);
   MPI_Group_free(&world);
-  if (comm_ == MPI_COMM_WORLD) name_ = "world";
+  if (comm_ == MPI_COMM_WORLD) info->name = "world";
+  info_ = std::move(info);
+}
+
+void Communicator::set_name(std::string name) {
+  auto info = std::make_shared<GroupInfo>(*info_);
+  info->name = std::move(name);
+  info_ = std::move(info);
 }
 
 Communicator::~Communicator() { free_comm(); }
@@ -331,8 +339,7 @@ Communicator::Communicator(Communicator&& other) noexcept
       dry_(other.dry_),
       rank_(other.rank_),
       size_(other.size_),
-      world_ranks_(std::move(other.world_ranks_)),
-      name_(std::move(other.name_)),
+      info_(std::move(other.info_)),
       counters_(other.counters_) {
   other.comm_ = MPI_COMM_NULL;
   other.owned_ = false;
@@ -346,8 +353,7 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
     dry_ = other.dry_;
     rank_ = other.rank_;
     size_ = other.size_;
-    world_ranks_ = std::move(other.world_ranks_);
-    name_ = std::move(other.name_);
+    info_ = std::move(other.info_);
     counters_ = other.counters_;
     other.comm_ = MPI_COMM_NULL;
     other.owned_ = false;
@@ -388,7 +394,7 @@ Communicator Communicator::split(int color, int key) const {
   MPI_Comm out = MPI_COMM_NULL;
   int rc = MPI_SUCCESS;
   {
-    const CommWait deadline("split (MPI_Comm_split)", *this);
+    const CommWait deadline("split (MPI_Comm_split)", *info_);
     rc = MPI_Comm_split(comm_, color, key, &out);
   }
   ANVIL_CHECK(rc == MPI_SUCCESS, "split: MPI_Comm_split failed on rank ", rank_, " of a group of ", size_, ": ",
@@ -400,7 +406,7 @@ void Communicator::barrier() {
   ANVIL_CHECK(valid(), "barrier on an empty communicator");
   if (dry_) return;
   require_main_thread("barrier");
-  const CommWait deadline("barrier (MPI_Barrier)", *this);
+  const CommWait deadline("barrier (MPI_Barrier)", *info_);
   const int rc = MPI_Barrier(comm_);
   ANVIL_CHECK(rc == MPI_SUCCESS, "barrier: MPI_Barrier failed on rank ", rank_, " of a group of ", size_, ": ",
               mpi_error_text(rc));
@@ -422,7 +428,7 @@ Work Communicator::run(Call c, bool async) {
   p->expect_count = c.expect_count;
   p->type = c.type;
   p->dry = dry_;
-  p->group = this;
+  p->group = info_;
   if (dry_) return async ? Work(std::move(p)) : Work();  // the buffers go now, or at the caller's wait
   if (async) {
     const int rc = c.issue(&p->request, nullptr);
@@ -432,7 +438,7 @@ Work Communicator::run(Call c, bool async) {
   MPI_Status status{};
   int rc = MPI_SUCCESS;
   {
-    const CommWait deadline(p->what.c_str(), *this);
+    const CommWait deadline(p->what.c_str(), *info_);
     rc = c.issue(nullptr, &status);
   }
   Work(std::move(p)).complete(rc, status);

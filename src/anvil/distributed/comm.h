@@ -154,6 +154,11 @@ class Work {
 // by every member in the same order, from the main thread. Tensors are handles:
 // `const Tensor&` outputs are written. Counts are limited to MPI's int range
 // (2³¹ − 1 elements per call); larger tensors must be split by the caller.
+struct GroupInfo {
+  std::string name = "group";
+  std::vector<int> world_ranks;
+};
+
 class Communicator {
  public:
   Communicator() = default;  // no group (MPI_COMM_NULL)
@@ -179,11 +184,14 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm native() const { return comm_; }
-  // The members' ranks in MPI_COMM_WORLD, in group order (empty in a dry run).
-  const std::vector<int>& world_ranks() const { return world_ranks_; }
-  // What the group is called in messages ("tp", "dp_shard"; "world" or "group" by default).
-  const std::string& name() const { return name_; }
-  void set_name(std::string name) { name_ = std::move(name); }
+  // Who the group is, for messages (a deadline's): its name ("tp",
+  // "dp_shard"; "world" or "group" by default) and its members' ranks in
+  // MPI_COMM_WORLD, in group order (none in a dry run). Shared with the
+  // group's pending Works, which may outlive it.
+  const GroupInfo& info() const { return *info_; }
+  const std::vector<int>& world_ranks() const { return info_->world_ranks; }
+  const std::string& name() const { return info_->name; }
+  void set_name(std::string name);
 
   // Ranks passing the same color form a new communicator, ordered by key (ties
   // by rank here). Collective over this communicator.
@@ -244,8 +252,7 @@ class Communicator {
   bool dry_ = false;
   int rank_ = 0;
   int size_ = 0;
-  std::vector<int> world_ranks_;
-  std::string name_ = "group";
+  std::shared_ptr<const GroupInfo> info_ = std::make_shared<GroupInfo>();
   CommCounters counters_;
 };
 

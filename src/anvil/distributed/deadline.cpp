@@ -34,7 +34,7 @@ struct DeadlineState {
   // The wait in progress: its start (0: none), what and group.
   std::atomic<int64_t> start_ns{0};
   std::atomic<const char*> what{nullptr};
-  std::atomic<const Communicator*> group{nullptr};
+  std::atomic<const GroupInfo*> group{nullptr};
   std::atomic<int64_t> step{0};
   std::once_flag watchdog_started;
 };
@@ -55,9 +55,9 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 // Prints the expiry, asks MPI to end the job, and ends this process if MPI
 // has not within a few seconds.
-[[noreturn]] void expire(const char* what, const Communicator* group, double waited) {
+[[noreturn]] void expire(const char* what, const GroupInfo* group, double waited) {
   DeadlineState& s = state();
-  std::vector<int> members = group ? group->world_ranks() : std::vector<int>{};
+  std::vector<int> members = group ? group->world_ranks : std::vector<int>{};
   int me = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   std::string others;
@@ -79,7 +79,7 @@ std::string join_ranks(const std::vector<int>& ranks) {
       stderr,
       "anvil: %s: error: in %s, %s over the %s group (world ranks %s) did not complete within %.0f s (%s): no word "
       "from %s%s — a rank has stopped or the network between them is down%s%s; ending the job\n",
-      rank_and_host(me).c_str(), when.c_str(), what ? what : "a collective", group ? group->name().c_str() : "?",
+      rank_and_host(me).c_str(), when.c_str(), what ? what : "a collective", group ? group->name.c_str() : "?",
       join_ranks(members).c_str(), waited, s.key.load(), n_others == 1 ? "" : "one of ",
       others.empty() ? "the group" : others.c_str(), context.empty() ? "" : "; ", context.c_str());
   std::fflush(stderr);
@@ -102,7 +102,7 @@ void watchdog() {
     const double waited = static_cast<double>(now_ns() - start) * 1e-9;
     if (waited < limit) continue;
     const char* what = s.what.load();
-    const Communicator* group = s.group.load();
+    const GroupInfo* group = s.group.load();
     if (s.start_ns.load(std::memory_order_acquire) != start) continue;  // that wait ended meanwhile
     expire(what, group, waited);
   }
@@ -166,7 +166,7 @@ std::string hosts_summary() {
   return out;
 }
 
-CommWait::CommWait(const char* what, const Communicator& group) {
+CommWait::CommWait(const char* what, const GroupInfo& group) {
   DeadlineState& s = state();
   s.what.store(what);
   s.group.store(&group);

@@ -16,7 +16,7 @@
 
 namespace anvil {
 
-class Communicator;
+struct GroupInfo;
 
 // The deadline of every wait from now on, in seconds (0, the default: none);
 // `key` names the setting in the message ("comm.train_timeout_seconds").
@@ -37,11 +37,11 @@ std::string rank_and_host(int world_rank);
 std::string hosts_summary();
 
 // While alive, this thread waits for `what` ("all_reduce (MPI_Allreduce)")
-// over `group`. Not nested: one wait at a time per process (MPI calls come
-// from the main thread only).
+// over `group`; both must outlive it. Not nested: one wait at a time per
+// process (MPI calls come from the main thread only).
 class CommWait {
  public:
-  CommWait(const char* what, const Communicator& group);
+  CommWait(const char* what, const GroupInfo& group);
   ~CommWait();
   CommWait(const CommWait&) = delete;
   CommWait& operator=(const CommWait&) = delete;
