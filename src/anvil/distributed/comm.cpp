@@ -144,7 +144,7 @@ void MpiRuntime::init(int* argc, char*** argv) {
   MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
   std::vector<std::string> hosts;
   for (int r = 0; r < size; ++r) hosts.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
-  set_world_hosts(std::move(hosts));
+  set_world_hosts(std::move(hosts), rank);
 }
 
 MpiRuntime::~MpiRuntime() {

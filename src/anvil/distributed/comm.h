@@ -154,6 +154,9 @@ class Work {
 // by every member in the same order, from the main thread. Tensors are handles:
 // `const Tensor&` outputs are written. Counts are limited to MPI's int range
 // (2³¹ − 1 elements per call); larger tensors must be split by the caller.
+// Who a group is, for messages: its name and its members' ranks in
+// MPI_COMM_WORLD, in group order (none in a dry run). Shared with the group's
+// pending Works, which may outlive it.
 struct GroupInfo {
   std::string name = "group";
   std::vector<int> world_ranks;
@@ -184,13 +187,8 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm native() const { return comm_; }
-  // Who the group is, for messages (a deadline's): its name ("tp",
-  // "dp_shard"; "world" or "group" by default) and its members' ranks in
-  // MPI_COMM_WORLD, in group order (none in a dry run). Shared with the
-  // group's pending Works, which may outlive it.
-  const GroupInfo& info() const { return *info_; }
-  const std::vector<int>& world_ranks() const { return info_->world_ranks; }
-  const std::string& name() const { return info_->name; }
+  // What messages (a deadline's) call the group: "tp", "dp_shard"; "world"
+  // or "group" by default.
   void set_name(std::string name);
 
   // Ranks passing the same color form a new communicator, ordered by key (ties

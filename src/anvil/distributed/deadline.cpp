@@ -28,9 +28,11 @@ int64_t now_ns() {
 struct DeadlineState {
   std::atomic<double> seconds{0};
   std::atomic<const char*> key{""};
-  std::mutex mu;  // guards context and hosts
+  std::mutex mu;  // guards context
   std::function<std::string()> context;
+  // Written once when MPI starts, before any wait: read without the lock.
   std::vector<std::string> hosts;
+  int world_rank = 0;
   // The wait in progress: its start (0: none), what and group.
   std::atomic<int64_t> start_ns{0};
   std::atomic<const char*> what{nullptr};
@@ -58,8 +60,7 @@ std::string join_ranks(const std::vector<int>& ranks) {
 [[noreturn]] void expire(const char* what, const GroupInfo* group, double waited) {
   DeadlineState& s = state();
   std::vector<int> members = group ? group->world_ranks : std::vector<int>{};
-  int me = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  const int me = s.world_rank;  // MPI is the main thread's (MPI_THREAD_FUNNELED)
   std::string others;
   int n_others = 0;
   for (int r : members) {
@@ -111,7 +112,7 @@ void watchdog() {
 }  // namespace
 
 void set_comm_deadline(double seconds, const char* key) {
-  ANVIL_CHECK(seconds >= 0, key, " is ", seconds, "; it must be positive");
+  ANVIL_CHECK(seconds >= 0, key, " is ", seconds, "; it must not be negative");
   DeadlineState& s = state();
   s.key = key;
   s.seconds = seconds;
@@ -126,12 +127,10 @@ void set_comm_deadline_context(std::function<std::string()> context) {
   s.context = std::move(context);
 }
 
-const std::vector<std::string>& world_hosts() { return state().hosts; }
-
-void set_world_hosts(std::vector<std::string> hosts) {
+void set_world_hosts(std::vector<std::string> hosts, int world_rank) {
   DeadlineState& s = state();
-  const std::lock_guard<std::mutex> lock(s.mu);
   s.hosts = std::move(hosts);
+  s.world_rank = world_rank;
 }
 
 std::string rank_and_host(int world_rank) {

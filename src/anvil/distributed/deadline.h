@@ -28,9 +28,9 @@ void set_comm_deadline_step(int64_t step);
 void set_comm_deadline_context(std::function<std::string()> context);
 
 // The host each world rank runs on (MPI_Get_processor_name), gathered when
-// MPI starts (MpiRuntime); empty before, or without MPI.
-const std::vector<std::string>& world_hosts();
-void set_world_hosts(std::vector<std::string> hosts);
+// MPI starts (MpiRuntime, which also gives this process's world rank);
+// unknown before, or without MPI.
+void set_world_hosts(std::vector<std::string> hosts, int world_rank);
 // "rank 3 (host b)", or "rank 3" when the host is unknown.
 std::string rank_and_host(int world_rank);
 // Which ranks run on which host: "a: ranks 0-1; b: ranks 2-3".
