@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev         # GoogleTest
   libbenchmark-dev                  # Google Benchmark
   clang-format
+  iproute2                          # ip, tc: the multi-host tests' hosts (network namespaces joined by veth)
   python3-torch python3-numpy       # the PyTorch oracle of the parity tests (run by /usr/bin/python3)
   libopenblas0-openmp               # an optimised BLAS for PyTorch's fp32 baseline (Debian's default is the reference BLAS)
   chromium                          # headless browser: report_test renders `anvil report`'s page, report_screenshot.sh

@@ -159,9 +159,7 @@ bool MpiRuntime::active() {
 }
 
 void abort_all(const std::string& why) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "anvil: %s: %s\n", rank_and_host(g_world_rank.load()).c_str(), why.c_str());
-  std::fflush(stderr);
+  rank_log_line(rank_and_host(g_world_rank.load()) + ": " + why);
   if (MpiRuntime::active()) MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }

@@ -1,12 +1,18 @@
 #include "anvil/distributed/deadline.h"
 
+#include <fcntl.h>
 #include <mpi.h>
+#include <spawn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -39,6 +45,18 @@ struct DeadlineState {
   std::atomic<const GroupInfo*> group{nullptr};
   std::atomic<int64_t> step{0};
   std::once_flag watchdog_started;
+  // A stop signal (SIGTERM, SIGINT) this process caught, and when.
+  std::atomic<int> stop_signal{0};
+  std::atomic<int64_t> stop_signal_ns{0};
+  // This rank's log of how it ended ("" for none); set before any wait.
+  std::string rank_log;
+  // The launcher process that started this rank on this host (Open MPI's
+  // mpirun or orted), recorded when MPI starts: its pid and its start time
+  // (field 22 of /proc/pid/stat, which tells it from a later process given
+  // the same pid); 0 when the parent is no launcher Anvil knows (srun's
+  // slurmstepd, a shell).
+  pid_t launcher_pid = 0;
+  std::string launcher_start, launcher_name;
 };
 
 DeadlineState& state() {
@@ -53,6 +71,80 @@ std::string join_ranks(const std::vector<int>& ranks) {
     out.append(std::to_string(ranks[i]));
   }
   return out;
+}
+
+// Seconds a rank gives MPI_Abort to end it, and then its host's launcher
+// to exit, before ending them itself.
+constexpr int kAbortGraceSeconds = 5;
+constexpr int kLauncherGraceSeconds = 10;
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Field 22 of /proc/<pid>/stat, the process's start time in clock ticks.
+std::string process_start_time(pid_t pid) {
+  const std::string stat = read_first_line("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');  // the name may hold spaces; the fields after it do not
+  if (paren == std::string::npos) return "";
+  size_t pos = paren + 2;
+  for (int field = 3; field < 22 && pos != std::string::npos; ++field) pos = stat.find(' ', pos) + 1;
+  return pos == std::string::npos ? "" : stat.substr(pos, stat.find(' ', pos) - pos);
+}
+
+void remember_launcher() {
+  DeadlineState& s = state();
+  const pid_t parent = ::getppid();
+  const std::string name = read_first_line("/proc/" + std::to_string(parent) + "/comm");
+  for (const char* launcher : {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted"})
+    if (name == launcher) {
+      s.launcher_pid = parent;
+      s.launcher_name = name;
+      s.launcher_start = process_start_time(parent);
+      return;
+    }
+}
+
+// Open MPI's launcher, asked to end the job, waits for the daemons of every
+// host to confirm; across a cut link that never comes (its TCP keepalive gives
+// up after 8 minutes by default), and an orted cut off from mpirun stays too.
+// So the rank whose deadline fired leaves a process of its own, in a session
+// of its own (the launcher kills the rank's process group), which ends this
+// host's launcher if it is still there kLauncherGraceSeconds later, with
+// SIGKILL (mpirun 4.1 answers SIGTERM in that state by crashing in its own
+// clean-up). Where the job ends normally the launcher is gone by then and it
+// does nothing.
+void end_launcher_later(const std::string& cause) {
+  const DeadlineState& s = state();
+  if (s.launcher_pid <= 0 || s.launcher_start.empty()) return;
+  const std::string pid = std::to_string(s.launcher_pid);
+  const std::string note = rank_and_host(s.world_rank) + ": ended this host's launcher (" + s.launcher_name + ", pid " +
+                           pid + "), still running " + std::to_string(kLauncherGraceSeconds) + " s after " + cause;
+  const std::string script =
+      "alive() { [ \"$(sed 's/.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f20)\" = \"$2\" ]; }\n"
+      "sleep " +
+      std::to_string(kLauncherGraceSeconds) +
+      "\n"
+      "alive \"$1\" \"$2\" || exit 0\n"
+      "[ -n \"$3\" ] && echo \"anvil: $4\" >> \"$3\"\n"
+      "kill -KILL \"$1\"\n";
+  std::vector<std::string> args = {"sh", "-c", script, "anvil-end-launcher", pid, s.launcher_start, s.rank_log, note};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  for (int fd = 0; fd < 3; ++fd) posix_spawn_file_actions_addopen(&files, fd, "/dev/null", fd ? O_WRONLY : O_RDONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+  pid_t child = 0;
+  posix_spawn(&child, "/bin/sh", &files, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&files);
 }
 
 // Prints the expiry, asks MPI to end the job, and ends this process if MPI
@@ -73,30 +165,60 @@ std::string join_ranks(const std::vector<int>& ranks) {
     const std::lock_guard<std::mutex> lock(s.mu);
     if (s.context) context = s.context();
   }
-  std::fflush(stdout);
   const int64_t step = s.step.load();
   const std::string when = step > 0 ? "step " + std::to_string(step) : std::string("start-up");
-  std::fprintf(
-      stderr,
-      "anvil: %s: error: in %s, %s over the %s group (world ranks %s) did not complete within %.0f s (%s): no word "
-      "from %s%s — a rank has stopped or the network between them is down%s%s; ending the job\n",
-      rank_and_host(me).c_str(), when.c_str(), what ? what : "a collective", group ? group->name.c_str() : "?",
-      join_ranks(members).c_str(), waited, s.key.load(), n_others == 1 ? "" : "one of ",
-      others.empty() ? "the group" : others.c_str(), context.empty() ? "" : "; ", context.c_str());
-  std::fflush(stderr);
+  char waited_text[32];
+  std::snprintf(waited_text, sizeof waited_text, "%.0f", waited);
+  rank_log_line(rank_and_host(me) + ": error: in " + when + ", " + (what ? what : "a collective") + " over the " +
+                (group ? group->name : std::string("?")) + " group (world ranks " + join_ranks(members) +
+                ") did not complete within " + waited_text + " s (" + s.key.load() + "): no word from " +
+                (n_others == 1 ? "" : "one of ") + (others.empty() ? std::string("the group") : others) +
+                " — a rank has stopped or the network between them is down" + (context.empty() ? "" : "; ") + context +
+                "; ending the job");
+  end_launcher_later("this rank's deadline (" + when + ", " + (what ? what : "a collective") + " over the " +
+                     (group ? group->name : std::string("?")) + " group, no word from " +
+                     (n_others == 1 ? "" : "one of ") + (others.empty() ? std::string("the group") : others) + ")");
   // MPI_Abort reaches the launcher, which ends every rank; across a cut link
   // it may never return, so this process ends itself a few seconds later.
   std::thread([] { MPI_Abort(MPI_COMM_WORLD, 1); }).detach();
-  std::this_thread::sleep_for(std::chrono::seconds(5));
-  std::fprintf(stderr, "anvil: %s: MPI could not end the job; this rank ends itself\n", rank_and_host(me).c_str());
-  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+  rank_log_line(rank_and_host(me) + ": MPI could not end the job; this rank ends itself");
   std::_Exit(1);
+}
+
+// A stop signal that lands while this rank waits for others cannot be acted
+// on at the next micro-batch boundary until the wait ends; when the launcher
+// sent it because another rank died, the wait never ends and the launcher
+// kills this rank a second later. So a signal still unanswered after 0.3 s of
+// waiting is reported here, once, with what the rank was waiting for.
+void report_stop_signal_in_wait() {
+  DeadlineState& s = state();
+  const int sig = s.stop_signal.load();
+  if (sig == 0) return;
+  const int64_t start = s.start_ns.load(std::memory_order_acquire);
+  if (start == 0) return;
+  const int64_t since = std::max(start, s.stop_signal_ns.load());
+  if (static_cast<double>(now_ns() - since) * 1e-9 < 0.3) return;
+  const char* what = s.what.load();
+  const GroupInfo* group = s.group.load();
+  if (s.start_ns.load(std::memory_order_acquire) != start) return;
+  s.stop_signal = 0;  // once per signal
+  std::string others;
+  for (int r : group ? group->world_ranks : std::vector<int>{})
+    if (r != s.world_rank) others += (others.empty() ? "" : ", ") + rank_and_host(r);
+  const int64_t step = s.step.load();
+  rank_log_line(rank_and_host(s.world_rank) + ": " + strsignal(sig) + " (signal " + std::to_string(sig) +
+                ") arrived while waiting in " + (step > 0 ? "step " + std::to_string(step) : "start-up") + " for " +
+                (what ? what : "a collective") + " over the " + (group ? group->name : std::string("?")) +
+                " group, whose other ranks are " + (others.empty() ? std::string("none") : others) +
+                "; the launcher sends it when another rank has ended, or when the job is cancelled");
 }
 
 void watchdog() {
   DeadlineState& s = state();
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    report_stop_signal_in_wait();
     const double limit = s.seconds.load();
     const int64_t start = s.start_ns.load(std::memory_order_acquire);
     if (limit <= 0 || start == 0) continue;
@@ -121,6 +243,23 @@ void set_comm_deadline(double seconds, const char* key) {
 
 void set_comm_deadline_step(int64_t step) { state().step = step; }
 
+void note_stop_signal(int sig) {
+  DeadlineState& s = state();
+  s.stop_signal_ns = now_ns();
+  s.stop_signal = sig;
+}
+
+void set_rank_log(const std::string& path) { state().rank_log = path; }
+
+void rank_log_line(const std::string& line) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "anvil: %s\n", line.c_str());
+  std::fflush(stderr);
+  const std::string& path = state().rank_log;
+  if (path.empty()) return;
+  std::ofstream(path, std::ios::app) << "anvil: " << line << "\n";
+}
+
 void set_comm_deadline_context(std::function<std::string()> context) {
   DeadlineState& s = state();
   const std::lock_guard<std::mutex> lock(s.mu);
@@ -131,6 +270,7 @@ void set_world_hosts(std::vector<std::string> hosts, int world_rank) {
   DeadlineState& s = state();
   s.hosts = std::move(hosts);
   s.world_rank = world_rank;
+  remember_launcher();
 }
 
 std::string rank_and_host(int world_rank) {

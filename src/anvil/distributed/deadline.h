@@ -6,8 +6,10 @@
 // hosts it waits for, and what the trainer says of the run (step, last
 // complete checkpoint, how to resume) — asks MPI to end the whole job, and if
 // that has not ended this process within a few seconds (the other side of a
-// cut link cannot be reached), exits with status 1 itself. So a rank that
-// lost its peers never outlives the deadline by more than those seconds.
+// cut link cannot be reached), exits with status 1 itself; if this host's
+// launcher (mpirun, orted) is still there 10 s after, a process the rank left
+// behind ends it. So no process of the job outlives the deadline by more than
+// about 10 s, on either side of a cut.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -26,6 +28,18 @@ void set_comm_deadline_step(int64_t step);
 // What else the expiry message says of the run ("step 5; last complete checkpoint
 // …; to resume, run the same command again"); called from the watchdog thread.
 void set_comm_deadline_context(std::function<std::string()> context);
+
+// A stop signal caught (called from the signal handler): if it lands while
+// this rank waits for others and the wait goes on, the watchdog says what the
+// rank was waiting for (the launcher sends SIGTERM when another rank died).
+void note_stop_signal(int sig);
+
+// The file where this rank also writes the lines that say how it ended
+// (deadline expiry, an abort, a stop signal in a wait), appended to: a rank
+// cut off from the launcher has no other way to be heard.
+void set_rank_log(const std::string& path);
+// "anvil: <line>" to stderr and to the rank's log.
+void rank_log_line(const std::string& line);
 
 // The host each world rank runs on (MPI_Get_processor_name), gathered when
 // MPI starts (MpiRuntime, which also gives this process's world rank);

@@ -8,6 +8,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/distributed/deadline.h"
 #include "anvil/estimate/flops.h"
 #include "anvil/estimate/memory.h"
 #include "anvil/train/preflight.h"
@@ -15,11 +16,15 @@
 namespace anvil {
 
 void route_rank_output(const JobConfig& cfg, const ParallelDims& par) {
-  if (par.rank0()) return;
+  if (!par.distributed()) return;
   const std::filesystem::path dir = std::filesystem::path(cfg.job.dump_folder) / "logs";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::string path = (dir / ("rank-" + std::to_string(par.rank) + ".log")).string();
+  // The lines that say how a rank ended go there too (rank 0's file holds only
+  // them): a rank cut off from the launcher is heard nowhere else.
+  if (!ec) set_rank_log(path);
+  if (par.rank0()) return;
   if (ec || std::freopen(path.c_str(), "a", stdout) == nullptr) {
     std::fprintf(stderr, "anvil: rank %d: cannot write %s (%s); this rank's log is discarded\n", par.rank,
                  path.c_str(), ec ? ec.message().c_str() : "cannot open it");

@@ -16,7 +16,8 @@ namespace anvil {
 // Rank 0 speaks for the job on the console; every other rank's stdout goes
 // to <dump_folder>/logs/rank-<r>.log (appended to, so a resumed run keeps the
 // history), where its own step lines show the same loss as rank 0's. Errors
-// still reach stderr on every rank.
+// still reach stderr on every rank; the lines that say how a rank ended
+// (a deadline, an abort) also go to that file, rank 0's included.
 void route_rank_output(const JobConfig& cfg, const ParallelDims& par);
 
 // 1234567 → "1,234,567".

@@ -2,12 +2,17 @@
 
 #include <csignal>
 
+#include "anvil/distributed/deadline.h"
+
 namespace anvil {
 
 namespace {
 // The signal that asked the run to stop.
 volatile std::sig_atomic_t g_interrupted = 0;
-void on_stop_signal(int sig) { g_interrupted = sig; }
+void on_stop_signal(int sig) {
+  g_interrupted = sig;
+  note_stop_signal(sig);
+}
 }  // namespace
 
 StopSignals::StopSignals() {

@@ -1,0 +1,306 @@
+// Training across two hosts. Each test makes its own pair of hosts on this
+// machine (tests/netns_cluster.sh: two network namespaces joined by a veth
+// link, each with its own host name) and starts Open MPI across them over TCP
+// through an rsh agent that enters the namespace, as a cluster's ssh would.
+//
+// Layouts: every loss and gradient norm of a layout run across the hosts
+// equals, to the bit, the same layout run on one host: the ranks compute the
+// same products and MPI reduces in the same order whatever the transport.
+//
+// Faults: the link cut in the middle of a step, and a rank on the other host
+// SIGKILLed. Either way every process on both hosts must be gone within the
+// deadline + 30 s, every rank's last logged line must name the fault, the
+// last complete checkpoint must be left as it was, and running the same
+// command again must resume from it with the uninterrupted run's losses.
+//
+// Needs root (namespaces). Without it the tests say so and skip; under CI
+// (CI set) that is a failure.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "layout_parity.h"
+#include "mpi_test_util.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using anvil::testing::runs;
+
+namespace {
+
+const std::string kCluster = ANVIL_SOURCE_DIR "/tests/netns_cluster.sh";
+
+int shell(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Two hosts, `<name>a` (10.77.0.1, where mpirun runs) and `<name>b`
+// (10.77.0.2), for as long as the object lives.
+class Cluster {
+ public:
+  Cluster() : name_("anvt" + std::to_string(::getpid())) {
+    if (::geteuid() != 0) {
+      why_not_ = "the multi-host tests make network namespaces, which needs root";
+      return;
+    }
+    if (shell("command -v ip >/dev/null && command -v unshare >/dev/null") != 0) {
+      why_not_ = "ip (iproute2) or unshare (util-linux) is missing: scripts/setup.sh installs them";
+      return;
+    }
+    const fs::path log = anvil::testing::scratch_root() / (name_ + ".up.log");
+    if (shell(kCluster + " up " + name_ + " > " + log.string() + " 2>&1") != 0)
+      why_not_ = "cannot make the two hosts (" + kCluster + " up): " + read_text(log);
+  }
+  ~Cluster() {
+    if (why_not_.empty()) shell(kCluster + " down " + name_);
+  }
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  const std::string& name() const { return name_; }
+  // Empty when the hosts are up; else why they are not.
+  const std::string& why_not() const { return why_not_; }
+  std::string host(char which) const { return name_ + which; }
+
+  // The command that starts `per_host` ranks on each host, rank 0 first on
+  // host a, with `env` ("VAR=value ...") in every rank.
+  std::string mpirun(int per_host, const std::string& env = "") const {
+    const std::string slots = std::to_string(per_host);
+    return kCluster + " run " + name_ + " env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+           "OMP_NUM_THREADS=1 " + env + " timeout -k 5 300 mpirun --oversubscribe --bind-to none -np " +
+           std::to_string(2 * per_host) + " --host 10.77.0.1:" + slots + ",10.77.0.2:" + slots +
+           " --mca plm_rsh_agent \"" + kCluster + " agent " + name_ + "\" --mca btl tcp,self" +
+           " --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 ";
+  }
+  std::string command(const std::string& verb) const { return kCluster + " " + verb + " " + name_; }
+
+ private:
+  std::string name_;
+  std::string why_not_;
+};
+
+// Skips (or, under CI, fails) the test when the hosts cannot be made.
+#define REQUIRE_CLUSTER(cluster)                                                                     \
+  do {                                                                                               \
+    if (!(cluster).why_not().empty()) {                                                              \
+      const char* ci = std::getenv("CI");                                                            \
+      if (ci != nullptr && *ci != '\0') FAIL() << (cluster).why_not() << "; CI=" << ci << " is set"; \
+      GTEST_SKIP() << (cluster).why_not();                                                           \
+    }                                                                                                \
+  } while (0)
+
+// A layout of tests/layout_parity.h with the ranks each host runs.
+struct CrossHost {
+  std::string layout;
+  int per_host;
+  std::string flags = "";  // beyond the layout's own
+  std::string label = "";
+};
+
+std::string flags_of(const CrossHost& c) {
+  const anvil::testing::Layout& l = anvil::testing::layout(c.layout);
+  return anvil::testing::batch_flags(l.local, l.local * l.dp) + " " + l.flags + " " + c.flags;
+}
+
+class MultiHostLayout : public ::testing::TestWithParam<CrossHost> {};
+
+TEST_P(MultiHostLayout, MatchesTheSingleHostRunToTheBit) {
+  const Cluster cluster;
+  REQUIRE_CLUSTER(cluster);
+  const CrossHost& c = GetParam();
+  const std::string tag = anvil::testing::tag_of(c.layout + "_" + c.label);
+  const std::string flags = flags_of(c);
+  const auto one_host = runs().mpi(2 * c.per_host, tag + "_one_host", flags);
+  ASSERT_EQ(one_host.exit_code, 0) << one_host.text;
+  const auto two_hosts = anvil::testing::run_anvil(runs().args(tag + "_two_hosts", flags), cluster.mpirun(c.per_host));
+  ASSERT_EQ(two_hosts.exit_code, 0) << two_hosts.text;
+  // The banner names both hosts, with the ranks on each.
+  const std::string hosts = "anvil: hosts: " + cluster.host('a') + ": rank" + (c.per_host > 1 ? "s 0-1; " : " 0; ") +
+                            cluster.host('b') + ": rank" + (c.per_host > 1 ? "s 2-3" : " 1");
+  EXPECT_NE(two_hosts.text.find(hosts), std::string::npos) << "no '" << hosts << "' in:\n" << two_hosts.text;
+  for (const char* key : {"loss", "grad_norm"}) {
+    const auto want = runs().metric(tag + "_one_host", key), got = runs().metric(tag + "_two_hosts", key);
+    ASSERT_EQ(want.size(), 10u);
+    ASSERT_EQ(got.size(), 10u) << two_hosts.text;
+    for (const auto& [step, value] : want) EXPECT_EQ(got.at(step), value) << key << " at step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AcrossTwoHosts, MultiHostLayout,
+    ::testing::Values(CrossHost{"fsdp2", 1},     // one rank per host: every gather and reduction crosses the link
+                      CrossHost{"hsdp2x2", 2},   // shards within a host, replicas across the hosts
+                      CrossHost{"pp2_1f1b", 1},  // stage 0 on host a, stage 1 on host b
+                      CrossHost{"pp2_zero_bubble", 1},
+                      CrossHost{"fsdp2_tp2", 2}),  // tensor parallel within a host, FSDP across
+    [](const ::testing::TestParamInfo<CrossHost>& info) {
+      return anvil::testing::tag_of(info.param.layout + (info.param.label.empty() ? "" : "_" + info.param.label));
+    });
+
+// ---------------------------------------------------------------------------
+// Faults
+
+// HSDP 2 × 2 (two ranks on each host) with a 5 s deadline.
+const CrossHost kFaulted{"hsdp2x2", 2, "--comm.train_timeout_seconds 5"};
+constexpr double kDeadline = 5;
+
+// The files of a checkpoint folder with their bytes.
+std::map<std::string, std::string> folder_bytes(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
+  return out;
+}
+
+std::string last_line(const fs::path& file) {
+  std::ifstream in(file);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+struct Faulted {
+  int exit_code = -1;
+  std::string text;
+  double seconds_to_all_gone = -1;  // from the fault to the last process of either host gone
+  std::map<std::string, std::string> checkpoint_before, checkpoint_after;  // step-5's files
+  std::vector<std::string> checkpoints_after;                              // the folders left
+  std::map<int, std::string> last_lines;                                   // by rank, from logs/rank-R.log
+};
+
+// Runs kFaulted across the hosts and, once step 6 is logged, does `fault`
+// (shell commands; $B lists host b's pids); then times until no process is
+// left on either host.
+Faulted run_with_fault(const Cluster& cluster, const std::string& dump, const std::string& fault) {
+  const fs::path dir = runs().dir() / dump, log = runs().dir() / (dump + ".log");
+  fs::remove_all(dir);
+  const std::string train = std::string(ANVIL_BINARY) + " " + runs().args(dump, flags_of(kFaulted));
+  const std::string script =
+      // In a subshell, whose shell reports the launcher's SIGKILL into the log.
+      "(" + cluster.mpirun(2) + train + "; exit $?) > " + log.string() + " 2>&1 &\n" +
+      "J=$!\n"
+      "for i in $(seq 3000); do [ \"$(grep -c '\"loss\"' " +
+      (dir / "metrics.jsonl").string() + " 2>/dev/null)\" -ge 6 ] 2>/dev/null && break; sleep 0.02; done\n" + "cp -r " +
+      (dir / "checkpoint" / "step-5").string() + " " + (dir.string() + ".step-5-before") + "\n" + "B=$(ip netns pids " +
+      cluster.host('b') + ")\n" + fault + "\n" +
+      "t0=$(date +%s.%N)\n"
+      "while [ -n \"$(" +
+      cluster.command("pids") +
+      ")\" ]; do sleep 0.1; done\n"
+      "echo \"$t0 $(date +%s.%N)\" > " +
+      (dir.string() + ".seconds") + "\n" + "wait $J\n";
+  const fs::path script_path = runs().dir() / (dump + ".sh");
+  std::ofstream(script_path) << script;
+  Faulted r;
+  const int status = std::system(("bash " + script_path.string()).c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.text = read_text(log);
+  std::istringstream times(read_text(dir.string() + ".seconds"));
+  double t0 = 0, t1 = -1;
+  if (times >> t0 >> t1) r.seconds_to_all_gone = t1 - t0;
+  r.checkpoint_before = folder_bytes(dir.string() + ".step-5-before");
+  r.checkpoint_after = folder_bytes(dir / "checkpoint" / "step-5");
+  if (fs::exists(dir / "checkpoint"))
+    for (const auto& e : fs::directory_iterator(dir / "checkpoint"))
+      r.checkpoints_after.push_back(e.path().filename().string());
+  for (int rank = 0; rank < 4; ++rank)
+    r.last_lines[rank] = last_line(dir / "logs" / ("rank-" + std::to_string(rank) + ".log"));
+  return r;
+}
+
+// What every fault test asks after the fault: everything gone in time, the
+// checkpoint untouched, and the same command resuming bit-exactly.
+void expect_ended_and_resumes(const Cluster& cluster, const std::string& dump, const Faulted& r,
+                              const std::string& fault_name) {
+  std::printf("%s: every process on both hosts gone %.1f s after the fault; each rank's last line:\n",
+              fault_name.c_str(), r.seconds_to_all_gone);
+  for (const auto& [rank, line] : r.last_lines) std::printf("  rank %d: %s\n", rank, line.c_str());
+  EXPECT_NE(r.exit_code, 0) << r.text;
+  EXPECT_NE(r.exit_code, 124) << "the job hung until timeout ended it:\n" << r.text;
+  EXPECT_GE(r.seconds_to_all_gone, 0) << r.text;
+  EXPECT_LE(r.seconds_to_all_gone, kDeadline + 30) << r.text;
+  EXPECT_EQ(r.text.find("anvil: done"), std::string::npos) << r.text;
+  // The last complete checkpoint, as it was before the fault, and no other.
+  ASSERT_FALSE(r.checkpoint_before.empty()) << "step 5's checkpoint was not there when step 6 was logged";
+  EXPECT_EQ(r.checkpoints_after, std::vector<std::string>{"step-5"});
+  EXPECT_TRUE(r.checkpoint_after == r.checkpoint_before) << "step 5's checkpoint changed";
+
+  ASSERT_EQ(shell(cluster.command("heal")), 0);
+  const std::string flags = flags_of(kFaulted);
+  const auto resumed = anvil::testing::run_anvil(runs().args(dump, flags), cluster.mpirun(2));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.text;
+  EXPECT_NE(resumed.text.find("resumed from"), std::string::npos) << resumed.text;
+  const std::string whole = dump + "_uninterrupted";
+  const auto uninterrupted = anvil::testing::run_anvil(runs().args(whole, flags), cluster.mpirun(2));
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.text;
+  const auto want = runs().losses(whole), got = runs().losses(dump);
+  std::printf("%s: step, resumed loss, uninterrupted loss\n", fault_name.c_str());
+  for (int64_t step = 6; step <= 10; ++step) {
+    ASSERT_TRUE(got.count(step) && want.count(step)) << "step " << step;
+    std::printf("  %lld  %.9g  %.9g\n", static_cast<long long>(step), got.at(step), want.at(step));
+    EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+  }
+}
+
+TEST(MultiHostFault, ACutLinkEndsEveryProcessOnBothHostsAndTheRunResumes) {
+  const Cluster cluster;
+  REQUIRE_CLUSTER(cluster);
+  const std::string dump = "link_cut";
+  const Faulted r = run_with_fault(cluster, dump, cluster.command("cut"));
+  // Every rank, on either side of the cut, ran into the deadline and said so
+  // in its log: the expiry, or that it then ended its host's launcher.
+  for (const auto& [rank, line] : r.last_lines) {
+    EXPECT_NE(line.find("anvil: rank " + std::to_string(rank) + " (host "), std::string::npos) << line;
+    const bool names_the_deadline =
+        line.find("did not complete within 5 s (comm.train_timeout_seconds)") != std::string::npos ||
+        line.find("still running 10 s after this rank's deadline") != std::string::npos;
+    EXPECT_TRUE(names_the_deadline) << "rank " << rank << ": " << line;
+    EXPECT_NE(line.find("no word from"), std::string::npos) << "rank " << rank << ": " << line;
+  }
+  EXPECT_NE(r.text.find("to resume from it, run the same command again"), std::string::npos) << r.text;
+  expect_ended_and_resumes(cluster, dump, r, "link cut");
+}
+
+TEST(MultiHostFault, ARankKilledOnTheOtherHostEndsEveryProcessAndTheRunResumes) {
+  const Cluster cluster;
+  REQUIRE_CLUSTER(cluster);
+  const std::string dump = "remote_kill";
+  // World rank 3 runs on host b.
+  const Faulted r = run_with_fault(
+      cluster, dump,
+      "for p in $B; do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=3 && "
+      "kill -KILL $p; done");
+  // The launcher names the rank that died; every other rank's log says it
+  // was stopped while waiting for the others, rank 3 among them.
+  EXPECT_NE(r.text.find("rank 3"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("signal 9 (Killed)"), std::string::npos) << r.text;
+  for (const int rank : {0, 1, 2}) {
+    const std::string& line = r.last_lines.at(rank);
+    EXPECT_NE(line.find("arrived while waiting in step"), std::string::npos) << "rank " << rank << ": " << line;
+    EXPECT_NE(line.find("rank 3 (host " + cluster.host('b') + ")"), std::string::npos)
+        << "rank " << rank << ": " << line;
+  }
+  expect_ended_and_resumes(cluster, dump, r, "rank 3 killed");
+}
+
+}  // namespace

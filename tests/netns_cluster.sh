@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Two hosts on one machine, for the multi-host tests: network namespaces
+# <name>a and <name>b, joined by a veth link (10.77.0.1 and 10.77.0.2), each
+# process in them seeing its namespace's name as its host name. Open MPI
+# starts ranks on host b through this script's `agent`, as it would through
+# ssh. Needs root and Debian's iproute2 (ip, tc) and util-linux (unshare).
+#
+#   netns_cluster.sh up NAME            make the two hosts (an old pair of that name is removed first)
+#   netns_cluster.sh down NAME          remove them, ending every process still in them
+#   netns_cluster.sh run NAME CMD...    run CMD on host a (mpirun goes here)
+#   netns_cluster.sh agent NAME HOST CMD...
+#                                       Open MPI's rsh agent: run CMD (one shell string) on HOST
+#   netns_cluster.sh cut NAME           take the link down (both ends)
+#   netns_cluster.sh heal NAME          bring it back up
+#   netns_cluster.sh slow NAME RATE DELAY
+#                                       shape both ends with tc netem (slow x 1gbit 1ms); RATE "off" removes it
+#   netns_cluster.sh pids NAME          the pids of every process on either host, one per line
+set -euo pipefail
+
+cmd=${1:?usage: netns_cluster.sh up|down|run|agent|cut|heal|slow|pids NAME ...}
+name=${2:?netns_cluster.sh: a cluster name is needed}
+shift 2
+a=${name}a b=${name}b
+
+case $cmd in
+  up)
+    ip netns del "$a" 2>/dev/null || true
+    ip netns del "$b" 2>/dev/null || true
+    ip netns add "$a"
+    ip netns add "$b"
+    ip link add "${a}v" netns "$a" type veth peer name "${b}v" netns "$b"
+    ip -n "$a" addr add 10.77.0.1/24 dev "${a}v"
+    ip -n "$b" addr add 10.77.0.2/24 dev "${b}v"
+    for ns in "$a" "$b"; do
+      ip -n "$ns" link set lo up
+      ip -n "$ns" link set "${ns}v" up
+    done
+    ;;
+  down)
+    for ns in "$a" "$b"; do
+      pids=$(ip netns pids "$ns" 2>/dev/null || true)
+      [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+      ip netns del "$ns" 2>/dev/null || true
+    done
+    ;;
+  run)
+    exec ip netns exec "$a" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$a" "$@"
+    ;;
+  agent)
+    host=${1:?netns_cluster.sh agent: a host is needed}
+    shift
+    case $host in
+      10.77.0.1 | "$a") ns=$a ;;
+      10.77.0.2 | "$b") ns=$b ;;
+      *) echo "netns_cluster: no host $host in cluster $name" >&2; exit 1 ;;
+    esac
+    # Open MPI gives the command as words for a remote login shell to join.
+    exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns; $*"
+    ;;
+  cut | heal)
+    state=$([ "$cmd" = cut ] && echo down || echo up)
+    ip -n "$a" link set "${a}v" "$state"
+    ip -n "$b" link set "${b}v" "$state"
+    ;;
+  slow)
+    rate=${1:?netns_cluster.sh slow: a rate (1gbit) or off is needed}
+    delay=${2:-0ms}
+    for ns in "$a" "$b"; do
+      tc -n "$ns" qdisc del dev "${ns}v" root 2>/dev/null || true
+      [ "$rate" = off ] || tc -n "$ns" qdisc add dev "${ns}v" root netem rate "$rate" delay "$delay"
+    done
+    ;;
+  pids)
+    { ip netns pids "$a" 2>/dev/null; ip netns pids "$b" 2>/dev/null; } || true
+    ;;
+  *)
+    echo "netns_cluster: unknown command '$cmd'" >&2
+    exit 2
+    ;;
+esac
