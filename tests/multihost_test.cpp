@@ -304,3 +304,71 @@ TEST(MultiHostFault, ARankKilledOnTheOtherHostEndsEveryProcessAndTheRunResumes) 
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// Traces
+
+// The spans of one rank's trace as [begin, end] on rank 0's clock, µs, by name
+// in order of start.
+std::multimap<std::string, std::pair<double, double>> spans_on_rank0_clock(const fs::path& trace_file,
+                                                                           double& uncertainty_us) {
+  std::ifstream in(trace_file);
+  const nlohmann::json t = nlohmann::json::parse(in);
+  const double origin = t.at("otherData").at("clock_origin_us").get<double>();
+  uncertainty_us = t.at("otherData").at("clock_offset_uncertainty_us").get<double>();
+  std::multimap<std::string, std::pair<double, double>> out;
+  for (const nlohmann::json& e : t.at("traceEvents"))
+    if (e.value("ph", "") == "X") {
+      const double begin = origin + e.at("ts").get<double>();
+      out.insert({e.at("name").get<std::string>(), {begin, begin + e.at("dur").get<double>()}});
+    }
+  return out;
+}
+
+// Host b's clock runs 5 s ahead of host a's (a test hook; the two namespaces
+// share one kernel's clock). Measured at start-up and taken out of every
+// trace, the pipeline's messages then go forward in time: stage 1's first
+// wait for an activation ends after stage 0's first forward did, and stage
+// 0's first wait for a gradient after stage 1's first backward did, each
+// within the offset's uncertainty; uncorrected, both would be 5 s out.
+TEST(MultiHostTraces, EveryHostsTraceLiesOnRankZerosClock) {
+  const Cluster cluster;
+  REQUIRE_CLUSTER(cluster);
+  const std::string dump = "skewed_clock";
+  fs::remove_all(runs().dir() / dump);
+  const std::string flags = flags_of({"pp2_1f1b", 1}) +
+                            " --training.steps 2 --profiling.enable_profiling true "
+                            "--profiling.profile_freq 2 --training.local_batch_size 4 "
+                            "--training.global_batch_size 4";
+  const auto out = anvil::testing::run_anvil(
+      runs().args(dump, flags), cluster.mpirun(1, "ANVIL_FAULT_CLOCK_SKEW=" + cluster.host('b') + ":5000000"));
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  const std::string banner = "(traces use rank 0's clock): " + cluster.host('b') + " +";
+  const size_t at = out.text.find(banner);
+  ASSERT_NE(at, std::string::npos) << out.text;
+  const double offset_ms = std::stod(out.text.substr(at + banner.size()));
+  EXPECT_NEAR(offset_ms, 5000, 1) << out.text;
+
+  double unc0 = 0, unc1 = 0;
+  const fs::path traces = runs().dir() / dump / "profile_traces";
+  const auto rank0 = spans_on_rank0_clock(traces / "step-2.trace.json", unc0);
+  const auto rank1 = spans_on_rank0_clock(traces / "step-2.rank-1.trace.json", unc1);
+  EXPECT_EQ(unc0, 0);
+  EXPECT_GT(unc1, 0);
+  const double slack = unc1 + 1;  // µs: the bound, and the traces' rounding
+  ASSERT_TRUE(rank0.count("pipeline.0F0") && rank1.count("pipeline.wait_activation")) << out.text;
+  ASSERT_TRUE(rank1.count("pipeline.1B0") && rank0.count("pipeline.wait_gradient")) << out.text;
+  const double sent_activation = rank0.find("pipeline.0F0")->second.second;
+  const double got_activation = rank1.find("pipeline.wait_activation")->second.second;
+  const double sent_gradient = rank1.find("pipeline.1B0")->second.second;
+  const double got_gradient = rank0.find("pipeline.wait_gradient")->second.second;
+  std::printf(
+      "host b's offset %.3f ms ± %.3f µs; activation 0 sent at %.1f µs, received at %.1f µs; gradient 0 "
+      "sent at %.1f µs, received at %.1f µs (rank 0's clock, from its first span)\n",
+      offset_ms, unc1, sent_activation - sent_activation, got_activation - sent_activation,
+      sent_gradient - sent_activation, got_gradient - sent_activation);
+  EXPECT_GE(got_activation, sent_activation - slack);
+  EXPECT_LE(got_activation, sent_activation + 1e6);
+  EXPECT_GE(got_gradient, sent_gradient - slack);
+  EXPECT_LE(got_gradient, sent_gradient + 1e6);
+}

@@ -1,6 +1,9 @@
 #include "anvil/core/profiler.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 
 namespace anvil {
 
@@ -32,9 +35,25 @@ std::string phase_name(Phase p) {
 
 Phase current_phase() { return t_phase; }
 
+namespace {
+// A test hook: ANVIL_FAULT_CLOCK_SKEW=<host>:<µs> moves this clock by that
+// much in the processes of that host, as another machine's clock would be
+// (the multi-host test's hosts share one kernel, so one clock).
+double clock_skew_us() {
+  const char* v = std::getenv("ANVIL_FAULT_CLOCK_SKEW");
+  if (v == nullptr) return 0;
+  const std::string s = v;
+  const size_t colon = s.rfind(':');
+  char host[256] = {};
+  if (colon == std::string::npos || ::gethostname(host, sizeof host - 1) != 0 || s.substr(0, colon) != host) return 0;
+  return std::strtod(s.c_str() + colon + 1, nullptr);
+}
+}  // namespace
+
 double steady_now_us() {
   using namespace std::chrono;
-  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+  static const double skew = clock_skew_us();
+  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count() + skew;
 }
 
 Profiler& Profiler::instance() {

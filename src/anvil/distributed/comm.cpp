@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "anvil/core/parallel_for.h"
+#include "anvil/distributed/clock_sync.h"
 #include "anvil/distributed/deadline.h"
 
 namespace anvil {
@@ -145,6 +146,8 @@ void MpiRuntime::init(int* argc, char*** argv) {
   std::vector<std::string> hosts;
   for (int r = 0; r < size; ++r) hosts.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
   set_world_hosts(std::move(hosts), rank);
+  // Traces of every host on rank 0's clock.
+  synchronize_clocks();
 }
 
 MpiRuntime::~MpiRuntime() {

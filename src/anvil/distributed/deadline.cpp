@@ -273,6 +273,8 @@ void set_world_hosts(std::vector<std::string> hosts, int world_rank) {
   remember_launcher();
 }
 
+const std::vector<std::string>& world_hosts() { return state().hosts; }
+
 std::string rank_and_host(int world_rank) {
   const std::vector<std::string>& hosts = state().hosts;
   const std::string r = "rank " + std::to_string(world_rank);

@@ -45,6 +45,8 @@ void rank_log_line(const std::string& line);
 // MPI starts (MpiRuntime, which also gives this process's world rank);
 // unknown before, or without MPI.
 void set_world_hosts(std::vector<std::string> hosts, int world_rank);
+// The hosts by world rank (empty before MPI starts, or without it).
+const std::vector<std::string>& world_hosts();
 // "rank 3 (host b)", or "rank 3" when the host is unknown.
 std::string rank_and_host(int world_rank);
 // Which ranks run on which host: "a: ranks 0-1; b: ranks 2-3".

@@ -54,9 +54,14 @@ void write_chrome_trace(const StepTrace& t, const std::string& path) {
   ordered_json doc;
   doc["traceEvents"] = std::move(events);
   doc["displayTimeUnit"] = "ms";
-  // clock_origin_us: the steady clock at ts 0, which processes on one host
-  // share, so ranks' traces can be laid on one timeline.
-  doc["otherData"] = {{"step", t.step}, {"rank", t.rank}, {"producer", "anvil"}, {"clock_origin_us", t.start_us}};
+  // clock_origin_us: rank 0's steady clock at ts 0, so every rank's trace, on
+  // any host, lies on one timeline (to within the offset's uncertainty).
+  doc["otherData"] = {{"step", t.step},
+                      {"rank", t.rank},
+                      {"producer", "anvil"},
+                      {"clock_origin_us", t.start_us - t.clock_offset_us},
+                      {"clock_offset_us", t.clock_offset_us},
+                      {"clock_offset_uncertainty_us", t.clock_offset_uncertainty_us}};
 
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);

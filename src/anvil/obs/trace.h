@@ -17,6 +17,9 @@ struct StepTrace {
   int64_t step = 0;
   int rank = 0;
   double start_us = 0;  // steady clock; trace times are relative to it
+  // This host's steady clock minus rank 0's, and the bound on that
+  // (distributed/clock_sync.h), so every host's trace lies on one timeline.
+  double clock_offset_us = 0, clock_offset_uncertainty_us = 0;
   std::vector<std::string> thread_names;
   std::vector<SpanRecord> spans;
   std::array<size_t, kNumMemCategories> live_at_start{};

@@ -1,12 +1,13 @@
 #include "anvil/train/profiling.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/durable_file.h"
 #include "anvil/core/profiler.h"
+#include "anvil/distributed/clock_sync.h"
 #include "anvil/obs/allocation_log.h"
 #include "anvil/obs/memory_snapshot.h"
 
@@ -22,6 +23,8 @@ StepCapture::StepCapture(int64_t step, const std::string& trace_path, const std:
   alloc.clear_timeline();
   alloc.set_timeline(true);
   trace_.start_us = steady_now_us();
+  trace_.clock_offset_us = clock_offset_us();
+  trace_.clock_offset_uncertainty_us = clock_offset_uncertainty_us();
   Profiler::instance().start();
 }
 

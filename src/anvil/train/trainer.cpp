@@ -15,6 +15,7 @@
 #include "anvil/core/op_timer.h"
 #include "anvil/core/process_memory.h"
 #include "anvil/core/profiler.h"
+#include "anvil/distributed/clock_sync.h"
 #include "anvil/distributed/comm.h"
 #include "anvil/distributed/deadline.h"
 #include "anvil/model/hf_format.h"
@@ -305,7 +306,13 @@ TrainResult train(const JobConfig& cfg) {
   const ParallelDims par = setup_parallel(cfg, args);
   // Rank 0 speaks for the job; the others write their own logs.
   route_rank_output(cfg, par);
-  if (par.distributed()) std::printf("anvil: hosts: %s\n", hosts_summary().c_str());
+  if (par.distributed()) {
+    std::printf("anvil: hosts: %s\n", hosts_summary().c_str());
+    const std::string clocks = clock_offsets_summary();
+    if (!clocks.empty())
+      std::printf("anvil: clocks against rank 0's host, measured at start-up (traces use rank 0's clock): %s\n",
+                  clocks.c_str());
+  }
   const DType dt = compute_dtype(cfg);
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   const std::unique_ptr<Tokenizer> tokenizer = load_job_tokenizer(cfg, args);
