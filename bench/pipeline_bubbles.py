@@ -19,8 +19,8 @@ times (what the
 schedule gives these unequal stages with instant messages; the last column says
 how unequal the ranks' work was, busiest over idlest), and writes one SVG per schedule (P = 4,
 m = 8): every rank's F/B/I/W actions, its receive waits and a line per message
-between ranks on one timeline, the ranks' traces laid on the steady clock they
-share (they run on one host); --trace-dir writes each run's ranks as one Chrome
+between ranks on one timeline, the ranks' traces laid on rank 0's clock (their
+clock_origin_us, which carries each host's measured offset); --trace-dir writes each run's ranks as one Chrome
 trace (chrome://tracing, Perfetto) with a flow arrow per message.
 
 This machine has 2 cores: each rank runs one OpenMP thread, so P = 2 is two
@@ -181,7 +181,7 @@ def messages(ranks):
 
 
 def merged_trace(traces, path):
-    """Every rank's Chrome trace on one timeline (the steady clock they share)
+    """Every rank's Chrome trace on one timeline (rank 0's clock)
     with a flow arrow per message between ranks."""
     origin = min(t["otherData"]["clock_origin_us"] for t in traces)
     events = []

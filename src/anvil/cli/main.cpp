@@ -17,6 +17,7 @@
 #include "anvil/core/cpu_peak.h"
 #include "anvil/core/error.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/distributed/deadline.h"
 #include "anvil/distributed/mesh.h"
 #include "anvil/estimate/flops.h"
 #include "anvil/estimate/memory.h"
@@ -80,7 +81,11 @@ int main(int argc, char** argv) {
       const anvil::JobConfig cfg = anvil::parse_config(rest);
       // Under mpirun or srun every rank runs this; a single process needs no MPI.
       std::unique_ptr<anvil::MpiRuntime> mpi;
-      if (anvil::launched_by_mpi_launcher()) mpi = std::make_unique<anvil::MpiRuntime>(argc, argv);
+      if (anvil::launched_by_mpi_launcher()) {
+        // MPI's own start waits for every rank: it has the start-up deadline too.
+        anvil::set_comm_deadline(static_cast<double>(cfg.comm.init_timeout_seconds), "comm.init_timeout_seconds");
+        mpi = std::make_unique<anvil::MpiRuntime>(argc, argv);
+      }
       try {
         const anvil::TrainResult r = anvil::train(cfg);
         return r.interrupted ? 130 : 0;

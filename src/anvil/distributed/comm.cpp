@@ -117,6 +117,9 @@ void MpiRuntime::init(int* argc, char*** argv) {
   if (initialized) {
     MPI_Query_thread(&provided_);
   } else {
+    // MPI's start exchanges every rank's address: a wait for all of them.
+    static const GroupInfo starting{"world", {}};
+    const CommWait wait("MPI start-up (MPI_Init_thread)", starting);
     const int rc = MPI_Init_thread(argc, argv, kRequiredThreadLevel, &provided_);
     ANVIL_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed (error code ", rc, ")");
     owns_ = true;
@@ -142,11 +145,19 @@ void MpiRuntime::init(int* argc, char*** argv) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<char> all(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  static GroupInfo world;  // named before Communicator::world() exists, for the deadline's message
+  world.name = "world";
+  world.world_ranks.resize(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) world.world_ranks[static_cast<size_t>(r)] = r;
+  {
+    const CommWait wait("the exchange of host names (MPI_Allgather)", world);
+    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  }
   std::vector<std::string> hosts;
   for (int r = 0; r < size; ++r) hosts.emplace_back(all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME);
   set_world_hosts(std::move(hosts), rank);
   // Traces of every host on rank 0's clock.
+  const CommWait wait("the clock offsets' ping-pongs (MPI_Send, MPI_Recv)", world);
   synchronize_clocks();
 }
 

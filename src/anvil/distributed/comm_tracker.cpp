@@ -23,6 +23,14 @@ void CommTracker::done(int id) {
            op.bytes});
 }
 
+CommTracker::Blocked::~Blocked() {
+  const double end_us = steady_now_us();
+  t_.stats_.blocked_s += (end_us - begin_us_) * 1e-6;
+  Profiler& p = Profiler::instance();
+  if (p.recording())
+    p.add({{"comm.blocked", -1}, SpanCategory::communication, p.track("blocked on collectives"), begin_us_, end_us});
+}
+
 CommStats CommTracker::take() {
   const CommStats s = stats_;
   stats_ = {};

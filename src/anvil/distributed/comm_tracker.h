@@ -4,9 +4,10 @@
 // for it — waiting, and testing to make it progress, since MPI moves data of
 // non-blocking collectives only inside MPI calls — is counted apart as
 // blocked: the share of communication hidden behind compute is
-// 1 − blocked / in flight. While a step
-// is profiled each collective also becomes a span with its bytes on a
-// "collectives in flight" track.
+// 1 − blocked / in flight. While a step is profiled each collective also
+// becomes a span with its bytes on a "collectives in flight" track, and each
+// blocked interval a span on a "blocked on collectives" track, so the trace
+// of a step gives back the hidden share its metrics line prints.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -33,7 +34,7 @@ class CommTracker {
   class Blocked {
    public:
     explicit Blocked(CommTracker& t) : t_(t), begin_us_(steady_now_us()) {}
-    ~Blocked() { t_.stats_.blocked_s += (steady_now_us() - begin_us_) * 1e-6; }
+    ~Blocked();
 
    private:
     CommTracker& t_;

@@ -189,7 +189,7 @@ void end_launcher_later(const std::string& cause) {
 // A stop signal that lands while this rank waits for others cannot be acted
 // on at the next micro-batch boundary until the wait ends; when the launcher
 // sent it because another rank died, the wait never ends and the launcher
-// kills this rank a second later. So a signal still unanswered after 0.3 s of
+// kills this rank a second later. So a signal still unanswered after 0.2 s of
 // waiting is reported here, once, with what the rank was waiting for.
 void report_stop_signal_in_wait() {
   DeadlineState& s = state();
@@ -198,7 +198,7 @@ void report_stop_signal_in_wait() {
   const int64_t start = s.start_ns.load(std::memory_order_acquire);
   if (start == 0) return;
   const int64_t since = std::max(start, s.stop_signal_ns.load());
-  if (static_cast<double>(now_ns() - since) * 1e-9 < 0.3) return;
+  if (static_cast<double>(now_ns() - since) * 1e-9 < 0.2) return;
   const char* what = s.what.load();
   const GroupInfo* group = s.group.load();
   if (s.start_ns.load(std::memory_order_acquire) != start) return;
