@@ -43,11 +43,14 @@ done
 # trap only unmounts early for tidiness.
 if [ -n "$inner" ]; then
   root=$inner
-  cleanup_mounts() {
-    umount -R "$root/proc" "$root/sys" "$root/dev" 2>/dev/null ||
-      umount -R -l "$root/proc" "$root/sys" "$root/dev" 2>/dev/null || true
+  cleanup_mounts() {  # every mount below sits on the root's own bind mount
+    umount -R "$root" 2>/dev/null || umount -R -l "$root" 2>/dev/null || true
   }
   trap cleanup_mounts EXIT
+  # The root a mount point of its own, as / is on a real machine: `ip netns
+  # exec` and `ip -n` (the multi-host tests' hosts) remount / as a slave,
+  # which fails on a plain directory.
+  mount --bind "$root" "$root"
   mount -t proc proc "$root/proc"
   mount --rbind /sys "$root/sys"
   mount --rbind /dev "$root/dev"        # includes /dev/pts

@@ -125,6 +125,9 @@ struct CrossHost {
   std::string label = "";
 };
 
+// GoogleTest prints a case by its layout, not its bytes.
+void PrintTo(const CrossHost& c, std::ostream* os) { *os << c.layout; }
+
 std::string flags_of(const CrossHost& c) {
   const anvil::testing::Layout& l = anvil::testing::layout(c.layout);
   return anvil::testing::batch_flags(l.local, l.local * l.dp) + " " + l.flags + " " + c.flags;

@@ -90,9 +90,13 @@ std::string process_start_time(pid_t pid) {
   const std::string stat = read_first_line("/proc/" + std::to_string(pid) + "/stat");
   const size_t paren = stat.rfind(')');  // the name may hold spaces; the fields after it do not
   if (paren == std::string::npos) return "";
-  size_t pos = paren + 2;
-  for (int field = 3; field < 22 && pos != std::string::npos; ++field) pos = stat.find(' ', pos) + 1;
-  return pos == std::string::npos ? "" : stat.substr(pos, stat.find(' ', pos) - pos);
+  size_t pos = paren + 2;  // field 3
+  for (int field = 3; field < 22; ++field) {
+    const size_t space = stat.find(' ', pos);
+    if (space == std::string::npos) return "";
+    pos = space + 1;
+  }
+  return stat.substr(pos, stat.find(' ', pos) - pos);
 }
 
 void remember_launcher() {
