@@ -272,6 +272,116 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// Rows t0 .. t0 + n of every sequence of x (B, T, H, D), as a new (B, n, H, D) tensor.
+Tensor rows_of(const Tensor& x, int64_t t0, int64_t n, const char* tag) {
+  const int64_t B = x.size(0), T = x.size(1), row = x.size(2) * x.size(3);
+  Tensor out = Tensor::empty({B, n, x.size(2), x.size(3)}, x.dtype(), MemCategory::workspace, tag);
+  const Tensor flat_x = x.view({x.numel()});
+  Tensor flat_out = out.view({out.numel()});
+  for (int64_t b = 0; b < B; ++b)
+    flat_out.slice(b * n * row, n * row).copy_from(flat_x.slice((b * T + t0) * row, n * row));
+  return out;
+}
+// The same rows of a (B, T, H, D) double vector.
+std::vector<double> rows_of(const Case& c, int64_t H, const std::vector<double>& x, int64_t t0, int64_t n) {
+  std::vector<double> out;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = t0; t < t0 + n; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t e = 0; e < c.D; ++e) out.push_back(x[at(c, H, b, t, h, e)]);
+  return out;
+}
+// lse (B, Hq, T) rows t0 .. t0 + n.
+std::vector<double> lse_rows(const Case& c, const std::vector<double>& lse, int64_t t0, int64_t n) {
+  std::vector<double> out;
+  for (int64_t bh = 0; bh < c.B * c.Hq; ++bh)
+    for (int64_t t = t0; t < t0 + n; ++t) out.push_back(lse[size_t(bh * c.T + t)]);
+  return out;
+}
+
+// A context-parallel rank's view (the head-tail split of a sequence into 4
+// chunks: this rank holds chunks 1 and 2, the other chunks 0 and 3): each
+// chunk of queries attends, through an AttentionWindow, to the keys of the
+// whole sequence up to its own positions, and the keys' gradients of all four
+// chunks, accumulated into one buffer, are the whole sequence's. Held to the
+// double reference of the whole sequence, as the whole-sequence op is.
+TEST(Attention, WindowsOfQueryChunksMatchTheWholeSequence) {
+  for (const DType dt : {DType::f32, DType::bf16})
+    for (const Case& c :
+         {Case{2, 36, 4, 2, 16, kOdd}, Case{1, 64, 4, 1, 64, kSmall}, Case{1, 128, 2, 2, 32, kDefault}}) {
+      SCOPED_TRACE(describe(c) + " " + dtype_name(dt));
+      const int64_t chunk = c.T / 4;
+      Tensor q = random_tensor({c.B, c.T, c.Hq, c.D}, dt, "q", 2.0f),
+             k = random_tensor({c.B, c.T, c.Hkv, c.D}, dt, "k", 2.0f);
+      Tensor v = random_tensor({c.B, c.T, c.Hkv, c.D}, dt, "v"),
+             dout = random_tensor({c.B, c.T, c.Hq, c.D}, dt, "dout");
+      const std::vector<double> qd = to_double(q), kd = to_double(k), vd = to_double(v), dd = to_double(dout);
+      const RefForward f = ref_forward(c, qd, kd, vd);
+      const RefGrads g = ref_backward(c, qd, kd, vd, dd);
+      Tensor dk = Tensor::zeros(k.shape(), dt, MemCategory::workspace, "dk");
+      Tensor dv = Tensor::zeros(v.shape(), dt, MemCategory::workspace, "dv");
+      // The whole-sequence tests' bounds (above): f32 1e-5; bf16 5e-3 on out,
+      // 1e-4 on lse, 1e-2 on the gradients, which hold with the keys'
+      // gradients rounded once per chunk added (measured 2.9e-3 to 3.9e-3).
+      const double bound = dt == DType::f32 ? 1e-5 : 5e-3, grad_bound = dt == DType::f32 ? 1e-5 : 1e-2;
+      for (const int64_t part : {1, 2, 0, 3}) {
+        const int64_t t0 = part * chunk;
+        const Tensor qc = rows_of(q, t0, chunk, "q_chunk"), dc = rows_of(dout, t0, chunk, "dout_chunk");
+        Tensor out = random_tensor(qc.shape(), dt, "garbage_out", 100.0f);
+        Tensor lse = random_tensor({c.B, c.Hq, chunk}, DType::f32, "garbage_lse", 100.0f);
+        const AttentionWindow window{t0, 0};
+        attention_forward(qc, k, v, out, lse, c.scale, c.tiles, window);
+        EXPECT_LT(rel_error(out, rows_of(c, c.Hq, f.out, t0, chunk)), bound) << "chunk " << part;
+        EXPECT_LT(max_abs_error(to_double(lse), lse_rows(c, f.lse, t0, chunk)), dt == DType::f32 ? 1e-5 : 1e-4);
+        Tensor dq = random_tensor(qc.shape(), dt, "garbage_dq", 100.0f);
+        // Each chunk's dq is its own (overwritten); the keys' gradients add up over the chunks.
+        attention_backward(dc, qc, k, v, out, lse, dq, dk, dv, c.scale, c.tiles, window, {.dq = false, .dkv = true});
+        EXPECT_LT(grad_error(dq, rows_of(c, c.Hq, g.dq, t0, chunk)), grad_bound) << "chunk " << part;
+      }
+      std::printf("%-4s %-62s chunks' dk %.2e  dv %.2e\n", dtype_name(dt), describe(c).c_str(), grad_error(dk, g.dk),
+                  grad_error(dv, g.dv));
+      EXPECT_LT(grad_error(dk, g.dk), grad_bound);
+      EXPECT_LT(grad_error(dv, g.dv), grad_bound);
+    }
+}
+
+// A block of keys that starts later than key 0 (a ring step of context
+// parallelism): the queries attend only to those keys, up to their own
+// positions; out and lse are that partial attention's.
+TEST(Attention, AWindowOfKeysGivesThePartialAttention) {
+  const Case c{1, 24, 2, 1, 16, kOdd};
+  const int64_t q_first = 16, k_first = 8, Tq = 8, Tk = 12;  // queries 16..23 over keys 8..19
+  Tensor q = random_tensor({c.B, Tq, c.Hq, c.D}, DType::f32, "q", 2.0f);
+  Tensor k = random_tensor({c.B, Tk, c.Hkv, c.D}, DType::f32, "k", 2.0f),
+         v = random_tensor({c.B, Tk, c.Hkv, c.D}, DType::f32, "v");
+  Tensor out = Tensor::empty(q.shape(), DType::f32, MemCategory::workspace, "out");
+  Tensor lse = Tensor::empty({c.B, c.Hq, Tq}, DType::f32, MemCategory::workspace, "lse");
+  attention_forward(q, k, v, out, lse, 0.0f, c.tiles, AttentionWindow{q_first, k_first});
+  const std::vector<double> qd = to_double(q), kd = to_double(k), vd = to_double(v);
+  std::vector<double> want_out(qd.size(), 0.0), want_lse;
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  for (int64_t h = 0; h < c.Hq; ++h)
+    for (int64_t t = 0; t < Tq; ++t) {
+      const int64_t last = std::min(Tk - 1, q_first + t - k_first);  // keys up to the query's position
+      std::vector<double> s;
+      double m = -1e300;
+      for (int64_t j = 0; j <= last; ++j) {
+        double x = 0;
+        for (int64_t e = 0; e < c.D; ++e) x += qd[size_t((t * c.Hq + h) * c.D + e)] * kd[size_t(j * c.D + e)];
+        s.push_back(x * scale);
+        m = std::max(m, x * scale);
+      }
+      double l = 0;
+      for (double& x : s) l += (x = std::exp(x - m));
+      for (int64_t j = 0; j <= last; ++j)
+        for (int64_t e = 0; e < c.D; ++e)
+          want_out[size_t((t * c.Hq + h) * c.D + e)] += s[size_t(j)] / l * vd[size_t(j * c.D + e)];
+      want_lse.push_back(m + std::log(l));
+    }
+  EXPECT_LT(rel_error(out, want_out), 1e-5);
+  EXPECT_LT(max_abs_error(to_double(lse), want_lse), 1e-5);
+}
+
 TEST(Attention, RejectsHeadsNotDivisibleByKvHeads) {
   Tensor q = Tensor::zeros({1, 4, 6, 8}, DType::f32, MemCategory::activations, "q");
   Tensor k = Tensor::zeros({1, 4, 4, 8}, DType::f32, MemCategory::activations, "k");

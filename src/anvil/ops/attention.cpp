@@ -46,17 +46,24 @@ namespace anvil {
 namespace {
 
 struct Dims {
-  int64_t B, T, Hq, Hkv, D;
+  int64_t B, Tq, Tk, Hq, Hkv, D;
   int64_t group;  // query heads per kv head
   float scale;
+  int64_t q_first, k_first;  // the positions of query row 0 and key row 0 (AttentionWindow)
+  // Key rows any query sees: those before the last query's position.
+  int64_t keys_seen() const { return std::clamp<int64_t>(q_first + Tq - k_first, 0, Tk); }
+  // Key rows query row t sees (at least one: q_first ≥ k_first).
+  int64_t keys_of(int64_t t) const { return std::min<int64_t>(Tk, q_first + t - k_first + 1); }
 };
 
-Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const AttentionWindow& w) {
   ANVIL_ASSERT(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q ", shape_str(q.shape()), " k ",
                shape_str(k.shape()), " v ", shape_str(v.shape()), " must be (B, T, heads, head_dim)");
-  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0, scale};
-  ANVIL_ASSERT(k.shape() == v.shape() && k.size(0) == d.B && k.size(1) == d.T && k.size(3) == d.D, "attention: q ",
-               shape_str(q.shape()), " k ", shape_str(k.shape()), " v ", shape_str(v.shape()));
+  Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), 0, scale, w.q_first, w.k_first};
+  ANVIL_ASSERT(k.shape() == v.shape() && k.size(0) == d.B && k.size(3) == d.D, "attention: q ", shape_str(q.shape()),
+               " k ", shape_str(k.shape()), " v ", shape_str(v.shape()));
+  ANVIL_ASSERT(w.q_first >= w.k_first && w.k_first >= 0, "attention: the queries start at position ", w.q_first,
+               ", before the keys (", w.k_first, "): every query must see at least the first key");
   ANVIL_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads cannot be shared evenly by ", d.Hkv,
               " key/value heads (q ", shape_str(q.shape()), ", k ", shape_str(k.shape()),
               "); choose n_kv_heads so that it divides n_heads");
@@ -73,14 +80,14 @@ void check_like(const Tensor& t, const Tensor& like, const char* name) {
 }
 
 void check_lse(const Tensor& lse, const Dims& d) {
-  ANVIL_ASSERT(lse.dtype() == DType::f32 && lse.shape() == Shape({d.B, d.Hq, d.T}), "attention: lse ",
+  ANVIL_ASSERT(lse.dtype() == DType::f32 && lse.shape() == Shape({d.B, d.Hq, d.Tq}), "attention: lse ",
                shape_str(lse.shape()), " must be f32 (B, Hq, T)");
 }
 
 // The FLOPs the model's count credits (estimate/flops.cpp, torchtitan's convention): the products as if
-// not causal, 4·T²·head_dim per query head forward and twice that backward.
+// not causal, 4·Tq·Tk·head_dim per query head forward and twice that backward (4·T² over a whole sequence).
 double attention_flops(const Dims& d, double per_element) {
-  return per_element * static_cast<double>(d.B * d.Hq * d.D) * static_cast<double>(d.T) * static_cast<double>(d.T);
+  return per_element * static_cast<double>(d.B * d.Hq * d.D) * static_cast<double>(d.Tq) * static_cast<double>(d.Tk);
 }
 
 constexpr float kLog2e = 1.44269504088896341f;
@@ -270,12 +277,13 @@ inline void grad_row(const float* s, const float* dp, const float* lse, const fl
 // buffers: one extra pass over q/k/v (and dout), 5–9% of the time measured at
 // T = 512–2048, far less than the strided products would lose.
 
-// dst (rows, D) = rows t0.. of head h of src (B, T, H, D), for batch b; widened
-// from bf16 to f32 when the products run in f32 (see attention_forward).
+// dst (rows, D) = rows t0.. of head h of src (B, Ts, H, D), for batch b;
+// widened from bf16 to f32 when the products run in f32 (see attention_forward).
 template <class T, class C>
-void pack_head(const T* src, const Dims& d, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows, C* dst) {
+void pack_head(const T* src, const Dims& d, int64_t Ts, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows,
+               C* dst) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* row = src + ((b * d.T + t0 + r) * H + h) * d.D;
+    const T* row = src + ((b * Ts + t0 + r) * H + h) * d.D;
     if constexpr (std::is_same_v<T, C>) {
       std::memcpy(dst + r * d.D, row, size_t(d.D) * sizeof(T));
     } else {
@@ -284,11 +292,19 @@ void pack_head(const T* src, const Dims& d, int64_t H, int64_t b, int64_t h, int
   }
 }
 
-// The inverse, converting from f32: rows t0.. of head h of dst (B, T, H, D) = src (rows, D).
+// The inverse, converting from f32: rows t0.. of head h of dst (B, Ts, H, D) =
+// src (rows, D), or += src when accumulating (added in f32, rounded once).
 template <class T>
-void unpack_head(const float* src, const Dims& d, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows, T* dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    store_scaled_row(src + r * d.D, 1.0f, d.D, dst + ((b * d.T + t0 + r) * H + h) * d.D);
+void unpack_head(const float* src, const Dims& d, int64_t Ts, int64_t H, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                 T* dst, bool accumulate = false) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = dst + ((b * Ts + t0 + r) * H + h) * d.D;
+    if (!accumulate) {
+      store_scaled_row(src + r * d.D, 1.0f, d.D, row);
+      continue;
+    }
+    for (int64_t e = 0; e < d.D; ++e) row[e] = from_f32<T>(to_f32(row[e]) + src[r * d.D + e]);
+  }
 }
 
 // Tasks are (batch, kv head, split): a task packs its kv head once and serves
@@ -336,22 +352,27 @@ int64_t scratch_slots(int64_t tasks) { return omp_in_parallel() ? 1 : std::min<i
 // bf16 tensors whose products run widened).
 template <class T, class C>
 void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, float* lse, const AttentionTiles& tiles) {
-  const int64_t T_ = d.T, D = d.D;
-  const int64_t Bq = diagonal_tile(tiles.fwd_q, T_), Bk = std::min(tiles.fwd_k, T_);
+  const int64_t Tq = d.Tq, D = d.D, Lk = d.keys_seen();
+  // With queries after the keys' start the causal diagonal moves right by
+  // `shift` keys; a whole sequence has shift 0.
+  const int64_t shift = d.q_first - d.k_first;
+  const int64_t Bq = diagonal_tile(tiles.fwd_q, Tq), Bk = std::min(tiles.fwd_k, std::max<int64_t>(Lk, 1));
   const DType ab = dtype_of<C>();
-  const int64_t n_qtiles = (T_ + Bq - 1) / Bq;
-  // Under the causal mask query tile i costs ∝ i + 1 key blocks, so tiles go
-  // in pairs (i, n_qtiles − 1 − i) of equal total cost; splits take pairs
-  // round-robin and stay balanced.
+  const int64_t n_qtiles = (Tq + Bq - 1) / Bq;
+  // Under the causal mask query tile i costs ∝ shift + i + 1 key blocks, so
+  // tiles go in pairs (i, n_qtiles − 1 − i) of equal total cost; splits take
+  // pairs round-robin and stay balanced.
   const int64_t pairs = (n_qtiles + 1) / 2;
   const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
   const float scale2 = d.scale * kLog2e;  // scores in log2 units: S = scale·log2(e)·Q Kᵀ, P = 2^(S − m)
+  // The keys query tile [q0, q0 + mq) sees: those before its last query.
+  const auto tile_keys = [&](int64_t q0, int64_t mq) { return std::min(Lk, shift + q0 + mq); };
 
   // Scratch per thread, once per call: the packed keys and values of one kv
   // head, one packed query tile, one score block, its probabilities, the
   // output accumulator and the running max / sum per row.
   const int64_t slots = scratch_slots(owners * splits);
-  Tensor kv_buf = Tensor::empty({slots, 2, T_, D}, ab, MemCategory::workspace, "attention.fwd.kv_packed");
+  Tensor kv_buf = Tensor::empty({slots, 2, Lk, D}, ab, MemCategory::workspace, "attention.fwd.kv_packed");
   Tensor q_buf = Tensor::empty({slots, Bq, D}, ab, MemCategory::workspace, "attention.fwd.q_packed");
   Tensor s_buf = Tensor::empty({slots, Bq * Bk}, DType::f32, MemCategory::workspace, "attention.fwd.scores");
   Tensor p_buf = Tensor::empty({slots, Bq * Bk}, ab, MemCategory::workspace, "attention.fwd.probs");
@@ -360,9 +381,10 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   // oneDNN's scratchpad for the tile products, one per slot: the most any
   // (query tile, key block) of the loop below needs.
   std::set<std::pair<int64_t, int64_t>> tile_shapes;
-  for (int64_t q0 = 0; q0 < T_; q0 += Bq)
-    for (int64_t k0 = 0, mq = std::min(Bq, T_ - q0); k0 < q0 + mq; k0 += Bk)
-      tile_shapes.insert({mq, std::min(Bk, q0 + mq - k0)});
+  for (int64_t q0 = 0; q0 < Tq; q0 += Bq) {
+    const int64_t mq = std::min(Bq, Tq - q0), kend = tile_keys(q0, mq);
+    for (int64_t k0 = 0; k0 < kend; k0 += Bk) tile_shapes.insert({mq, std::min(Bk, kend - k0)});
+  }
   size_t tile_scratch = 0;
   for (const auto& [mq, nk] : tile_shapes)
     for (bool acc : {false, true})
@@ -376,8 +398,8 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   std::atomic<int64_t> next_task{0};
   parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
     ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
-    C* Kp = kv_buf.data<C>() + slot * 2 * T_ * D;
-    C* Vp = Kp + T_ * D;
+    C* Kp = kv_buf.data<C>() + slot * 2 * Lk * D;
+    C* Vp = Kp + Lk * D;
     C* Qp = q_buf.data<C>() + slot * Bq * D;
     float* S = s_buf.data<float>() + slot * Bq * Bk;
     C* P = p_buf.data<C>() + slot * Bq * Bk;
@@ -389,18 +411,18 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
     // Rows q0 .. q0 + mq of query head h. Blocks are packed densely (row
     // stride = their width nk) so every product sees dense operands.
     auto query_tile = [&](int64_t b, int64_t h, int64_t q0) {
-      const int64_t mq = std::min(Bq, T_ - q0), q_end = q0 + mq;
-      pack_head(q, d, d.Hq, b, h, q0, mq, Qp);
-      for (int64_t k0 = 0; k0 < q_end; k0 += Bk) {
-        const int64_t nk = std::min(Bk, q_end - k0);  // keys past the tile's last query are masked for all rows
+      const int64_t mq = std::min(Bq, Tq - q0), kend = tile_keys(q0, mq);
+      pack_head(q, d, Tq, d.Hq, b, h, q0, mq, Qp);
+      for (int64_t k0 = 0; k0 < kend; k0 += Bk) {
+        const int64_t nk = std::min(Bk, kend - k0);  // keys past the tile's last query are masked for all rows
         const bool first = k0 == 0;
         gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Qp, Kp + k0 * D,
              S, sp);
         for (int64_t r = 0; r < mq; ++r) {
-          const int64_t n_valid = std::min(nk, q0 + r - k0 + 1);  // causal: keys ≤ q0 + r
+          const int64_t n_valid = std::min(nk, d.keys_of(q0 + r) - k0);  // causal: keys ≤ the query's position
           float* srow = S + r * nk;
           C* prow = P + r * nk;
-          if (n_valid <= 0) {  // the whole block is above the diagonal for this row (only when Bk > Bq)
+          if (n_valid <= 0) {  // the whole block is after this row's query (key 0 never is)
             exp_row(srow, 0.0f, 0, nk, prow);
             continue;
           }
@@ -419,15 +441,15 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
         gemm({.M = mq, .N = D, .K = nk, .ab = ab, .c = DType::f32, .accumulate = !first}, P, Vp + k0 * D, O, sp);
       }
       for (int64_t r = 0; r < mq; ++r) {
-        store_scaled_row(O + r * D, 1.0f / row_l[r], D, out + ((b * T_ + q0 + r) * d.Hq + h) * D);
-        lse[(b * d.Hq + h) * T_ + q0 + r] = (row_m[r] + std::log2(row_l[r])) * kLn2;  // back to natural log
+        store_scaled_row(O + r * D, 1.0f / row_l[r], D, out + ((b * Tq + q0 + r) * d.Hq + h) * D);
+        lse[(b * d.Hq + h) * Tq + q0 + r] = (row_m[r] + std::log2(row_l[r])) * kLn2;  // back to natural log
       }
     };
 
     for (int64_t task; (task = next_task.fetch_add(1)) < owners * splits;) {
       const int64_t s = task % splits, bg = task / splits, b = bg / d.Hkv, g = bg % d.Hkv;
-      pack_head(k, d, d.Hkv, b, g, 0, T_, Kp);
-      pack_head(v, d, d.Hkv, b, g, 0, T_, Vp);
+      pack_head(k, d, d.Tk, d.Hkv, b, g, 0, Lk, Kp);
+      pack_head(v, d, d.Tk, d.Hkv, b, g, 0, Lk, Vp);
       for (int64_t p = s; p < pairs; p += splits) {
         const int64_t mirror = n_qtiles - 1 - p;
         for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
@@ -459,40 +481,44 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
 
 template <class T, class C>
 void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
-                   T* dq, T* dk, T* dv, const AttentionTiles& tiles) {
-  const int64_t T_ = d.T, D = d.D, G = d.group;
-  const int64_t Bq = std::min(tiles.bwd_q, T_), Bk = diagonal_tile(tiles.bwd_k, T_);
+                   T* dq, T* dk, T* dv, const AttentionTiles& tiles, AttentionAccumulate accumulate) {
+  const int64_t Tq = d.Tq, D = d.D, G = d.group, Lk = d.keys_seen();
+  const int64_t shift = d.q_first - d.k_first;  // see forward_impl
+  const int64_t Bq = std::min(tiles.bwd_q, Tq), Bk = diagonal_tile(tiles.bwd_k, std::max<int64_t>(Lk, 1));
   const DType ab = dtype_of<C>();
-  const int64_t n_ktiles = (T_ + Bk - 1) / Bk;
+  const int64_t n_ktiles = (Lk + Bk - 1) / Bk;
   // Key tile j costs ∝ (T − k0): pair j with n_ktiles − 1 − j as the forward does.
   const int64_t pairs = (n_ktiles + 1) / 2;
   const int64_t owners = d.B * d.Hkv, splits = task_splits(owners, pairs);
   const float scale2 = d.scale * kLog2e;  // scores in log2 units, as in the forward
+  // The first query row that sees key row k0: the queries before it see none.
+  const auto first_query = [&](int64_t k0) { return std::max<int64_t>(0, k0 - shift); };
 
   // With several splits, each split's dQ partial goes to its own slot and the
   // slots are summed in split order afterwards: a fixed reduction order, so the
   // result is bitwise the same on every run (a lock-ordered sum would not be).
-  Tensor dq_parts_buf;  // (splits, B, T, Hq, D) f32, only with several splits
+  Tensor dq_parts_buf;  // (splits, B, Tq, Hq, D) f32, only with several splits
   if (splits > 1)
-    dq_parts_buf = Tensor::empty({splits, d.B, T_, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_parts");
+    dq_parts_buf =
+        Tensor::empty({splits, d.B, Tq, d.Hq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_parts");
 
   // Scratch per thread, once per call (see scratch_slots): packed K, V of one
   // kv head and Q, dO, dQ (f32), Δ, lse of its G query heads; one transposed
   // block of scores/dP (f32) and P/dS (storage dtype); the dK_j, dV_j accumulators.
   const int64_t slots = scratch_slots(owners * splits);
-  Tensor kv_buf = Tensor::empty({slots, 2, T_, D}, ab, MemCategory::workspace, "attention.bwd.kv_packed");
-  Tensor q_buf = Tensor::empty({slots, 2, G, T_, D}, ab, MemCategory::workspace, "attention.bwd.q_dout_packed");
-  Tensor dq_buf = Tensor::empty({slots, G, T_, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_acc");
-  Tensor stats_buf = Tensor::empty({slots, 2, G, T_}, DType::f32, MemCategory::workspace, "attention.bwd.delta_lse2");
+  Tensor kv_buf = Tensor::empty({slots, 2, Lk, D}, ab, MemCategory::workspace, "attention.bwd.kv_packed");
+  Tensor q_buf = Tensor::empty({slots, 2, G, Tq, D}, ab, MemCategory::workspace, "attention.bwd.q_dout_packed");
+  Tensor dq_buf = Tensor::empty({slots, G, Tq, D}, DType::f32, MemCategory::workspace, "attention.bwd.dq_acc");
+  Tensor stats_buf = Tensor::empty({slots, 2, G, Tq}, DType::f32, MemCategory::workspace, "attention.bwd.delta_lse2");
   Tensor s_buf = Tensor::empty({slots, 2, Bk * Bq}, DType::f32, MemCategory::workspace, "attention.bwd.scores_dprobs");
   Tensor p_buf = Tensor::empty({slots, 2, Bk * Bq}, ab, MemCategory::workspace, "attention.bwd.probs_dscores");
   Tensor acc_buf = Tensor::empty({slots, 2, Bk, D}, DType::f32, MemCategory::workspace, "attention.bwd.dk_dv_acc");
   // oneDNN's scratchpad for the tile products, one per slot: the most any
   // (key tile, query tile) of the loop below needs.
   std::set<std::pair<int64_t, int64_t>> tile_shapes;  // (keys ne, queries mq)
-  for (int64_t k0 = 0; k0 < T_; k0 += Bk)
-    for (int64_t q0 = k0, nk = std::min(Bk, T_ - k0); q0 < T_; q0 += Bq)
-      tile_shapes.insert({std::min(nk, q0 + std::min(Bq, T_ - q0) - k0), std::min(Bq, T_ - q0)});
+  for (int64_t k0 = 0; k0 < Lk; k0 += Bk)
+    for (int64_t q0 = first_query(k0), nk = std::min(Bk, Lk - k0); q0 < Tq; q0 += Bq)
+      tile_shapes.insert({std::min(nk, shift + q0 + std::min(Bq, Tq - q0) - k0), std::min(Bq, Tq - q0)});
   size_t tile_scratch = 0;
   for (const auto& [ne, mq] : tile_shapes)
     for (bool acc : {false, true})
@@ -508,13 +534,13 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   std::atomic<int64_t> next_task{0};
   parallel_for(0, slots, 1, [&](int64_t slot, int64_t slot_end) {
     ANVIL_ASSERT(slot_end == slot + 1, "one scratch slot per thread");
-    C* Kp = kv_buf.data<C>() + slot * 2 * T_ * D;
-    C* Vp = Kp + T_ * D;
-    C* Qp = q_buf.data<C>() + slot * 2 * G * T_ * D;  // (G, T, D)
-    C* dOp = Qp + G * T_ * D;                          // (G, T, D)
-    float* dQp = dq_buf.data<float>() + slot * G * T_ * D;
-    float* delta = stats_buf.data<float>() + slot * 2 * G * T_;  // (G, T) Δ per query row
-    float* lse2 = delta + G * T_;                                 // (G, T) lse in log2 units
+    C* Kp = kv_buf.data<C>() + slot * 2 * Lk * D;
+    C* Vp = Kp + Lk * D;
+    C* Qp = q_buf.data<C>() + slot * 2 * G * Tq * D;  // (G, Tq, D)
+    C* dOp = Qp + G * Tq * D;                         // (G, Tq, D)
+    float* dQp = dq_buf.data<float>() + slot * G * Tq * D;
+    float* delta = stats_buf.data<float>() + slot * 2 * G * Tq;  // (G, Tq) Δ per query row
+    float* lse2 = delta + G * Tq;                                // (G, Tq) lse in log2 units
     float* St = s_buf.data<float>() + slot * 2 * Bk * Bq;
     float* dPt = St + Bk * Bq;
     C* Pt = p_buf.data<C>() + slot * 2 * Bk * Bq;
@@ -525,62 +551,71 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 
     // Key tile j (keys k0 .. k0 + nk) of kv head g, against all later queries.
     auto key_tile = [&](int64_t b, int64_t g, int64_t j) {
-      const int64_t k0 = j * Bk, nk = std::min(Bk, T_ - k0);
+      const int64_t k0 = j * Bk, nk = std::min(Bk, Lk - k0);
       const C* Kj = Kp + k0 * D;
       const C* Vj = Vp + k0 * D;
-      // Key tile 0 is seen by every query row, so its dQ products write
-      // instead of adding and dQp needs no zeroing in the task that owns it.
+      // Key tile 0 is seen by every query row (q_first ≥ k_first), so its dQ
+      // products write instead of adding and dQp needs no zeroing in the task
+      // that owns it.
       const bool dq_first = j == 0;
       std::fill(dK_acc, dK_acc + 2 * Bk * D, 0.0f);
       for (int64_t hh = 0; hh < G; ++hh) {
-        for (int64_t q0 = k0; q0 < T_; q0 += Bq) {  // queries before k0 see none of these keys
-          const int64_t mq = std::min(Bq, T_ - q0);
-          const int64_t ne = std::min(nk, q0 + mq - k0);  // keys after the tile's last query are masked
-          const C* Qi = Qp + (hh * T_ + q0) * D;
-          const C* dOi = dOp + (hh * T_ + q0) * D;
+        for (int64_t q0 = first_query(k0); q0 < Tq; q0 += Bq) {  // earlier queries see none of these keys
+          const int64_t mq = std::min(Bq, Tq - q0);
+          const int64_t ne = std::min(nk, shift + q0 + mq - k0);  // keys after the tile's last query are masked
+          const C* Qi = Qp + (hh * Tq + q0) * D;
+          const C* dOi = dOp + (hh * Tq + q0) * D;
           gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Kj, Qi, St,
                sp);
           gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}, Vj, dOi, dPt, sp);
-          for (int64_t r = 0; r < ne; ++r)  // key k0 + r is seen by queries q0 + i with i ≥ k0 + r − q0
-            grad_row(St + r * mq, dPt + r * mq, lse2 + hh * T_ + q0, delta + hh * T_ + q0, d.scale,
-                     std::max<int64_t>(0, k0 + r - q0), mq, Pt + r * mq, dSt + r * mq);
+          for (int64_t r = 0; r < ne; ++r)  // key k0 + r is seen by queries q0 + i with i ≥ k0 + r − shift − q0
+            grad_row(St + r * mq, dPt + r * mq, lse2 + hh * Tq + q0, delta + hh * Tq + q0, d.scale,
+                     std::max<int64_t>(0, k0 + r - shift - q0), mq, Pt + r * mq, dSt + r * mq);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, Pt, dOi, dV_acc, sp);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, dSt, Qi, dK_acc, sp);
           gemm({.M = mq, .N = D, .K = ne, .trans_a = true, .ab = ab, .c = DType::f32, .accumulate = !dq_first}, dSt, Kj,
-               dQp + (hh * T_ + q0) * D, sp);
+               dQp + (hh * Tq + q0) * D, sp);
         }
       }
-      unpack_head(dK_acc, d, d.Hkv, b, g, k0, nk, dk);
-      unpack_head(dV_acc, d, d.Hkv, b, g, k0, nk, dv);
+      unpack_head(dK_acc, d, d.Tk, d.Hkv, b, g, k0, nk, dk, accumulate.dkv);
+      unpack_head(dV_acc, d, d.Tk, d.Hkv, b, g, k0, nk, dv, accumulate.dkv);
     };
 
     for (int64_t task; (task = next_task.fetch_add(1)) < owners * splits;) {
       const int64_t s = task % splits, bg = task / splits, b = bg / d.Hkv, g = bg % d.Hkv;
-      pack_head(k, d, d.Hkv, b, g, 0, T_, Kp);
-      pack_head(v, d, d.Hkv, b, g, 0, T_, Vp);
+      pack_head(k, d, d.Tk, d.Hkv, b, g, 0, Lk, Kp);
+      pack_head(v, d, d.Tk, d.Hkv, b, g, 0, Lk, Vp);
       for (int64_t hh = 0; hh < G; ++hh) {
         const int64_t h = g * G + hh;
-        pack_head(q, d, d.Hq, b, h, 0, T_, Qp + hh * T_ * D);
-        pack_head(dout, d, d.Hq, b, h, 0, T_, dOp + hh * T_ * D);
-        for (int64_t t = 0; t < T_; ++t) {  // Δ = rowsum(dout ∘ out), the softmax-backward correction
-          const int64_t row = ((b * T_ + t) * d.Hq + h) * D;
-          delta[hh * T_ + t] = dot_row(dout + row, out + row, D);
-          lse2[hh * T_ + t] = lse[(b * d.Hq + h) * T_ + t] * kLog2e;
+        pack_head(q, d, Tq, d.Hq, b, h, 0, Tq, Qp + hh * Tq * D);
+        pack_head(dout, d, Tq, d.Hq, b, h, 0, Tq, dOp + hh * Tq * D);
+        for (int64_t t = 0; t < Tq; ++t) {  // Δ = rowsum(dout ∘ out), the softmax-backward correction
+          const int64_t row = ((b * Tq + t) * d.Hq + h) * D;
+          delta[hh * Tq + t] = dot_row(dout + row, out + row, D);
+          lse2[hh * Tq + t] = lse[(b * d.Hq + h) * Tq + t] * kLog2e;
         }
       }
-      if (s != 0) std::fill(dQp, dQp + G * T_ * D, 0.0f);  // split 0 owns key tile 0 and starts with it
+      // Keys no query sees get no gradient: zero, unless adding to what is there.
+      if (!accumulate.dkv && Lk < d.Tk && s == 0) {
+        for (int64_t t = Lk; t < d.Tk; ++t) {
+          std::fill(dk + ((b * d.Tk + t) * d.Hkv + g) * D, dk + ((b * d.Tk + t) * d.Hkv + g) * D + D, from_f32<T>(0));
+          std::fill(dv + ((b * d.Tk + t) * d.Hkv + g) * D, dv + ((b * d.Tk + t) * d.Hkv + g) * D + D, from_f32<T>(0));
+        }
+      }
+      if (s != 0) std::fill(dQp, dQp + G * Tq * D, 0.0f);  // split 0 owns key tile 0 and starts with it
       for (int64_t p = s; p < pairs; p += splits) {
         key_tile(b, g, p);
         if (n_ktiles - 1 - p != p) key_tile(b, g, n_ktiles - 1 - p);
       }
       if (splits == 1) {
-        for (int64_t hh = 0; hh < G; ++hh) unpack_head(dQp + hh * T_ * D, d, d.Hq, b, g * G + hh, 0, T_, dq);
-      } else {  // this task alone writes these rows of slot s
-        float* part = dq_parts_buf.data<float>() + s * d.B * T_ * d.Hq * D;
         for (int64_t hh = 0; hh < G; ++hh)
-          for (int64_t t = 0; t < T_; ++t) {
-            float* dst = part + ((b * T_ + t) * d.Hq + g * G + hh) * D;
-            const float* src = dQp + (hh * T_ + t) * D;
+          unpack_head(dQp + hh * Tq * D, d, Tq, d.Hq, b, g * G + hh, 0, Tq, dq, accumulate.dq);
+      } else {  // this task alone writes these rows of slot s
+        float* part = dq_parts_buf.data<float>() + s * d.B * Tq * d.Hq * D;
+        for (int64_t hh = 0; hh < G; ++hh)
+          for (int64_t t = 0; t < Tq; ++t) {
+            float* dst = part + ((b * Tq + t) * d.Hq + g * G + hh) * D;
+            const float* src = dQp + (hh * Tq + t) * D;
             std::copy(src, src + D, dst);
           }
       }
@@ -589,14 +624,18 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 
   if (splits > 1) {
     const float* parts = dq_parts_buf.data<float>();
-    const int64_t slot = d.B * T_ * d.Hq * D;
-    parallel_for(0, d.B * T_ * d.Hq, 64, [&](int64_t lo, int64_t hi) {
+    const int64_t slot = d.B * Tq * d.Hq * D;
+    parallel_for(0, d.B * Tq * d.Hq, 64, [&](int64_t lo, int64_t hi) {
       std::vector<float> sum(static_cast<size_t>(D));
       for (int64_t row = lo; row < hi; ++row) {
         std::copy(parts + row * D, parts + row * D + D, sum.begin());
         for (int64_t sp = 1; sp < splits; ++sp)
           for (int64_t e = 0; e < D; ++e) sum[static_cast<size_t>(e)] += parts[sp * slot + row * D + e];
-        store_scaled_row(sum.data(), 1.0f, D, dq + row * D);
+        if (accumulate.dq)
+          for (int64_t e = 0; e < D; ++e)
+            dq[row * D + e] = from_f32<T>(to_f32(dq[row * D + e]) + sum[static_cast<size_t>(e)]);
+        else
+          store_scaled_row(sum.data(), 1.0f, D, dq + row * D);
       }
     });
   }
@@ -607,8 +646,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 bool attention_products_widened(DType dtype) { return dtype == DType::bf16 && bf16_products_widened(); }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
-                       const AttentionTiles& tiles) {
-  const Dims d = attention_dims(q, k, v, scale);
+                       const AttentionTiles& tiles, const AttentionWindow& window) {
+  const Dims d = attention_dims(q, k, v, scale, window);
   const ScopedOpTime op("attention.forward", attention_flops(d, 4));
   check_like(out, q, "out");
   check_lse(lse, d);
@@ -626,9 +665,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, float scale,
-                        const AttentionTiles& tiles) {
-  const Dims d = attention_dims(q, k, v, scale);
+                        const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, float scale, const AttentionTiles& tiles,
+                        const AttentionWindow& window, AttentionAccumulate accumulate) {
+  const Dims d = attention_dims(q, k, v, scale, window);
   const ScopedOpTime op("attention.backward", attention_flops(d, 8));
   check_like(dout, q, "dout");
   check_like(out, q, "out");
@@ -641,15 +680,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   if (q.dtype() == DType::f32)
     backward_impl<float, float>(d, dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
                                 out.data<float>(), lse.data<float>(), dq.data<float>(), dk.data<float>(),
-                                dv.data<float>(), tiles);
+                                dv.data<float>(), tiles, accumulate);
   else if (attention_products_widened(q.dtype()))
-    backward_impl<bf16, float>(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(),
-                               out.data<bf16>(), lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(),
-                               tiles);
+    backward_impl<bf16, float>(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(),
+                               lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), tiles, accumulate);
   else
-    backward_impl<bf16, bf16>(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(),
-                              out.data<bf16>(), lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(),
-                              tiles);
+    backward_impl<bf16, bf16>(d, dout.data<bf16>(), q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(),
+                              lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), tiles, accumulate);
 }
 
 }  // namespace anvil

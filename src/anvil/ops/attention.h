@@ -13,6 +13,12 @@
 //                           softmax statistic the backward needs
 // Query t attends to keys 0..t. scale defaults to 1/sqrt(D).
 //
+// Part of a sequence (context parallelism: a rank holds some chunks of the
+// queries): an AttentionWindow puts query row t at position q_first + t and
+// key row j at k_first + j, and query t attends to the keys at positions up
+// to its own. q then has Tq rows and k, v any Tk rows (only those up to the
+// last query's position are read); lse is (B, Hq, Tq).
+//
 // Work is parallel over (batch, kv head) tasks, split further when B·Hkv does
 // not divide over the threads. Workspace (category workspace, freed on
 // return), per thread, with G = Hq/Hkv and s = dtype size:
@@ -40,6 +46,16 @@ struct AttentionTiles {
   int64_t bwd_q = 256, bwd_k = 256;  // backward
 };
 
+// Where the query and key rows sit in the sequence (see above). q_first ≥
+// k_first: every query sees at least the first key.
+struct AttentionWindow {
+  int64_t q_first = 0, k_first = 0;
+};
+
+// Which gradients the backward adds to instead of overwriting.
+struct AttentionAccumulate {
+  bool dq = false, dkv = false;
+};
 
 // scale = 0 means the usual 1/sqrt(D).
 // q, k, v, out share a dtype (f32 or bf16); lse is always f32.
@@ -50,15 +66,19 @@ struct AttentionTiles {
 bool attention_products_widened(DType dtype);
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale = 0.0f,
-                       const AttentionTiles& tiles = {});
+                       const AttentionTiles& tiles = {}, const AttentionWindow& window = {});
 
 // Gradients of the loss with respect to q, k and v, given dout = dL/dout.
-// dq (B, T, Hq, D), dk and dv (B, T, Hkv, D) are overwritten (not accumulated);
+// dq (B, T, Hq, D), dk and dv (B, T, Hkv, D) are overwritten, or added to
+// as `accumulate` says (in f32, rounded once: the query chunks of a
+// context-parallel rank add their keys' gradients into one buffer); keys no
+// query sees get 0 when overwritten;
 // dk and dv sum over the query heads that share each kv head. All of dout, q,
 // k, v, out, dq, dk, dv share a dtype; lse is the forward's f32 output. The
 // softmax probabilities are recomputed per tile from q, k and lse.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, float scale = 0.0f,
-                        const AttentionTiles& tiles = {});
+                        const AttentionTiles& tiles = {}, const AttentionWindow& window = {},
+                        AttentionAccumulate accumulate = {});
 
 }  // namespace anvil
