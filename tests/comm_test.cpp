@@ -33,7 +33,7 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-MeshCoord coord(int pp, int rep, int shard, int tp) { return MeshCoord{{pp, rep, shard, tp}}; }
+MeshCoord coord(int pp, int rep, int shard, int tp, int cp = 0) { return MeshCoord{{pp, rep, shard, cp, tp}}; }
 
 }  // namespace
 
@@ -41,7 +41,7 @@ MeshCoord coord(int pp, int rep, int shard, int tp) { return MeshCoord{{pp, rep,
 // Mesh layout maths
 
 TEST(MeshLayout, RanksAreRowMajorWithTpFastest) {
-  const MeshLayout m(2, 1, 2, 2);  // pp 2 × dp_shard 2 × tp 2
+  const MeshLayout m(2, 1, 2, 1, 2);  // pp 2 × dp_shard 2 × tp 2
   EXPECT_EQ(m.world_size(), 8);
   EXPECT_EQ(m.dp(), 2);
   const MeshCoord want[8] = {coord(0, 0, 0, 0), coord(0, 0, 0, 1), coord(0, 0, 1, 0), coord(0, 0, 1, 1),
@@ -50,13 +50,13 @@ TEST(MeshLayout, RanksAreRowMajorWithTpFastest) {
     EXPECT_EQ(m.coord_of(r), want[r]) << r;
     EXPECT_EQ(m.rank_of(want[r]), r);
   }
-  const MeshLayout hsdp(1, 3, 2, 1);  // dp_replicate 3 × dp_shard 2
+  const MeshLayout hsdp(1, 3, 2, 1, 1);  // dp_replicate 3 × dp_shard 2
   EXPECT_EQ(hsdp.coord_of(5), coord(0, 2, 1, 0));
   EXPECT_EQ(hsdp.coord_of(2), coord(0, 1, 0, 0));
 }
 
 TEST(MeshLayout, GroupsOfPpShardTp) {
-  const MeshLayout m(2, 1, 2, 2);
+  const MeshLayout m(2, 1, 2, 1, 2);
   // Rank 5 sits at pp 1, dp_shard 0, tp 1.
   EXPECT_EQ(m.group_ranks(5, MeshGroup::tp), (std::vector<int>{4, 5}));
   EXPECT_EQ(m.group_ranks(5, MeshGroup::dp_shard), (std::vector<int>{5, 7}));
@@ -68,8 +68,22 @@ TEST(MeshLayout, GroupsOfPpShardTp) {
   EXPECT_EQ(m.group_rank(5, MeshGroup::dp_shard), 0);
 }
 
+// CP 2 between dp_shard and tp: rank = ((dp_shard)·2 + cp)·2 + tp.
+TEST(MeshLayout, GroupsOfFsdpWithCpAndTp) {
+  const MeshLayout m(1, 1, 2, 2, 2);  // dp_shard 2 × cp 2 × tp 2
+  // Rank 6 sits at dp_shard 1, cp 1, tp 0.
+  EXPECT_EQ(m.coord_of(6), coord(0, 0, 1, 0, 1));
+  EXPECT_EQ(m.str(), "pp 1 x dp_replicate 1 x dp_shard 2 x cp 2 x tp 2");
+  EXPECT_EQ(m.group_ranks(6, MeshGroup::cp), (std::vector<int>{4, 6}));
+  EXPECT_EQ(m.group_ranks(6, MeshGroup::tp), (std::vector<int>{6, 7}));
+  EXPECT_EQ(m.group_ranks(6, MeshGroup::dp), (std::vector<int>{2, 6}));  // the same sequences go to cp 0 and 1
+  EXPECT_EQ(m.group_ranks(6, MeshGroup::dp_shard_cp), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(m.group_ranks(6, MeshGroup::dp_cp), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(m.group_rank(6, MeshGroup::dp_shard_cp), 3);  // dp_shard · C + cp
+}
+
 TEST(MeshLayout, GroupsOfHsdpWithTp) {
-  const MeshLayout m(1, 2, 2, 2);  // dp_replicate 2 × dp_shard 2 × tp 2
+  const MeshLayout m(1, 2, 2, 1, 2);  // dp_replicate 2 × dp_shard 2 × tp 2
   // Rank 6 sits at dp_replicate 1, dp_shard 1, tp 0.
   EXPECT_EQ(m.coord_of(6), coord(0, 1, 1, 0));
   EXPECT_EQ(m.group_ranks(6, MeshGroup::dp), (std::vector<int>{0, 2, 4, 6}));
@@ -84,41 +98,48 @@ TEST(MeshLayout, GroupsOfHsdpWithTp) {
 // into world/size groups of `size` ranks, consistently with group_rank and
 // group_index; tp groups are runs of consecutive ranks.
 TEST(MeshLayout, GroupsPartitionTheWorld) {
-  const MeshGroup kinds[] = {MeshGroup::pp, MeshGroup::dp_replicate, MeshGroup::dp_shard, MeshGroup::tp,
-                             MeshGroup::dp};
-  int layouts = 0;
+  const MeshGroup kinds[] = {MeshGroup::pp, MeshGroup::dp_replicate, MeshGroup::dp_shard,    MeshGroup::cp,
+                             MeshGroup::tp, MeshGroup::dp,           MeshGroup::dp_shard_cp, MeshGroup::dp_cp};
+  int layouts = 0, with_cp = 0;
   for (int n = 1; n <= 12; ++n)
     for (int pp = 1; pp <= n; ++pp)
       for (int rep = 1; rep <= n; ++rep)
         for (int shard = 1; shard <= n; ++shard)
-          for (int tp = 1; tp <= n; ++tp) {
-            if (pp * rep * shard * tp != n) continue;
-            ++layouts;
-            const MeshLayout m(pp, rep, shard, tp);
-            EXPECT_EQ(m.group_size(MeshGroup::dp), rep * shard);
-            for (MeshGroup g : kinds) {
-              std::vector<int> seen(static_cast<size_t>(n), 0);
-              std::set<int> indices;
-              for (int r = 0; r < n; ++r) {
-                const auto ranks = m.group_ranks(r, g);
-                ASSERT_EQ(static_cast<int>(ranks.size()), m.group_size(g));
-                EXPECT_EQ(ranks[static_cast<size_t>(m.group_rank(r, g))], r) << m.str();
-                indices.insert(m.group_index(r, g));
-                if (ranks[0] == r)  // count each group once, from its first member
-                  for (int q : ranks) ++seen[static_cast<size_t>(q)];
-                if (g == MeshGroup::tp) {
-                  for (size_t i = 1; i < ranks.size(); ++i) {
-                    EXPECT_EQ(ranks[i], ranks[i - 1] + 1) << m.str();
+          for (int cp = 1; cp <= n; ++cp)
+            for (int tp = 1; tp <= n; ++tp) {
+              if (pp * rep * shard * cp * tp != n) continue;
+              ++layouts;
+              with_cp += cp > 1;
+              const MeshLayout m(pp, rep, shard, cp, tp);
+              EXPECT_EQ(m.group_size(MeshGroup::dp), rep * shard);
+              EXPECT_EQ(m.group_size(MeshGroup::dp_shard_cp), shard * cp);
+              EXPECT_EQ(m.group_size(MeshGroup::dp_cp), rep * shard * cp);
+              for (MeshGroup g : kinds) {
+                std::vector<int> seen(static_cast<size_t>(n), 0);
+                std::set<int> indices;
+                for (int r = 0; r < n; ++r) {
+                  const auto ranks = m.group_ranks(r, g);
+                  ASSERT_EQ(static_cast<int>(ranks.size()), m.group_size(g));
+                  EXPECT_EQ(ranks[static_cast<size_t>(m.group_rank(r, g))], r) << m.str();
+                  indices.insert(m.group_index(r, g));
+                  if (ranks[0] == r)  // count each group once, from its first member
+                    for (int q : ranks) ++seen[static_cast<size_t>(q)];
+                  if (g == MeshGroup::tp) {
+                    for (size_t i = 1; i < ranks.size(); ++i) {
+                      EXPECT_EQ(ranks[i], ranks[i - 1] + 1) << m.str();
+                    }
                   }
                 }
+                for (int s : seen) {
+                  EXPECT_EQ(s, 1) << m.str() << " " << mesh_group_name(g);
+                }
+                EXPECT_EQ(static_cast<int>(indices.size()) * m.group_size(g), n)
+                    << m.str() << " " << mesh_group_name(g);
               }
-              for (int s : seen) {
-                EXPECT_EQ(s, 1) << m.str() << " " << mesh_group_name(g);
-              }
-              EXPECT_EQ(static_cast<int>(indices.size()) * m.group_size(g), n) << m.str() << " " << mesh_group_name(g);
             }
-          }
-  EXPECT_EQ(layouts, 1 + 4 + 4 + 10 + 4 + 16 + 4 + 20 + 10 + 16 + 4 + 40);
+  // Ordered factorisations of n into 5 factors, n = 1..12.
+  EXPECT_EQ(layouts, 1 + 5 + 5 + 15 + 5 + 25 + 5 + 35 + 15 + 25 + 5 + 75);
+  EXPECT_EQ(with_cp, layouts - (1 + 4 + 4 + 10 + 4 + 16 + 4 + 20 + 10 + 16 + 4 + 40));
 }
 
 // ---------------------------------------------------------------------------
@@ -131,6 +152,8 @@ TEST(MeshLayout, ResolveFillsTheShardDegree) {
   EXPECT_EQ(MeshLayout::resolve({}, 1).world_size(), 1);
   EXPECT_EQ(MeshLayout::resolve({1, 2, 2, 1}, 4).str(), "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1");
   EXPECT_EQ(MeshLayout::resolve({1, 4, -1, 1}, 4).dp_shard(), 1);
+  EXPECT_EQ(MeshLayout::resolve({1, 1, -1, 2, 2}, 8).str(), "pp 1 x dp_replicate 1 x dp_shard 2 x cp 2 x tp 2");
+  EXPECT_EQ(MeshLayout::resolve({1, 1, -1, 1, 4}, 4).cp(), 4);
 }
 
 TEST(MeshLayout, ResolveNamesProductWorldAndKeyToChange) {
@@ -177,7 +200,7 @@ TEST(Validation, TensorParallelMustDivideHeads) {
 }
 
 TEST(Validation, GlobalBatchIsLocalTimesDpTimesAccumulation) {
-  const MeshLayout m(1, 2, 2, 2);  // dp = 4
+  const MeshLayout m(1, 2, 2, 1, 2);  // dp = 4
   EXPECT_EQ(gradient_accumulation_steps(2, -1, m), 1);
   EXPECT_EQ(gradient_accumulation_steps(2, 8, m), 1);
   EXPECT_EQ(gradient_accumulation_steps(2, 24, m), 3);
@@ -190,7 +213,7 @@ TEST(Validation, GlobalBatchIsLocalTimesDpTimesAccumulation) {
   EXPECT_NE(error_of([&] { gradient_accumulation_steps(0, 8, m); }).find("training.local_batch_size is 0"),
             std::string::npos);
   // tp and pp ranks share their dp rank's batch: they do not multiply it.
-  EXPECT_EQ(gradient_accumulation_steps(4, 8, MeshLayout(2, 1, 1, 4)), 2);
+  EXPECT_EQ(gradient_accumulation_steps(4, 8, MeshLayout(2, 1, 1, 1, 4)), 2);
 }
 
 // ---------------------------------------------------------------------------

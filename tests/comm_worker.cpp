@@ -432,19 +432,20 @@ TEST(Split, ColorAndKeyOrderTheNewGroup) {
   EXPECT_TRUE(moved.valid());
 }
 
-// Every way of laying the world out as pp × dp_replicate × dp_shard × tp.
+// Every way of laying the world out as pp × dp_replicate × dp_shard × cp × tp.
 std::vector<MeshLayout> all_layouts(int n) {
   std::vector<MeshLayout> out;
   for (int pp = 1; pp <= n; ++pp)
     for (int rep = 1; rep <= n; ++rep)
       for (int shard = 1; shard <= n; ++shard)
-        for (int tp = 1; tp <= n; ++tp)
-          if (pp * rep * shard * tp == n) out.emplace_back(pp, rep, shard, tp);
+        for (int cp = 1; cp <= n; ++cp)
+          for (int tp = 1; tp <= n; ++tp)
+            if (pp * rep * shard * cp * tp == n) out.emplace_back(pp, rep, shard, cp, tp);
   return out;
 }
 
-constexpr MeshGroup kGroups[] = {MeshGroup::pp, MeshGroup::dp_replicate, MeshGroup::dp_shard, MeshGroup::tp,
-                                 MeshGroup::dp};
+constexpr MeshGroup kGroups[] = {MeshGroup::pp, MeshGroup::dp_replicate, MeshGroup::dp_shard,    MeshGroup::cp,
+                                 MeshGroup::tp, MeshGroup::dp,           MeshGroup::dp_shard_cp, MeshGroup::dp_cp};
 
 // For every layout, every group's communicator holds exactly the ranks the
 // layout maths says, in that order (an all-gather of world ranks shows it).

@@ -9,16 +9,28 @@ namespace {
 
 constexpr std::array<const char*, kNumMeshDims> kDegreeKeys = {
     "pipeline_parallel_degree", "data_parallel_replicate_degree", "data_parallel_shard_degree",
-    "tensor_parallel_degree"};
+    "context_parallel_degree", "tensor_parallel_degree"};
 
-// The dimensions a group spans; the others are fixed within it.
+// The dimensions a group spans (pp, dp_replicate, dp_shard, cp, tp); the
+// others are fixed within it.
 std::array<bool, kNumMeshDims> spans(MeshGroup g) {
   switch (g) {
-    case MeshGroup::pp: return {true, false, false, false};
-    case MeshGroup::dp_replicate: return {false, true, false, false};
-    case MeshGroup::dp_shard: return {false, false, true, false};
-    case MeshGroup::tp: return {false, false, false, true};
-    case MeshGroup::dp: return {false, true, true, false};
+    case MeshGroup::pp:
+      return {true, false, false, false, false};
+    case MeshGroup::dp_replicate:
+      return {false, true, false, false, false};
+    case MeshGroup::dp_shard:
+      return {false, false, true, false, false};
+    case MeshGroup::cp:
+      return {false, false, false, true, false};
+    case MeshGroup::tp:
+      return {false, false, false, false, true};
+    case MeshGroup::dp:
+      return {false, true, true, false, false};
+    case MeshGroup::dp_shard_cp:
+      return {false, false, true, true, false};
+    case MeshGroup::dp_cp:
+      return {false, true, true, true, false};
   }
   return {};
 }
@@ -46,13 +58,20 @@ const char* mesh_group_name(MeshGroup g) {
     case MeshGroup::pp: return "pp";
     case MeshGroup::dp_replicate: return "dp_replicate";
     case MeshGroup::dp_shard: return "dp_shard";
+    case MeshGroup::cp:
+      return "cp";
     case MeshGroup::tp: return "tp";
     case MeshGroup::dp: return "dp";
+    case MeshGroup::dp_shard_cp:
+      return "dp_shard_cp";
+    case MeshGroup::dp_cp:
+      return "dp_cp";
   }
   return "?";
 }
 
-MeshLayout::MeshLayout(int pp, int dp_replicate, int dp_shard, int tp) : degrees_{pp, dp_replicate, dp_shard, tp} {
+MeshLayout::MeshLayout(int pp, int dp_replicate, int dp_shard, int cp, int tp)
+    : degrees_{pp, dp_replicate, dp_shard, cp, tp} {
   for (int d = 0; d < kNumMeshDims; ++d)
     ANVIL_CHECK(degrees_[d] >= 1, "[parallelism] ", kDegreeKeys[d], " is ", degrees_[d], "; it must be at least 1");
 }
@@ -60,17 +79,21 @@ MeshLayout::MeshLayout(int pp, int dp_replicate, int dp_shard, int tp) : degrees
 MeshLayout MeshLayout::resolve(const ParallelDegrees& degrees, int world_size) {
   ANVIL_ASSERT(world_size >= 1, "world size ", world_size);
   const std::array<int64_t, kNumMeshDims> want = {degrees.pipeline_parallel, degrees.data_parallel_replicate,
-                                                  degrees.data_parallel_shard, degrees.tensor_parallel};
+                                                  degrees.data_parallel_shard, degrees.context_parallel,
+                                                  degrees.tensor_parallel};
   for (int d = 0; d < kNumMeshDims; ++d) {
     if (d == static_cast<int>(MeshDim::dp_shard) && want[d] == -1) continue;
     ANVIL_CHECK(want[d] >= 1, "[parallelism] ", kDegreeKeys[d], " is ", want[d], "; it must be at least 1",
                 d == static_cast<int>(MeshDim::dp_shard) ? ", or -1 for the ranks the other degrees leave over" : "");
   }
   const auto deg = [&](MeshDim d) { return want[static_cast<size_t>(d)]; };
-  const int64_t others = saturating_mul(saturating_mul(deg(MeshDim::pp), deg(MeshDim::dp_replicate)), deg(MeshDim::tp));
-  const std::string others_str = detail::concat("pipeline_parallel_degree ", deg(MeshDim::pp),
-                                                " x data_parallel_replicate_degree ", deg(MeshDim::dp_replicate),
-                                                " x tensor_parallel_degree ", deg(MeshDim::tp));
+  const int64_t others = saturating_mul(
+      saturating_mul(saturating_mul(deg(MeshDim::pp), deg(MeshDim::dp_replicate)), deg(MeshDim::cp)), deg(MeshDim::tp));
+  const std::string cp_str =
+      deg(MeshDim::cp) > 1 ? detail::concat(" x context_parallel_degree ", deg(MeshDim::cp)) : std::string();
+  const std::string others_str =
+      detail::concat("pipeline_parallel_degree ", deg(MeshDim::pp), " x data_parallel_replicate_degree ",
+                     deg(MeshDim::dp_replicate), cp_str, " x tensor_parallel_degree ", deg(MeshDim::tp));
 
   int64_t shard = deg(MeshDim::dp_shard);
   if (shard == -1) {
@@ -86,8 +109,9 @@ MeshLayout MeshLayout::resolve(const ParallelDegrees& degrees, int world_size) {
       // Suggest every single key that could be changed to make the product right.
       std::string fixes;
       const std::array<MeshDim, kNumMeshDims> order = {MeshDim::dp_shard, MeshDim::tp, MeshDim::pp,
-                                                       MeshDim::dp_replicate};
+                                                       MeshDim::dp_replicate, MeshDim::cp};
       for (MeshDim d : order) {
+        if (d == MeshDim::cp && deg(MeshDim::cp) == 1) continue;  // context parallelism only when asked for
         int64_t rest = 1;
         for (int e = 0; e < kNumMeshDims; ++e)
           if (e != static_cast<int>(d)) rest = saturating_mul(rest, want[e]);
@@ -101,14 +125,14 @@ MeshLayout MeshLayout::resolve(const ParallelDegrees& degrees, int world_size) {
                                ": change several so that they multiply to ", world_size);
       ANVIL_CHECK(false, "[parallelism] degrees multiply to ", product, " (", "pipeline_parallel_degree ",
                   deg(MeshDim::pp), " x data_parallel_replicate_degree ", deg(MeshDim::dp_replicate),
-                  " x data_parallel_shard_degree ", shard, " x tensor_parallel_degree ", deg(MeshDim::tp),
+                  " x data_parallel_shard_degree ", shard, cp_str, " x tensor_parallel_degree ", deg(MeshDim::tp),
                   ") but the world size is ", world_size, " (the ranks mpirun started); ", fixes,
                   product < std::numeric_limits<int64_t>::max() ? detail::concat(", or start ", product, " ranks")
                                                                 : std::string());
     }
   }
   return MeshLayout(static_cast<int>(deg(MeshDim::pp)), static_cast<int>(deg(MeshDim::dp_replicate)),
-                    static_cast<int>(shard), static_cast<int>(deg(MeshDim::tp)));
+                    static_cast<int>(shard), static_cast<int>(deg(MeshDim::cp)), static_cast<int>(deg(MeshDim::tp)));
 }
 
 MeshCoord MeshLayout::coord_of(int rank) const {
@@ -166,7 +190,8 @@ std::vector<int> MeshLayout::group_ranks(int rank, MeshGroup g) const {
 }
 
 std::string MeshLayout::str() const {
-  return detail::concat("pp ", pp(), " x dp_replicate ", dp_replicate(), " x dp_shard ", dp_shard(), " x tp ", tp());
+  return detail::concat("pp ", pp(), " x dp_replicate ", dp_replicate(), " x dp_shard ", dp_shard(),
+                        cp() > 1 ? detail::concat(" x cp ", cp()) : std::string(), " x tp ", tp());
 }
 
 void check_tensor_parallel_heads(int64_t n_heads, int64_t n_kv_heads, int tp) {

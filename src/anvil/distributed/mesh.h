@@ -1,10 +1,15 @@
-// The device mesh: the world's ranks laid out as a 4-D grid, outermost first
-//   pp × dp_replicate × dp_shard × tp
+// The device mesh: the world's ranks laid out as a 5-D grid, outermost first
+//   pp × dp_replicate × dp_shard × cp × tp
 // (as torchtitan), so tensor-parallel ranks — the chattiest group — are
-// neighbours (rank r and r+1 differ in tp first), and pipeline stages, which
-// exchange only activations, are farthest apart. Each rank gets its
-// coordinates and one communicator per group: pp, dp_replicate, dp_shard, tp,
-// and dp = dp_replicate × dp_shard (gradients of the replicated parameters).
+// neighbours (rank r and r+1 differ in tp first), then the context-parallel
+// ranks that share their keys and values every layer, and pipeline stages,
+// which exchange only activations, are farthest apart. Each rank gets its
+// coordinates and one communicator per group: pp, dp_replicate, dp_shard, cp,
+// tp; dp = dp_replicate × dp_shard (the ranks that take different sequences);
+// dp_shard_cp = dp_shard × cp (FSDP's shards: context-parallel ranks hold
+// different tokens of the same sequences, so their gradients add up as those
+// of different sequences do) and dp_cp = dp_replicate × dp_shard × cp (every
+// rank whose gradients sum, and whose losses and tokens count together).
 //
 // The layout maths and the checks of a configuration against the world and the
 // model are pure functions, testable without MPI; only DeviceMesh talks to MPI.
@@ -26,16 +31,17 @@ struct ParallelDegrees {
   int64_t data_parallel_replicate = 1;
   int64_t data_parallel_shard = -1;
   int64_t tensor_parallel = 1;
+  int64_t context_parallel = 1;
 };
 
 // The mesh's dimensions, outermost first.
-enum class MeshDim : uint8_t { pp, dp_replicate, dp_shard, tp };
-inline constexpr int kNumMeshDims = 4;
+enum class MeshDim : uint8_t { pp, dp_replicate, dp_shard, cp, tp };
+inline constexpr int kNumMeshDims = 5;
 
-// The groups ranks communicate in: one per dimension, and dp, the ranks that
-// differ only in dp_replicate or dp_shard.
-enum class MeshGroup : uint8_t { pp, dp_replicate, dp_shard, tp, dp };
-inline constexpr int kNumMeshGroups = 5;
+// The groups ranks communicate in: one per dimension, and the combinations
+// above.
+enum class MeshGroup : uint8_t { pp, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp };
+inline constexpr int kNumMeshGroups = 8;
 const char* mesh_group_name(MeshGroup g);
 
 // A rank's position in the mesh, one index per MeshDim.
@@ -49,7 +55,7 @@ struct MeshCoord {
 class MeshLayout {
  public:
   // Every degree at least 1 (anvil::Error otherwise).
-  MeshLayout(int pp, int dp_replicate, int dp_shard, int tp);
+  MeshLayout(int pp, int dp_replicate, int dp_shard, int cp, int tp);
 
   // The layout for `world_size` ranks: resolves data_parallel_shard = -1 and
   // checks that the degrees multiply to the world size. The message names the
@@ -60,11 +66,12 @@ class MeshLayout {
   int pp() const { return degree(MeshDim::pp); }
   int dp_replicate() const { return degree(MeshDim::dp_replicate); }
   int dp_shard() const { return degree(MeshDim::dp_shard); }
+  int cp() const { return degree(MeshDim::cp); }
   int tp() const { return degree(MeshDim::tp); }
   int dp() const { return dp_replicate() * dp_shard(); }
-  int world_size() const { return pp() * dp() * tp(); }
+  int world_size() const { return pp() * dp() * cp() * tp(); }
 
-  // rank = ((pp·R + dp_replicate)·S + dp_shard)·T + tp
+  // rank = (((pp·R + dp_replicate)·S + dp_shard)·C + cp)·T + tp
   MeshCoord coord_of(int rank) const;
   int rank_of(const MeshCoord& c) const;
 
@@ -77,7 +84,7 @@ class MeshLayout {
   // The world ranks of the rank's group of kind g, in group-rank order.
   std::vector<int> group_ranks(int rank, MeshGroup g) const;
 
-  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1"
+  // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1", with "x cp C" before tp when C > 1
   std::string str() const;
 
  private:
@@ -113,6 +120,7 @@ class DeviceMesh {
   Communicator& pp() { return group(MeshGroup::pp); }
   Communicator& dp_replicate() { return group(MeshGroup::dp_replicate); }
   Communicator& dp_shard() { return group(MeshGroup::dp_shard); }
+  Communicator& cp() { return group(MeshGroup::cp); }
   Communicator& tp() { return group(MeshGroup::tp); }
   Communicator& dp() { return group(MeshGroup::dp); }
 

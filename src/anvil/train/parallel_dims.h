@@ -29,7 +29,7 @@ enum class DataParallelMode { single, ddp, fsdp };
 struct ParallelDims {
   DataParallelMode mode = DataParallelMode::single;
   std::unique_ptr<DeviceMesh> mesh;  // null for a single process, and when only resolved
-  MeshLayout layout{1, 1, 1, 1};     // the degrees, resolved against the world size
+  MeshLayout layout{1, 1, 1, 1, 1};  // the degrees, resolved against the world size
   int rank = 0, world_size = 1;
   int dp_rank = 0, dp_size = 1;
   int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data

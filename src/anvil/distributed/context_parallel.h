@@ -1,0 +1,69 @@
+// Context parallelism (torchtitan's cp dimension): the ranks of a cp group
+// share every sequence of their data-parallel rank, each holding a part of its
+// tokens, so a sequence's activations are spread over cp ranks.
+//
+// A sequence of T tokens is cut into 2·cp chunks of c = T / (2·cp). Under the
+// head-tail load balancer cp rank i holds chunks i and 2·cp − 1 − i: under the
+// causal mask a chunk's attention costs ∝ its position, and the pair costs
+// the same on every rank; without a balancer rank i holds chunks 2i and 2i + 1
+// (one contiguous piece, the last rank doing the most attention).
+//
+// Local layout: a micro-batch of B sequences becomes 2·B rows of c tokens, the
+// B rows of the rank's first chunk, then the B rows of its second. Everything
+// that works token by token (embedding, norms, products, the loss) runs on
+// them unchanged; only positions matter to RoPE and attention, which this
+// class does. Attention all-gathers K and V over the group (small under GQA),
+// lays them out as whole sequences, runs each chunk's queries over the keys
+// up to its positions (attention.h's AttentionWindow), and in the backward
+// gathers K and V again (they are not kept: memory is what CP is for) and
+// reduce-scatters their gradients back to the ranks that own the chunks.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "anvil/core/tensor.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/ops/rope.h"
+
+namespace anvil {
+
+enum class CpLoadBalancer { headtail, none };
+CpLoadBalancer cp_load_balancer(const std::string& name);  // "headtail" | "none"; anvil::Error naming both
+const char* cp_load_balancer_name(CpLoadBalancer b);
+
+// Which of the 2·degree chunks cp rank `rank` holds as its local chunk j (0 or 1).
+int64_t cp_chunk(CpLoadBalancer balancer, int degree, int rank, int j);
+
+class ContextParallel {
+ public:
+  // `group`: this rank's cp group (outlives this object).
+  ContextParallel(Communicator& group, CpLoadBalancer balancer);
+
+  int degree() const { return group_.size(); }
+  int rank() const { return group_.rank(); }
+  CpLoadBalancer balancer() const { return balancer_; }
+  // The sequence chunk this rank's local chunk j holds.
+  int64_t chunk(int j) const { return cp_chunk(balancer_, degree(), rank(), j); }
+
+  // This rank's tokens of B sequences of T (B, T) row-major: local (2B, T / (2·degree)).
+  void local_tokens(const int32_t* sequences, int64_t B, int64_t T, int32_t* local) const;
+
+  // RoPE on local q or k (2B, c, H, D): each chunk's rows at their positions.
+  void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const;
+  void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const;
+
+  // Causal attention of local q (2B, c, Hq, D) over the whole sequences' keys:
+  // out (2B, c, Hq, D), lse (2B, Hq, c), given local k, v (2B, c, Hkv, D).
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const;
+  // dq, dk, dv of the local rows (overwritten).
+  void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const;
+
+ private:
+  // Whole sequences (B, T, H, D) of local x (2B, c, H, D) from every rank.
+  Tensor gather_sequences(const Tensor& local, const char* tag) const;
+  Communicator& group_;
+  CpLoadBalancer balancer_;
+};
+
+}  // namespace anvil
