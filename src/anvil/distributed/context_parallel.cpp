@@ -26,13 +26,18 @@ int64_t cp_chunk(CpLoadBalancer balancer, int degree, int rank, int j) {
 
 ContextParallel::ContextParallel(Communicator& group, CpLoadBalancer balancer) : group_(group), balancer_(balancer) {}
 
-void ContextParallel::local_tokens(const int32_t* sequences, int64_t B, int64_t T, int32_t* local) const {
-  const int64_t c = T / (2 * degree());
-  ANVIL_ASSERT(c * 2 * degree() == T, "context parallelism: ", T, " tokens do not split into ", 2 * degree(),
-               " chunks");
+void cp_local_rows(CpLoadBalancer balancer, int degree, int rank, const int32_t* sequences, int64_t B, int64_t T,
+                   int32_t* local) {
+  const int64_t c = T / (2 * degree);
+  ANVIL_ASSERT(c * 2 * degree == T, "context parallelism: ", T, " tokens do not split into ", 2 * degree, " chunks");
   for (int j = 0; j < 2; ++j)
     for (int64_t b = 0; b < B; ++b)
-      std::memcpy(local + (j * B + b) * c, sequences + b * T + chunk(j) * c, static_cast<size_t>(c) * sizeof(int32_t));
+      std::memcpy(local + (j * B + b) * c, sequences + b * T + cp_chunk(balancer, degree, rank, j) * c,
+                  static_cast<size_t>(c) * sizeof(int32_t));
+}
+
+void ContextParallel::local_tokens(const int32_t* sequences, int64_t B, int64_t T, int32_t* local) const {
+  cp_local_rows(balancer_, degree(), rank(), sequences, B, T, local);
 }
 
 namespace {

@@ -23,6 +23,7 @@
 
 #include "anvil/core/tensor.h"
 #include "anvil/distributed/comm.h"
+#include "anvil/model/parallel_style.h"
 #include "anvil/ops/rope.h"
 
 namespace anvil {
@@ -33,8 +34,12 @@ const char* cp_load_balancer_name(CpLoadBalancer b);
 
 // Which of the 2·degree chunks cp rank `rank` holds as its local chunk j (0 or 1).
 int64_t cp_chunk(CpLoadBalancer balancer, int degree, int rank, int j);
+// That rank's rows of B sequences of T tokens (B, T) row-major: local (2B,
+// T / (2·degree)), its first chunk of every sequence, then its second.
+void cp_local_rows(CpLoadBalancer balancer, int degree, int rank, const int32_t* sequences, int64_t B, int64_t T,
+                   int32_t* local);
 
-class ContextParallel {
+class ContextParallel : public SequenceLayout {
  public:
   // `group`: this rank's cp group (outlives this object).
   ContextParallel(Communicator& group, CpLoadBalancer balancer);
@@ -49,15 +54,15 @@ class ContextParallel {
   void local_tokens(const int32_t* sequences, int64_t B, int64_t T, int32_t* local) const;
 
   // RoPE on local q or k (2B, c, H, D): each chunk's rows at their positions.
-  void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const;
-  void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const;
+  void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const override;
+  void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const override;
 
   // Causal attention of local q (2B, c, Hq, D) over the whole sequences' keys:
   // out (2B, c, Hq, D), lse (2B, Hq, c), given local k, v (2B, c, Hkv, D).
-  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const override;
   // dq, dk, dv of the local rows (overwritten).
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const;
+                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const override;
 
  private:
   // Whole sequences (B, T, H, D) of local x (2B, c, H, D) from every rank.

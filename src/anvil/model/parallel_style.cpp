@@ -1,5 +1,6 @@
 #include "anvil/model/parallel_style.h"
 
+#include "anvil/ops/attention.h"
 #include "anvil/ops/embedding.h"
 #include "anvil/ops/matmul.h"
 
@@ -42,6 +43,28 @@ CrossEntropyResult ParallelStyle::loss_forward_backward(const Tensor& hn, const 
 
 CrossEntropyResult ParallelStyle::loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const {
   return cross_entropy_forward(hn, w, targets);
+}
+
+void ParallelStyle::rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const {
+  if (sequence_) return sequence_->rope_forward(x, table, y);
+  anvil::rope_forward(x, table, 0, y);
+}
+
+void ParallelStyle::rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const {
+  if (sequence_) return sequence_->rope_backward(dy, table, dx);
+  anvil::rope_backward(dy, table, 0, dx);
+}
+
+void ParallelStyle::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                      Tensor& lse) const {
+  if (sequence_) return sequence_->attention_forward(q, k, v, out, lse);
+  anvil::attention_forward(q, k, v, out, lse);
+}
+
+void ParallelStyle::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const {
+  if (sequence_) return sequence_->attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
+  anvil::attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
 }
 
 }  // namespace anvil

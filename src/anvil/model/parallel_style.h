@@ -20,6 +20,7 @@
 #include "anvil/core/tensor.h"
 #include "anvil/model/params.h"
 #include "anvil/ops/cross_entropy.h"
+#include "anvil/ops/rope.h"
 
 namespace anvil {
 
@@ -40,9 +41,35 @@ struct NormGradTargets {
   Tensor scratch;
 };
 
+// Where a rank's token rows sit in their sequences, for the only two places
+// that care: RoPE and attention. Without one, each row of a micro-batch is a
+// whole sequence from position 0. Context parallelism
+// (distributed/context_parallel.h) holds chunks of sequences instead and runs
+// attention across its group.
+class SequenceLayout {
+ public:
+  virtual ~SequenceLayout() = default;
+  // x, y (B, T, H, D): RoPE at the rows' positions (y may be x).
+  virtual void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const = 0;
+  virtual void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const = 0;
+  // Causal attention of the rows (ops/attention.h's shapes).
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const = 0;
+  virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const = 0;
+};
+
 class ParallelStyle {
  public:
   virtual ~ParallelStyle() = default;
+
+  // RoPE and attention through the sequence layout, if one is set (it must
+  // outlive this style), else over whole sequences.
+  void set_sequence_layout(const SequenceLayout* layout) { sequence_ = layout; }
+  void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const;
+  void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const;
+  void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const;
 
   // This rank's parameters, from the model's whole list (in the same order,
   // each spec's `slice` saying where its tensor sits in the global one).
@@ -82,6 +109,9 @@ class ParallelStyle {
   virtual CrossEntropyResult loss_forward_backward(const Tensor& hn, const Tensor& w, Tensor dw, const Tensor& targets,
                                                    float grad_scale, Tensor& dhn) const;
   virtual CrossEntropyResult loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const;
+
+ private:
+  const SequenceLayout* sequence_ = nullptr;
 };
 
 }  // namespace anvil

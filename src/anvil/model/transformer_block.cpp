@@ -81,11 +81,11 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   linear_forward(s.h1, p.wq, q2);
   linear_forward(s.h1, p.wk, k2);
   linear_forward(s.h1, p.wv, v2);
-  rope_forward(s.q, rope_, 0, s.q);
-  rope_forward(s.k, rope_, 0, s.k);
+  style_.rope_forward(s.q, rope_, s.q);
+  style_.rope_forward(s.k, rope_, s.k);
   s.o = new_activation({B, T, Hq, hd}, dt, "block.o");
   s.lse = new_activation({B, Hq, T}, DType::f32, "block.lse");
-  attention_forward(s.q, s.k, s.v, s.o, s.lse);
+  style_.attention_forward(s.q, s.k, s.v, s.o, s.lse);
   s.x2 = style_.row_parallel_out(s.x, s.o.view({M, Hq * hd}), p.wo, "block.x2");
 
   // Feed-forward: h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
@@ -211,11 +211,11 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
     Tensor dq = new_activation({B, T, Hq, hd}, dt, "block.dq");
     Tensor dk = new_activation({B, T, Hkv, hd}, dt, "block.dk");
     Tensor dv = new_activation({B, T, Hkv, hd}, dt, "block.dv");
-    attention_backward(dO, s.q, s.k, s.v, s.o, s.lse, dq, dk, dv);
+    style_.attention_backward(dO, s.q, s.k, s.v, s.o, s.lse, dq, dk, dv);
     dO = dO2 = Tensor();
     s.q = s.k = s.v = s.o = s.lse = Tensor();
-    rope_backward(dq, rope_, 0, dq);
-    rope_backward(dk, rope_, 0, dk);
+    style_.rope_backward(dq, rope_, dq);
+    style_.rope_backward(dk, rope_, dk);
     const Tensor dq2 = dq.view({M, Hq * hd}), dk2 = dk.view({M, Hkv * hd}), dv2 = dv.view({M, Hkv * hd});
     Tensor dh1 = style_.column_input_grad({{dq2, p.wq}, {dk2, p.wk}, {dv2, p.wv}}, dt, "block.dh1");  // (M_l, D)
     weight_grad(dq2, s.h1, gp.wq);

@@ -84,6 +84,9 @@ struct JobConfig {
     int64_t data_parallel_replicate_degree = 1;
     int64_t data_parallel_shard_degree = -1;
     int64_t tensor_parallel_degree = 1;
+    int64_t context_parallel_degree = 1;
+    std::string context_parallel_load_balancer = "headtail";
+    std::string context_parallel_rotate_method = "allgather";
     int64_t pipeline_parallel_degree = 1;
     std::string pipeline_parallel_schedule = "1F1B";
     std::string pipeline_parallel_schedule_csv;  // empty: the named schedule

@@ -17,6 +17,9 @@ namespace anvil {
 // A step's micro-batches: tokens[i], targets[i] (B, T) i32.
 struct MicroBatches {
   std::vector<Tensor> tokens, targets;
+  // Under context parallelism: the whole sequences the loader fills, before
+  // this rank keeps its chunks of them in tokens and targets.
+  Tensor loaded_tokens, loaded_targets;
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 

@@ -18,11 +18,15 @@ bool launched_by_mpi_launcher() {
 }
 
 void ParallelDims::sum_over_dp(float* values, int n) const {
-  if (!mesh || dp_size == 1) return;
+  if (!mesh || dp_size * cp_size == 1) return;
   Tensor t = Tensor::empty({n}, DType::f32, MemCategory::communication, "dp.sum");
   for (int i = 0; i < n; ++i) t.data<float>()[i] = values[i];
-  mesh->dp().all_reduce(t);
+  mesh->group(cp_size > 1 ? MeshGroup::dp_cp : MeshGroup::dp).all_reduce(t);
   for (int i = 0; i < n; ++i) values[i] = t.data<float>()[i];
+}
+
+Communicator& ParallelDims::fsdp_shard_group() const {
+  return mesh->group(cp_size > 1 ? MeshGroup::dp_shard_cp : MeshGroup::dp_shard);
 }
 
 int ParallelDims::max_over_world(int value) const {
@@ -129,21 +133,35 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
                 " ties its embedding and output weights, which pipeline stages cannot split; pick an untied flavour");
     rows = mb;
   }
+  if (layout.cp() > 1) {
+    const int64_t chunks = 2 * layout.cp();
+    ANVIL_CHECK(cfg.training.seq_len % chunks == 0,
+                "context parallelism cuts every sequence into 2 x "
+                "context_parallel_degree = ",
+                chunks, " chunks, which must divide training.seq_len ", cfg.training.seq_len,
+                "; use a seq_len that is a multiple of ", chunks);
+    ANVIL_CHECK(layout.pp() == 1,
+                "context parallelism does not run under pipeline parallelism yet; set "
+                "parallelism.pipeline_parallel_degree = 1 or parallelism.context_parallel_degree = 1");
+    cp_load_balancer(p.context_parallel_load_balancer);  // names the key when it is wrong
+  }
   if (layout.tp() > 1) {
     check_tensor_parallel_heads(args.n_heads, args.n_kv_heads, layout.tp());
     ANVIL_CHECK(args.ffn_hidden_dim() % layout.tp() == 0, "parallelism.tensor_parallel_degree ", layout.tp(),
                 " must divide ", args.name, "/", args.flavor, "'s feed-forward width ", args.ffn_hidden_dim());
     // The model checks this too, in shapes; here it is said in the keys that set it.
-    const int64_t tokens = rows * cfg.training.seq_len;
+    const int64_t tokens = rows * cfg.training.seq_len / layout.cp();  // this rank's chunks under CP
     ANVIL_CHECK(!p.enable_sequence_parallel || tokens % layout.tp() == 0, "sequence parallelism splits the ", tokens,
                 " tokens of a micro-batch (",
-                layout.pp() > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size",
-                " ", rows, " x training.seq_len ", cfg.training.seq_len, ") over tensor_parallel_degree ",
-                layout.tp(), ", which must divide them; change ",
-                layout.pp() > 1 ? "the micro-batch size" : "training.local_batch_size", " or training.seq_len, or set "
+                layout.pp() > 1 ? "parallelism.pipeline_parallel_microbatch_size" : "training.local_batch_size", " ",
+                rows, " x training.seq_len ", cfg.training.seq_len,
+                layout.cp() > 1 ? detail::concat(" / context_parallel_degree ", layout.cp()) : std::string(),
+                ") over tensor_parallel_degree ", layout.tp(), ", which must divide them; change ",
+                layout.pp() > 1 ? "the micro-batch size" : "training.local_batch_size",
+                " or training.seq_len, or set "
                 "parallelism.enable_sequence_parallel = false");
   }
-  if (layout.dp_shard() > 1)
+  if (layout.dp_shard() * layout.cp() > 1)
     ANVIL_CHECK(!args.tie_embeddings, args.name, "/", args.flavor,
                 " ties its embedding and output weights, which FSDP does not shard yet; use DDP "
                 "(data_parallel_shard_degree = 1, data_parallel_replicate_degree = ", layout.dp(), ")");
@@ -153,7 +171,7 @@ ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int w
   ParallelDims par;
   const auto& p = cfg.parallelism;
   const ParallelDegrees degrees{p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
-                                p.data_parallel_shard_degree, p.tensor_parallel_degree};
+                                p.data_parallel_shard_degree, p.tensor_parallel_degree, p.context_parallel_degree};
   const MeshLayout layout = MeshLayout::resolve(degrees, world_size);
   validate_layout(cfg, args, layout);
   if (layout.pp() > 1) {
@@ -172,15 +190,22 @@ ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int w
   par.tp_size = layout.tp();
   par.pp_rank = layout.group_rank(par.rank, MeshGroup::pp);
   par.pp_size = layout.pp();
-  if (layout.dp_shard() > 1) {
+  par.cp_rank = layout.group_rank(par.rank, MeshGroup::cp);
+  par.cp_size = layout.cp();
+  par.cp_balancer = cp_load_balancer(p.context_parallel_load_balancer);
+  if (layout.dp_shard() * layout.cp() > 1) {
     par.mode = DataParallelMode::fsdp;
+    const int shards = layout.dp_shard() * layout.cp();
     par.description = layout.dp_replicate() > 1
-                          ? detail::concat("HSDP: ", layout.dp_replicate(), " replicas x ", layout.dp_shard(), " shards")
-                          : detail::concat("FSDP over ", layout.dp_shard(), " ranks");
+                          ? detail::concat("HSDP: ", layout.dp_replicate(), " replicas x ", shards, " shards")
+                          : detail::concat("FSDP over ", shards, " ranks");
   } else if (layout.dp_replicate() > 1) {
     par.mode = DataParallelMode::ddp;
     par.description = detail::concat("DDP over ", layout.dp_replicate(), " ranks");
   }
+  if (layout.cp() > 1)
+    par.description += detail::concat(" x CP ", layout.cp(), " (", p.context_parallel_load_balancer, ", ",
+                                      p.context_parallel_rotate_method, ")");
   if (layout.tp() > 1) {
     const std::string tp = detail::concat("TP ", layout.tp(), p.enable_sequence_parallel ? " with" : " without",
                                           " sequence parallel, loss ",

@@ -5,8 +5,11 @@
 //   dp_shard = 1, dp_replicate > 1    DDP
 //   one rank                          a single process, no MPI involved
 // and, independently, tensor parallelism over the tp group when tp > 1 (2-D:
-// FSDP shards each tp rank's slices over dp_shard) and pipeline parallelism
-// over the pp group when pp > 1 (each pp rank holds one or more stages).
+// FSDP shards each tp rank's slices over dp_shard), pipeline parallelism
+// over the pp group when pp > 1 (each pp rank holds one or more stages), and
+// context parallelism over the cp group when cp > 1 (each rank holds two
+// chunks of every sequence; FSDP then shards over dp_shard × cp, so cp > 1
+// alone is FSDP too).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,9 +17,10 @@
 #include <vector>
 
 #include "anvil/distributed/comm.h"
+#include "anvil/distributed/context_parallel.h"
 #include "anvil/distributed/mesh.h"
-#include "anvil/pipeline/executor.h"
 #include "anvil/model/args.h"
+#include "anvil/pipeline/executor.h"
 #include "anvil/train/config.h"
 
 namespace anvil {
@@ -34,6 +38,8 @@ struct ParallelDims {
   int dp_rank = 0, dp_size = 1;
   int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data
   int pp_rank = 0, pp_size = 1;  // a pp group's ranks read the same data
+  int cp_rank = 0, cp_size = 1;  // a cp group's ranks read the same sequences, each keeping its chunks
+  CpLoadBalancer cp_balancer = CpLoadBalancer::headtail;
   // Under pipeline parallelism: each micro-batch of local_batch_size sequences
   // runs through the pipeline as this many micro-batches of
   // pipeline_parallel_microbatch_size sequences.
@@ -47,8 +53,12 @@ struct ParallelDims {
 
   bool distributed() const { return world_size > 1; }
   bool rank0() const { return rank == 0; }
-  // Sums `values` over the data-parallel ranks (a no-op for one process).
+  // Sums `values` over the data-parallel ranks, and the context-parallel ones
+  // (whose tokens count apart), a no-op for one process.
   void sum_over_dp(float* values, int n) const;
+  // FSDP's shard group: dp_shard, or dp_shard × cp under context parallelism.
+  Communicator& fsdp_shard_group() const;
+  int fsdp_shard_degree() const { return layout.dp_shard() * layout.cp(); }
   // The largest of every rank's `value` (collective over the world; small
   // integers such as a signal number).
   int max_over_world(int value) const;

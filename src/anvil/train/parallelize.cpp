@@ -9,12 +9,13 @@
 #include "anvil/core/error.h"
 #include "anvil/core/profiler.h"
 #include "anvil/distributed/comm_volume.h"
+#include "anvil/distributed/context_parallel.h"
 #include "anvil/distributed/ddp.h"
 #include "anvil/distributed/fsdp.h"
-#include "anvil/pipeline/executor.h"
 #include "anvil/distributed/tensor_parallel.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
+#include "anvil/pipeline/executor.h"
 
 namespace anvil {
 
@@ -27,16 +28,25 @@ namespace {
 // without pipeline parallelism), this tp rank's slices communicating over the
 // tp group when tensor_parallel_degree > 1. allocate_params = false: the model
 // keeps no weights of its own (FSDP lends each group's while it runs).
+// Under context parallelism the style (the tensor-parallel one, or a plain
+// one made for it) runs RoPE and attention through `cp`.
 void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype,
-                 bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<Llama>& model) {
+                 bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
+                 std::unique_ptr<ParallelStyle>& plain_style, std::unique_ptr<Llama>& model) {
   if (par.tp_size > 1)
     tp = std::make_unique<TensorParallelStyle>(
         par.mesh->tp(), args,
         TensorParallelOptions{.sequence_parallel = cfg.parallelism.enable_sequence_parallel,
                               .loss_parallel = !cfg.parallelism.disable_loss_parallel});
+  ParallelStyle* style = tp.get();
+  if (par.cp_size > 1) {
+    cp = std::make_unique<ContextParallel>(par.mesh->cp(), par.cp_balancer);
+    if (!style) style = (plain_style = std::make_unique<ParallelStyle>()).get();
+    style->set_sequence_layout(cp.get());
+  }
   model = std::make_unique<Llama>(
       args, compute_dtype, cfg.training.seq_len,
-      LlamaOptions{.stages = rank_stages(args, par), .parallel_style = tp.get(), .allocate_params = allocate_params});
+      LlamaOptions{.stages = rank_stages(args, par), .parallel_style = style, .allocate_params = allocate_params});
 }
 
 }  // namespace
@@ -56,13 +66,13 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   // rank's shards and lends each group's gathered weights while the group runs.
   const bool fsdp_mode = par.mode == DataParallelMode::fsdp;
   std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
-  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, tp_, model_);
+  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, tp_, cp_, plain_style_, model_);
   ParamStore& ps = model_->params();
   const ReshardPolicy reshard = parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward);
   if (fsdp_mode) {
     const bool hsdp = par.mesh->layout().dp_replicate() > 1;
-    fsdp_ = std::make_unique<FsdpParams>(ps, par.mesh->dp_shard(), hsdp ? &par.mesh->dp_replicate() : nullptr,
-                                         reshard);
+    fsdp_ =
+        std::make_unique<FsdpParams>(ps, par.fsdp_shard_group(), hsdp ? &par.mesh->dp_replicate() : nullptr, reshard);
     model_->set_hooks(fsdp_.get());
     // Under pipeline parallelism each micro-batch would gather every group
     // again: by default the stage's gathered weights stay for the whole step
@@ -75,10 +85,9 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   }
   // What the layout should send per step, to set against what it does.
   if (fsdp_)
-    comm_closed_form_ =
-        fsdp_bytes_per_step(ps.groups(), par.mesh->layout().dp_shard(), par.mesh->layout().dp_replicate(),
-                            compute_dtype == DType::bf16 ? 2 : 4, reshard, par.accum_steps * par.pp_micro_batches,
-                            hold_gathered_);
+    comm_closed_form_ = fsdp_bytes_per_step(ps.groups(), par.fsdp_shard_degree(), par.mesh->layout().dp_replicate(),
+                                            compute_dtype == DType::bf16 ? 2 : 4, reshard,
+                                            par.accum_steps * par.pp_micro_batches, hold_gathered_);
   else if (ddp_)
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   state_layout_ = std::make_unique<RankStateLayout>(args, par, ps, fsdp_.get(), tp_ != nullptr);

@@ -29,6 +29,8 @@ class Llama;
 class FsdpParams;
 class DdpGradSync;
 class TensorParallelStyle;
+class ContextParallel;
+class ParallelStyle;
 class PipelineExecutor;
 
 // This rank's communication since the last take.
@@ -105,6 +107,10 @@ class ParallelizedModel {
   const ParallelDims& par_;
   DType compute_dtype_;
   std::unique_ptr<TensorParallelStyle> tp_;
+  // Under context parallelism: this rank's chunks and their attention, and the
+  // style that carries it when there is no tensor parallelism.
+  std::unique_ptr<ContextParallel> cp_;
+  std::unique_ptr<ParallelStyle> plain_style_;
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;

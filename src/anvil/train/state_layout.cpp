@@ -58,13 +58,13 @@ double RankStateLayout::global_sum_of_squares(const Tensor& rank_state) const {
   const Tensor all[] = {rank_state};
   // Under TP each global element is counted on one tp rank only (replicated norms on tp rank 0).
   double sum_sq = tensor_parallel_ ? grad_sum_of_squares(grads_counted_once(local_, rank_state, par_.tp_rank, fsdp_,
-                                                                            fsdp_ ? par_.mesh->dp_shard().rank() : 0))
+                                                                            fsdp_ ? par_.fsdp_shard_group().rank() : 0))
                                    : grad_sum_of_squares(all);
   // Each shard and stage holds part of the state; replicas hold the same parts.
   if (fsdp_ || tensor_parallel_ || par_.pp_size > 1) {
     Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
     t.data<float>()[0] = static_cast<float>(sum_sq);
-    if (fsdp_) par_.mesh->dp_shard().all_reduce(t);
+    if (fsdp_) par_.fsdp_shard_group().all_reduce(t);
     if (tensor_parallel_) par_.mesh->tp().all_reduce(t);
     if (par_.pp_size > 1) par_.mesh->pp().all_reduce(t);
     sum_sq = t.data<float>()[0];

@@ -67,7 +67,8 @@ std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelA
   return tokenizer;
 }
 
-TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const ParallelDims& par) : cfg_(cfg) {
+TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const ParallelDims& par)
+    : cfg_(cfg), cp_size_(par.cp_size), cp_rank_(par.cp_rank), cp_balancer_(par.cp_balancer) {
   const auto& tc = cfg.training;
   const auto t_data = std::chrono::steady_clock::now();
   const uint64_t tokenizer_hash =
@@ -87,13 +88,28 @@ TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Par
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_data).count());
 }
 
-void TrainData::allocate_batches(int64_t micro_batches) { batches_ = allocate_micro_batches(cfg_, micro_batches); }
+void TrainData::allocate_batches(int64_t micro_batches) {
+  batches_ = allocate_micro_batches(cfg_, micro_batches, cp_size_);
+}
+
+bool TrainData::fill(StreamLoader& loader, size_t i) {
+  if (cp_size_ == 1) return loader.next_batch(batches_.tokens[i], batches_.targets[i]);
+  // The cp group's ranks read the same sequences (the same data-parallel
+  // rank's windows) and keep their own chunks of them.
+  if (!loader.next_batch(batches_.loaded_tokens, batches_.loaded_targets)) return false;
+  const int64_t B = batches_.loaded_tokens.size(0), T = batches_.loaded_tokens.size(1);
+  cp_local_rows(cp_balancer_, cp_size_, cp_rank_, batches_.loaded_tokens.data<int32_t>(), B, T,
+                batches_.tokens[i].data<int32_t>());
+  cp_local_rows(cp_balancer_, cp_size_, cp_rank_, batches_.loaded_targets.data<int32_t>(), B, T,
+                batches_.targets[i].data<int32_t>());
+  return true;
+}
 
 int64_t TrainData::next_step() {
   const ScopedPhase phase(SpanCategory::data, "data");
   int64_t tokens = 0;
   for (size_t i = 0; i < batches_.tokens.size(); ++i) {
-    ANVIL_CHECK(loader_->next_batch(batches_.tokens[i], batches_.targets[i]), "the dataset ran out of tokens");
+    ANVIL_CHECK(fill(*loader_, i), "the dataset ran out of tokens");
     tokens += batches_.tokens[i].numel();  // packed windows never ignore a target
   }
   return tokens;
@@ -103,8 +119,7 @@ std::pair<double, int64_t> TrainData::validation_loss(ParallelizedModel& layout,
   double sum = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < cfg_.validation.steps; ++i) {
-    ANVIL_CHECK(val_loader_->next_batch(batches_.tokens[0], batches_.targets[0]),
-                "the validation set ran out of tokens");
+    ANVIL_CHECK(fill(*val_loader_, 0), "the validation set ran out of tokens");
     const CrossEntropyResult r = layout.evaluate(batches_.tokens[0], batches_.targets[0]);
     sum += r.loss_sum, tokens += r.num_tokens;
   }

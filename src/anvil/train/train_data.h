@@ -38,9 +38,15 @@ class TrainData {
   std::pair<double, int64_t> validation_loss(ParallelizedModel& layout, const ParallelDims& par);
 
  private:
+  // One batch from `loader` into micro-batch i's buffers: whole sequences, or
+  // under context parallelism this rank's chunks of them. False when it ran out.
+  bool fill(StreamLoader& loader, size_t i);
+
   const JobConfig& cfg_;
   std::unique_ptr<StreamLoader> loader_, val_loader_;
   MicroBatches batches_;
+  int cp_size_ = 1, cp_rank_ = 0;
+  CpLoadBalancer cp_balancer_ = CpLoadBalancer::headtail;
 };
 
 }  // namespace anvil

@@ -50,14 +50,22 @@ LrSchedule lr_schedule(const JobConfig& cfg) {
                     cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
 }
 
-MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches) {
+MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches, int cp) {
   const auto& tc = cfg.training;
+  // Under context parallelism the model takes this rank's 2 chunks of every
+  // sequence as rows of their own; the loader fills whole sequences first.
+  const int64_t rows = cp > 1 ? 2 * tc.local_batch_size : tc.local_batch_size,
+                cols = tc.seq_len / (cp > 1 ? 2 * cp : 1);
   MicroBatches batches;
   for (int64_t i = 0; i < micro_batches; ++i) {
-    batches.tokens.push_back(
-        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.tokens"));
-    batches.targets.push_back(
-        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.targets"));
+    batches.tokens.push_back(Tensor::empty({rows, cols}, DType::i32, MemCategory::workspace, "batch.tokens"));
+    batches.targets.push_back(Tensor::empty({rows, cols}, DType::i32, MemCategory::workspace, "batch.targets"));
+  }
+  if (cp > 1) {
+    batches.loaded_tokens =
+        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.loaded_tokens");
+    batches.loaded_targets =
+        Tensor::empty({tc.local_batch_size, tc.seq_len}, DType::i32, MemCategory::workspace, "batch.loaded_targets");
   }
   return batches;
 }
@@ -67,9 +75,9 @@ StepOutcome run_train_step(const StepContext& ctx, const MicroBatches& batches, 
   ParallelizedModel& layout = ctx.layout;
   StepOutcome out;
   layout.begin_step();
-  // Every data-parallel rank sees as many tokens; the gradients are summed
-  // over the ranks, so each scales by the whole step's count.
-  const float grad_scale = 1.0f / static_cast<float>(step_tokens * par.dp_size);
+  // Every data-parallel (and context-parallel) rank sees as many tokens; the
+  // gradients are summed over the ranks, so each scales by the whole step's count.
+  const float grad_scale = 1.0f / static_cast<float>(step_tokens * par.dp_size * par.cp_size);
   out.run = layout.forward_backward(batches, grad_scale, ctx.ac, ctx.hooks);
   if (ctx.after_forward_backward) ctx.after_forward_backward();
   layout.finish_backward();
