@@ -162,3 +162,14 @@ TEST(ContextParallelCheckpoint, MovesBetweenCpAndOtherLayouts) {
   std::printf("single-process checkpoint resumed as cp2: worst loss difference %.2e over steps 6-10\n", worst);
   EXPECT_LE(worst, 1e-6);
 }
+
+// bf16, against the single bf16 process: the bound of the data-parallel
+// layouts (tests/distributed_test.cpp, 5e-4 relative per step, an eighth of a
+// bf16 ulp of the loss): CP sums the weights' gradients over the FSDP shards
+// in another order, as they do, and adds its keys' gradients over the chunks
+// and ranks in bf16, each addition one more rounding at 2^-9 of a gradient
+// that the fp32 update then averages over thousands of products.
+TEST(ContextParallelBf16, LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
+  for (const char* name : {"cp2", "cp4", "cp2_fsdp2"})
+    anvil::testing::expect_bf16_within(anvil::testing::layout(name), 1, 5e-4);
+}
