@@ -1,9 +1,11 @@
 #include "anvil/distributed/context_parallel.h"
 
 #include <cstring>
+#include <optional>
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
 #include "anvil/ops/attention.h"
 
 namespace anvil {
@@ -92,6 +94,9 @@ void ContextParallel::attention_forward(const Tensor& q, const Tensor& k, const 
                                         Tensor& lse) const {
   const int64_t c = q.size(1);
   const Tensor K = gather_sequences(k, "cp.keys"), V = gather_sequences(v, "cp.values");
+  // The kernels alone, apart from the gather: each rank's attention work, whose
+  // balance over the group the load balancer decides (bench/context_parallel.py).
+  const ScopedPhase phase(SpanCategory::forward, "cp.attention");
   for (int j = 0; j < 2; ++j) {
     Tensor out_j = chunk_rows(out, j), lse_j = chunk_rows(lse, j);
     anvil::attention_forward(chunk_rows(q, j), K, V, out_j, lse_j, 0.0f, {}, AttentionWindow{chunk(j) * c, 0});
@@ -108,11 +113,13 @@ void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, co
   // The keys' gradients of both local chunks' queries, over whole sequences.
   Tensor dK = Tensor::zeros(K.shape(), K.dtype(), MemCategory::communication, "cp.dkeys");
   Tensor dV = Tensor::zeros(V.shape(), V.dtype(), MemCategory::communication, "cp.dvalues");
+  std::optional<ScopedPhase> phase(std::in_place, SpanCategory::backward, "cp.attention_backward");
   for (int j = 0; j < 2; ++j) {
     Tensor dq_j = chunk_rows(dq, j);
     anvil::attention_backward(chunk_rows(dout, j), chunk_rows(q, j), K, V, chunk_rows(out, j), chunk_rows(lse, j), dq_j,
                               dK, dV, 0.0f, {}, AttentionWindow{chunk(j) * c, 0}, {.dq = false, .dkv = true});
   }
+  phase.reset();
   // Every rank's keys' gradients summed into the ranks that hold those keys:
   // laid out rank by rank as the gather came, then reduce-scattered.
   for (auto [whole, local] : {std::pair<const Tensor*, Tensor*>{&dK, &dk}, {&dV, &dv}}) {

@@ -110,7 +110,9 @@ void end_allocation_log(const JobConfig& cfg, const ParallelDims& par, size_t fr
 std::unique_ptr<StepCapture> capture_if_profiled(const JobConfig& cfg, const ParallelDims& par, int64_t step,
                                                  int64_t first_step) {
   const auto& p = cfg.profiling;
-  const bool every_rank_traces = par.pp_size > 1 && p.enable_profiling;
+  // Pipeline stages and context-parallel ranks each do their own part of the
+  // work, so every rank traces (their bubbles, their attention's balance).
+  const bool every_rank_traces = (par.pp_size > 1 || par.cp_size > 1) && p.enable_profiling;
   const bool profile_step = (par.rank0() || every_rank_traces) && (p.enable_profiling || p.enable_memory_snapshot) &&
                             (step == first_step || step % p.profile_freq == 0);
   if (!profile_step) return nullptr;
