@@ -155,6 +155,37 @@ TEST(Preflight, EverySuggestedChangeFits) {
   EXPECT_TRUE(batch) << near.front().what;
 }
 
+// A long sequence whose activations do not fit: the refusal offers context
+// parallelism, and the run it offers fits by the same estimate. llama3/25M at
+// 2048 tokens, full activation checkpointing (no lighter mode to offer), 4
+// sequences per micro-batch, given the memory between the CP 4 and the CP 1
+// estimates.
+TEST(Preflight, ALongSequenceIsOfferedContextParallelism) {
+  const ModelArgs args = model_flavor("llama3", "25M");
+  const std::string flags =
+      "--model.flavor 25M --training.seq_len 2048 --training.local_batch_size 4 "
+      "--activation_checkpoint.mode full";
+  const size_t one = worst(estimate_layout(config(flags), args, 1));
+  const size_t cp4 = worst(estimate_layout(config(flags + " --parallelism.context_parallel_degree 4"), args, 4));
+  ASSERT_LT(cp4, one);
+  const size_t given = (cp4 + one) / 2;
+  const JobConfig cfg = config(flags);
+  try {
+    (void)check_rank_fits(cfg, args, resolve_parallel(cfg, args, 1, 0), given, 1);
+    FAIL() << "fits in " << given << " bytes?";
+  } catch (const Error& e) {
+    EXPECT_TRUE(Holds(e.what(), "parallelism.context_parallel_degree = ")) << e.what();
+    std::printf("%s\n", e.what());
+  }
+  bool offered = false;
+  for (const FitOption& o : fitting_changes(cfg, args, 1, given)) {
+    if (o.what.find("context_parallel_degree") == std::string::npos) continue;
+    offered = true;
+    EXPECT_LE(worst(estimate_layout(config(flags + " " + o.flags), args, o.world_size)), given) << o.what;
+  }
+  EXPECT_TRUE(offered);
+}
+
 // Sequence parallelism splits the tokens of the micro-batch that runs: under
 // pipeline parallelism a pipeline micro-batch's, not the local batch's. An odd
 // seq_len with local batch 2 and pipeline micro-batches of 1 divides as a local

@@ -103,6 +103,16 @@ std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& ar
     c.cfg.parallelism.pipeline_parallel_degree *= 2;
     consider(c, world_size * 2);
   }
+  // Context parallelism: every sequence over twice (four times, ...) the cp
+  // ranks, which divides the activations; the first degree that fits.
+  for (int64_t factor = 2; factor <= 64 && p.pipeline_parallel_degree == 1; factor *= 2) {
+    const int64_t cp = p.context_parallel_degree * factor;
+    if (cfg.training.seq_len % (2 * cp) != 0) break;
+    Change c{detail::concat("parallelism.context_parallel_degree = ", cp),
+             detail::concat("--parallelism.context_parallel_degree ", cp), cfg};
+    c.cfg.parallelism.context_parallel_degree = cp;
+    if (consider(c, world_size * static_cast<int>(factor))) break;
+  }
   const int shards = std::max<int>(1, p.data_parallel_shard_degree > 0 ? static_cast<int>(p.data_parallel_shard_degree)
                                                                         : world_size / static_cast<int>(
                                                                               p.pipeline_parallel_degree *
@@ -152,8 +162,10 @@ RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const 
       "); largest first: ", parts, " (layout: ", par.description, "). ");
   const std::vector<FitOption> options = fitting_changes(cfg, args, par.world_size, share);
   if (options.empty()) {
-    msg += "No single change fits by the estimate (a lighter activation checkpointing, a smaller micro-batch, twice "
-           "the pipeline stages, up to 16384x the FSDP ranks); pick a smaller model.flavor or training.seq_len";
+    msg +=
+        "No single change fits by the estimate (a lighter activation checkpointing, a smaller micro-batch, twice "
+        "the pipeline stages, up to 64x the context-parallel ranks, up to 16384x the FSDP ranks); pick a smaller "
+        "model.flavor or training.seq_len";
   } else {
     msg += "What would fit, by the same estimate:";
     for (size_t i = 0; i < options.size() && i < 4; ++i) {
