@@ -155,6 +155,19 @@ TEST(Preflight, EverySuggestedChangeFits) {
   EXPECT_TRUE(batch) << near.front().what;
 }
 
+// The estimate refuses what training refuses: a sequence longer than the
+// model's max_seq_len (the check sits in the layout's validation, which both run).
+TEST(Estimate, ASequenceLongerThanTheModelsIsRefused) {
+  const ModelArgs args = model_flavor("llama3", "25M");
+  std::string error;
+  try {
+    (void)estimate_layout(config("--model.flavor 25M --training.seq_len 4096"), args, 1);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_TRUE(Holds(error, "training.seq_len 4096 exceeds llama3/25M's max_seq_len 2048")) << error;
+}
+
 // A long sequence whose activations do not fit: the refusal offers context
 // parallelism, and the run it offers fits by the same estimate. llama3/25M at
 // 2048 tokens, full activation checkpointing (no lighter mode to offer), 4

@@ -121,6 +121,8 @@ void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, Parallel
 
 void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayout& layout) {
   const auto& p = cfg.parallelism;
+  ANVIL_CHECK(cfg.training.seq_len <= args.max_seq_len, "training.seq_len ", cfg.training.seq_len, " exceeds ",
+              args.name, "/", args.flavor, "'s max_seq_len ", args.max_seq_len);
   // The rows a micro-batch runs with: the local batch, or under pipeline
   // parallelism each of its pipeline micro-batches.
   int64_t rows = cfg.training.local_batch_size;

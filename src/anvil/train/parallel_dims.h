@@ -69,7 +69,8 @@ struct ParallelDims {
 };
 
 // Every check of a layout against the model and the batch, in the keys that
-// set them (tensor-parallel heads and widths, sequence parallelism's split of
+// set them (training.seq_len against the model's max_seq_len, tensor-parallel
+// heads and widths, context parallelism's chunks, sequence parallelism's split of
 // a micro-batch's tokens — a pipeline micro-batch's under pipeline
 // parallelism —, the pipeline micro-batch size, tied embeddings). Setup,
 // the estimator and the trainer all reach it through resolve_parallel.

@@ -57,8 +57,6 @@ DataSources open_dataset(const JobConfig& cfg, const Tokenizer& tok, uint64_t to
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelArgs& args) {
-  ANVIL_CHECK(cfg.training.seq_len <= args.max_seq_len, "training.seq_len ", cfg.training.seq_len, " exceeds ",
-              args.name, "/", args.flavor, "'s max_seq_len ", args.max_seq_len);
   std::unique_ptr<Tokenizer> tokenizer =
       load_tokenizer(cfg.model.tokenizer_path.empty() ? "bytes" : cfg.model.tokenizer_path);
   ANVIL_CHECK(tokenizer->vocab_size() <= args.vocab_size, "the ", tokenizer->name(), " tokenizer has ",

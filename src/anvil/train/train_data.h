@@ -16,7 +16,7 @@ namespace anvil {
 
 class ParallelizedModel;
 
-// The job's tokenizer, checked against the model (and training.seq_len against its max_seq_len).
+// The job's tokenizer, checked against the model's vocabulary.
 std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelArgs& args);
 
 class TrainData {
