@@ -1,6 +1,7 @@
 // Helpers shared by the tests that run anvil under mpirun and compare layouts.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "anvil/core/safetensors.h"
@@ -21,6 +23,26 @@ inline std::string mpirun_prefix(int ranks) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
          "timeout -k 5 300 mpirun --oversubscribe --bind-to none -np " +
          std::to_string(ranks) + " ";
+}
+
+// A GoogleTest program with its own main (comm_worker, tp_worker, cp_worker)
+// under mpirun with `ranks` ranks: it exits 0 with `tests` tests passed and
+// no rank reports a failure; a hang (a rank missing a collective) becomes
+// mpirun_prefix's timeout, exit code 124. Its output is printed.
+inline void expect_worker_passes(const std::string& worker, int ranks, int tests) {
+  std::string output;
+  FILE* p = popen((mpirun_prefix(ranks) + worker + " --gtest_color=no 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0) << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(output, m, std::regex(R"(\[  PASSED  \] (\d+) tests?\.)"))) << output;
+  EXPECT_EQ(std::stoi(m[1]), tests) << output;
+  EXPECT_EQ(output.find("FAILED"), std::string::npos) << output;
+  EXPECT_EQ(output.find("failed"), std::string::npos) << output;  // another rank's failure
+  std::printf("%s", output.c_str());
 }
 
 // A run's `key` ("loss", "grad_norm") by step from its metrics.jsonl, the

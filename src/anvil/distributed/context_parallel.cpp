@@ -44,6 +44,19 @@ void ContextParallel::local_tokens(const int32_t* sequences, int64_t B, int64_t 
 
 namespace {
 
+// Calls f(gathered, whole) with the element offsets of every chunk's rows —
+// rank r's local chunk j of sequence b, `chunk_elems` elements — in a buffer
+// laid out rank by rank as an all-gather of the local rows leaves it (each
+// rank's 2B rows of c tokens), and in the whole sequences (B, T, ...).
+template <class F>
+void for_each_chunk(CpLoadBalancer balancer, int n, int64_t B, int64_t c, int64_t chunk_elems, F f) {
+  const int64_t T = 2 * n * c, token_elems = chunk_elems / c;
+  for (int r = 0; r < n; ++r)
+    for (int j = 0; j < 2; ++j)
+      for (int64_t b = 0; b < B; ++b)
+        f((r * 2 * B + j * B + b) * chunk_elems, (b * T + cp_chunk(balancer, n, r, j) * c) * token_elems);
+}
+
 // Rows [j·B, (j+1)·B) of a local (2B, ...) tensor: local chunk j of every sequence.
 Tensor chunk_rows(const Tensor& x, int j) {
   const int64_t B = x.size(0) / 2;
@@ -76,17 +89,13 @@ Tensor ContextParallel::gather_sequences(const Tensor& local, const char* tag) c
   group_.all_gather(local, gathered);
   Tensor whole = Tensor::empty({B, T, H, D}, local.dtype(), MemCategory::communication, tag);
   if (dry_run()) return whole;
-  const size_t bytes = static_cast<size_t>(row) * dtype_size(local.dtype());
+  const size_t es = dtype_size(local.dtype());
   const auto* src = static_cast<const char*>(gathered.raw());
   auto* dst = static_cast<char*>(whole.raw());
-  for (int r = 0; r < n; ++r)
-    for (int j = 0; j < 2; ++j)
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t from = (r * 2 * B + j * B + b) * row;
-        const int64_t to = (b * T + cp_chunk(balancer_, n, r, j) * c) * H * D;
-        std::memcpy(dst + static_cast<size_t>(to) * dtype_size(local.dtype()),
-                    src + static_cast<size_t>(from) * dtype_size(local.dtype()), bytes);
-      }
+  for_each_chunk(balancer_, n, B, c, row, [&](int64_t rank_major, int64_t sequence) {
+    std::memcpy(dst + static_cast<size_t>(sequence) * es, src + static_cast<size_t>(rank_major) * es,
+                static_cast<size_t>(row) * es);
+  });
   return whole;
 }
 
@@ -108,7 +117,7 @@ void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, co
                                          Tensor& dv) const {
   const int64_t B = q.size(0) / 2, c = q.size(1), Hkv = k.size(2), D = k.size(3);
   const int n = degree();
-  const int64_t T = 2 * n * c, row = c * Hkv * D;
+  const int64_t row = c * Hkv * D;  // elements of one chunk of one sequence
   const Tensor K = gather_sequences(k, "cp.keys"), V = gather_sequences(v, "cp.values");
   // The keys' gradients of both local chunks' queries, over whole sequences.
   Tensor dK = Tensor::zeros(K.shape(), K.dtype(), MemCategory::communication, "cp.dkeys");
@@ -126,16 +135,13 @@ void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, co
     Tensor by_rank =
         Tensor::empty({n * 2 * B, c, Hkv, D}, whole->dtype(), MemCategory::communication, "cp.dkv_by_rank");
     if (!dry_run()) {
-      const size_t es = dtype_size(whole->dtype()), bytes = static_cast<size_t>(row) * es;
+      const size_t es = dtype_size(whole->dtype());
       const auto* src = static_cast<const char*>(whole->raw());
       auto* dst = static_cast<char*>(by_rank.raw());
-      for (int r = 0; r < n; ++r)
-        for (int j = 0; j < 2; ++j)
-          for (int64_t b = 0; b < B; ++b) {
-            const int64_t to = (r * 2 * B + j * B + b) * row;
-            const int64_t from = (b * T + cp_chunk(balancer_, n, r, j) * c) * Hkv * D;
-            std::memcpy(dst + static_cast<size_t>(to) * es, src + static_cast<size_t>(from) * es, bytes);
-          }
+      for_each_chunk(balancer_, n, B, c, row, [&](int64_t rank_major, int64_t sequence) {
+        std::memcpy(dst + static_cast<size_t>(rank_major) * es, src + static_cast<size_t>(sequence) * es,
+                    static_cast<size_t>(row) * es);
+      });
     }
     group_.reduce_scatter(by_rank, *local);
   }
