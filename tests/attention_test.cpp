@@ -4,15 +4,16 @@
 // multi-tile path (online-softmax rescaling, partial tiles, blocks above the
 // diagonal, several query tiles per key tile) runs in a fraction of a second.
 #include "anvil/ops/attention.h"
-#include "anvil/ops/matmul.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/matmul.h"
 #include "test_util.h"
 
 namespace {
@@ -380,6 +381,54 @@ TEST(Attention, AWindowOfKeysGivesThePartialAttention) {
     }
   EXPECT_LT(rel_error(out, want_out), 1e-5);
   EXPECT_LT(max_abs_error(to_double(lse), want_lse), 1e-5);
+}
+
+// The ring's combination: queries 24..31 of a sequence meet keys 0..31 as
+// three blocks (8..23, then 0..7, then their own 24..31, diagonal), each a
+// partial attention through a window; merged by their lse, in that order, in
+// f32 and from bf16 parts, they give the whole sequence's out and lse.
+TEST(Attention, PartialAttentionsMergeIntoTheWhole) {
+  const int64_t B = 2, T = 32, Hq = 4, Hkv = 2, D = 16, q_first = 24, Tq = 8;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor q = random_tensor({B, T, Hq, D}, dt, "q", 2.0f), k = random_tensor({B, T, Hkv, D}, dt, "k", 2.0f);
+    const Tensor v = random_tensor({B, T, Hkv, D}, dt, "v");
+    Tensor out = Tensor::empty(q.shape(), dt, MemCategory::workspace, "out");
+    Tensor lse = Tensor::empty({B, Hq, T}, DType::f32, MemCategory::workspace, "lse");
+    attention_forward(q, k, v, out, lse);
+    // The last 8 query rows of every sequence, as (B, 8, Hq, D).
+    auto rows = [&](const Tensor& x, int64_t first, int64_t n) {
+      const int64_t H = x.size(2);
+      Tensor r = Tensor::empty({B, n, H, D}, x.dtype(), MemCategory::workspace, "rows");
+      for (int64_t b = 0; b < B; ++b)
+        r.view({B * n * H * D})
+            .slice(b * n * H * D, n * H * D)
+            .copy_from(x.view({B * T * H * D}).slice((b * T + first) * H * D, n * H * D));
+      return r;
+    };
+    const Tensor q_tail = rows(q, q_first, Tq);
+    Tensor acc = Tensor::empty({B, Tq, Hq, D}, DType::f32, MemCategory::workspace, "acc");
+    Tensor acc_lse = Tensor::empty({B, Hq, Tq}, DType::f32, MemCategory::workspace, "acc_lse");
+    for (int64_t i = 0; i < acc_lse.numel(); ++i) acc_lse.data<float>()[i] = -std::numeric_limits<float>::infinity();
+    for (const auto& [k_first, Tk] : std::vector<std::pair<int64_t, int64_t>>{{8, 16}, {0, 8}, {24, 8}}) {
+      Tensor part = Tensor::empty({B, Tq, Hq, D}, dt, MemCategory::workspace, "part");
+      Tensor part_lse = Tensor::empty({B, Hq, Tq}, DType::f32, MemCategory::workspace, "part_lse");
+      attention_forward(q_tail, rows(k, k_first, Tk), rows(v, k_first, Tk), part, part_lse, 0.0f, {},
+                        AttentionWindow{q_first, k_first});
+      attention_merge(part, part_lse, acc, acc_lse);
+    }
+    std::vector<double> want_lse;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t t = q_first; t < T; ++t) want_lse.push_back(lse.item_f32((b * Hq + h) * T + t));
+    // f32: the same sums in another order. bf16: each part's out is rounded
+    // to bf16 before the merge, the whole's once, each at most 2^-9 relative:
+    // they differ by at most 2^-8.
+    const double bound = dt == DType::f32 ? 1e-5 : std::ldexp(1.0, -8);
+    const double e = rel_error(acc, to_double(rows(out, q_first, Tq)));
+    std::printf("%s: merged out %.2e from the whole's\n", dtype_name(dt), e);
+    EXPECT_LT(e, bound) << dtype_name(dt);
+    EXPECT_LT(max_abs_error(to_double(acc_lse), want_lse), 1e-5) << dtype_name(dt);
+  }
 }
 
 TEST(Attention, RejectsHeadsNotDivisibleByKvHeads) {

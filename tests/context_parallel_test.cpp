@@ -46,10 +46,10 @@ TEST(ContextParallelChunks, HeadTailPairsTheFirstAndLastChunks) {
 }
 
 TEST(ContextParallelAttention, TwoRanksMatchTheWholeSequences) {
-  anvil::testing::expect_worker_passes(ANVIL_CP_WORKER, 2, 2);
+  anvil::testing::expect_worker_passes(ANVIL_CP_WORKER, 2, 4);
 }
 TEST(ContextParallelAttention, FourRanksMatchTheWholeSequences) {
-  anvil::testing::expect_worker_passes(ANVIL_CP_WORKER, 4, 2);
+  anvil::testing::expect_worker_passes(ANVIL_CP_WORKER, 4, 4);
 }
 
 // A batch's local tokens: the rank's first chunk of every sequence, then its
@@ -143,6 +143,11 @@ TEST(ContextParallelCheckpoint, MovesBetweenCpAndOtherLayouts) {
 // and ranks in bf16, each addition one more rounding at 2^-9 of a gradient
 // that the fp32 update then averages over thousands of products.
 TEST(ContextParallelBf16, LayoutsStayWithinTheirToleranceOfTheSingleProcess) {
-  for (const char* name : {"cp2", "cp4", "cp2_fsdp2"})
+  for (const char* name : {"cp2", "cp4", "cp2_fsdp2"}) {
     anvil::testing::expect_bf16_within(anvil::testing::layout(name), 1, 5e-4);
+    // The ring rounds a little more: each block's partial attention to bf16
+    // before the merge, and the keys' gradient sum at every hop; a few more
+    // roundings of 2^-9 per element, inside the same bound.
+    anvil::testing::expect_bf16_within(anvil::testing::layout(name), 1, 5e-4, {"ring", anvil::testing::kRing});
+  }
 }

@@ -6,7 +6,7 @@
 // chunks through ContextParallel (keys and values gathered over the group, the
 // keys' gradients reduce-scattered back) and compares its rows with the
 // reference's: out, lse and dq of its queries, dk and dv of its keys. Both
-// load balancers, GQA (4 query heads over 2 KV heads), B = 2.
+// load balancers, both rotate methods, GQA (4 query heads over 2 KV heads), B = 2.
 //
 // Tolerance (fp32): the chunks' attention sums the same products as the whole
 // sequence's, in other tiles, and the keys' gradients add the ranks' parts in
@@ -57,9 +57,9 @@ Tensor local_lse(const ContextParallel& cp, const Tensor& lse) {
   return out;
 }
 
-void expect_chunks_match_whole_sequences(CpLoadBalancer balancer) {
+void expect_chunks_match_whole_sequences(CpLoadBalancer balancer, CpRotateMethod rotate) {
   Communicator& group = *g_world;
-  const ContextParallel cp(group, balancer);
+  const ContextParallel cp(group, balancer, rotate);
   const int64_t B = 2, T = 16 * cp.degree(), Hq = 4, Hkv = 2, D = 16;
   // Whole sequences, the same on every rank; RoPE applied as the model does.
   const RopeTable rope = rope_table(T, D, 10000.0);
@@ -101,9 +101,9 @@ void expect_chunks_match_whole_sequences(CpLoadBalancer balancer) {
   const double e_dq = anvil::testing::rel_error(dq_l, anvil::testing::to_double(local_rows(cp, dq)));
   const double e_dk = anvil::testing::rel_error(dk_local, anvil::testing::to_double(local_rows(cp, dk_whole)));
   const double e_dv = anvil::testing::rel_error(dv_l, anvil::testing::to_double(local_rows(cp, dv)));
-  std::printf("cp %d rank %d %-8s chunks %lld, %lld: out %.2e lse(abs) %.2e dq %.2e dk %.2e dv %.2e\n", cp.degree(),
-              cp.rank(), cp_load_balancer_name(balancer), static_cast<long long>(cp.chunk(0)),
-              static_cast<long long>(cp.chunk(1)), e_out, e_lse, e_dq, e_dk, e_dv);
+  std::printf("cp %d rank %d %-9s %-8s chunks %lld, %lld: out %.2e lse(abs) %.2e dq %.2e dk %.2e dv %.2e\n",
+              cp.degree(), cp.rank(), cp_rotate_method_name(rotate), cp_load_balancer_name(balancer),
+              static_cast<long long>(cp.chunk(0)), static_cast<long long>(cp.chunk(1)), e_out, e_lse, e_dq, e_dk, e_dv);
   EXPECT_LT(e_out, 1e-5);
   EXPECT_LT(e_lse, 1e-5);
   EXPECT_LT(e_dq, 1e-5);
@@ -112,10 +112,17 @@ void expect_chunks_match_whole_sequences(CpLoadBalancer balancer) {
 }
 
 TEST(ContextParallel, HeadTailChunksMatchTheWholeSequences) {
-  expect_chunks_match_whole_sequences(CpLoadBalancer::headtail);
+  expect_chunks_match_whole_sequences(CpLoadBalancer::headtail, CpRotateMethod::allgather);
 }
 TEST(ContextParallel, ContiguousChunksMatchTheWholeSequences) {
-  expect_chunks_match_whole_sequences(CpLoadBalancer::none);
+  expect_chunks_match_whole_sequences(CpLoadBalancer::none, CpRotateMethod::allgather);
+}
+// The ring: the same rows from blocks passed rank to rank, merged by their lse.
+TEST(ContextParallel, HeadTailChunksOverARingMatchTheWholeSequences) {
+  expect_chunks_match_whole_sequences(CpLoadBalancer::headtail, CpRotateMethod::ring);
+}
+TEST(ContextParallel, ContiguousChunksOverARingMatchTheWholeSequences) {
+  expect_chunks_match_whole_sequences(CpLoadBalancer::none, CpRotateMethod::ring);
 }
 
 }  // namespace

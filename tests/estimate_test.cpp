@@ -158,14 +158,14 @@ TEST(Preflight, EverySuggestedChangeFits) {
 // The estimate refuses what training refuses: a sequence longer than the
 // model's max_seq_len (the check sits in the layout's validation, which both run).
 TEST(Estimate, ASequenceLongerThanTheModelsIsRefused) {
-  const ModelArgs args = model_flavor("llama3", "25M");
+  const ModelArgs args = model_flavor("llama2", "7B");
   std::string error;
   try {
-    (void)estimate_layout(config("--model.flavor 25M --training.seq_len 4096"), args, 1);
+    (void)estimate_layout(config("--model.name llama2 --model.flavor 7B --training.seq_len 8192"), args, 1);
   } catch (const Error& e) {
     error = e.what();
   }
-  EXPECT_TRUE(Holds(error, "training.seq_len 4096 exceeds llama3/25M's max_seq_len 2048")) << error;
+  EXPECT_TRUE(Holds(error, "training.seq_len 8192 exceeds llama2/7B's max_seq_len 4096")) << error;
 }
 
 // A long sequence whose activations do not fit: the refusal offers context

@@ -79,6 +79,7 @@ inline const std::vector<std::string> kEveryAc = {"none", "full", "op"};
 inline const std::string kPipeline =
     "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.pipeline_parallel_degree ";
 inline const std::string kContext = "--parallelism.context_parallel_degree ";
+inline const std::string kRing = "--parallelism.context_parallel_rotate_method ring";
 
 inline const std::vector<Layout>& layouts() {
   static const std::vector<Layout> table = {
@@ -317,18 +318,35 @@ inline const std::vector<Layout>& layouts() {
        {{"", kEveryAc},
         {"accumulation 2", {"none"}, 2},
         {"contiguous chunks", {"none"}, 1, "--parallelism.context_parallel_load_balancer none"},
-        {"llama3/25M (GQA)", {"none"}, 1, "", "--model.flavor 25M"}},
+        {"llama3/25M (GQA)", {"none"}, 1, "", "--model.flavor 25M"},
+        // The ring: blocks passed rank to rank, partial attentions merged by lse.
+        {"ring", kEveryAc, 1, kRing},
+        {"ring, accumulation 2", {"none"}, 2, kRing},
+        {"ring, contiguous chunks", {"none"}, 1, kRing + " --parallelism.context_parallel_load_balancer none"},
+        {"ring, llama3/25M (GQA)", {"none"}, 1, kRing, "--model.flavor 25M"}},
        1,
        2,
        1e-6,
        2},
-      {"cp4", 4, 1, 1, kContext + "4", {{"", {"none", "full"}}}, 1, 2, 1e-6, 4},
+      {"cp4",
+       4,
+       1,
+       1,
+       kContext + "4",
+       {{"", {"none", "full"}},
+        {"contiguous chunks", {"none"}, 1, "--parallelism.context_parallel_load_balancer none"},
+        {"ring", {"none", "full"}, 1, kRing},
+        {"ring, contiguous chunks", {"none"}, 1, kRing + " --parallelism.context_parallel_load_balancer none"}},
+       1,
+       2,
+       1e-6,
+       4},
       {"cp2_fsdp2",
        4,
        2,
        1,
        kContext + "2 --parallelism.data_parallel_shard_degree 2",
-       {{"", {"none"}}},
+       {{"", {"none"}}, {"ring", {"none"}, 1, kRing}},
        1,
        2,
        1e-6,
@@ -338,7 +356,7 @@ inline const std::vector<Layout>& layouts() {
        1,
        2,
        kContext + "2 --parallelism.tensor_parallel_degree 2",
-       {{"", {"none", "op"}}},
+       {{"", {"none", "op"}}, {"ring", {"none"}, 1, kRing}},
        1,
        2,
        1e-6,
@@ -348,7 +366,7 @@ inline const std::vector<Layout>& layouts() {
        2,
        2,
        kContext + "2 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2",
-       {{"", {"none"}}},
+       {{"", {"none"}}, {"ring", {"none"}, 1, kRing}},
        1,
        2,
        1e-6,
@@ -625,14 +643,16 @@ inline void expect_matches_single_process(const ParityCase& c) {
 // bf16: `layout` against the single process on 4 sequences per step (times
 // `accumulation`), split over its data-parallel ranks, within `bound` relative
 // per step over 10 steps (each caller derives its bound).
-inline void expect_bf16_within(const Layout& layout, int accumulation, double bound) {
+// `variant` (a label and flags, e.g. {"ring", kRing}) runs the layout with those flags too.
+inline void expect_bf16_within(const Layout& layout, int accumulation, double bound,
+                               const std::pair<std::string, std::string>& variant = {}) {
   TrainRuns& r = runs();
-  const std::string bf16 = "--training.mixed_precision_param bfloat16 ";
-  const std::string name =
-      "bf16_" + layout.name + (accumulation > 1 ? "_accum" + std::to_string(accumulation) : "");
+  const std::string bf16 = "--training.mixed_precision_param bfloat16 " + variant.second + " ";
+  const std::string name = "bf16_" + layout.name + (variant.first.empty() ? "" : "_" + variant.first) +
+                           (accumulation > 1 ? "_accum" + std::to_string(accumulation) : "");
   SCOPED_TRACE(name);
   const int global = 4 * accumulation;
-  const std::string ref = r.reference(bf16 + batch_flags(4, global));
+  const std::string ref = r.reference("--training.mixed_precision_param bfloat16 " + batch_flags(4, global));
   const auto want = r.losses(ref);
   ASSERT_EQ(want.size(), 10u);
   const std::string flags = bf16 + batch_flags(4 / layout.dp, global);

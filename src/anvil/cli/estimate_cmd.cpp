@@ -35,7 +35,8 @@ EstimateOptions parse_estimate_args(const std::vector<std::string>& args) {
 int implied_world_size(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
   return static_cast<int>(p.pipeline_parallel_degree * p.data_parallel_replicate_degree *
-                          std::max<int64_t>(1, p.data_parallel_shard_degree) * p.tensor_parallel_degree);
+                          std::max<int64_t>(1, p.data_parallel_shard_degree) * p.context_parallel_degree *
+                          p.tensor_parallel_degree);
 }
 
 std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& args, int64_t seq_len) {

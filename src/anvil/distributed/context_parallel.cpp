@@ -1,10 +1,14 @@
 #include "anvil/distributed/context_parallel.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/core/profiler.h"
 #include "anvil/ops/attention.h"
 
@@ -20,13 +24,25 @@ CpLoadBalancer cp_load_balancer(const std::string& name) {
 
 const char* cp_load_balancer_name(CpLoadBalancer b) { return b == CpLoadBalancer::headtail ? "headtail" : "none"; }
 
+CpRotateMethod cp_rotate_method(const std::string& name) {
+  if (name == "allgather") return CpRotateMethod::allgather;
+  if (name == "ring") return CpRotateMethod::ring;
+  throw Error(detail::concat("parallelism.context_parallel_rotate_method is \"", name,
+                             "\"; it must be \"allgather\" (every rank gathers the group's keys and values for each "
+                             "layer) or \"ring\" (they pass from rank to rank, each transfer overlapping the attention "
+                             "of the block before)"));
+}
+
+const char* cp_rotate_method_name(CpRotateMethod m) { return m == CpRotateMethod::ring ? "ring" : "allgather"; }
+
 int64_t cp_chunk(CpLoadBalancer balancer, int degree, int rank, int j) {
   ANVIL_ASSERT(rank >= 0 && rank < degree && (j == 0 || j == 1), "cp rank ", rank, " of ", degree, ", chunk ", j);
   if (balancer == CpLoadBalancer::headtail) return j == 0 ? rank : 2 * degree - 1 - rank;
   return 2 * rank + j;
 }
 
-ContextParallel::ContextParallel(Communicator& group, CpLoadBalancer balancer) : group_(group), balancer_(balancer) {}
+ContextParallel::ContextParallel(Communicator& group, CpLoadBalancer balancer, CpRotateMethod rotate)
+    : group_(group), balancer_(balancer), rotate_(rotate) {}
 
 void cp_local_rows(CpLoadBalancer balancer, int degree, int rank, const int32_t* sequences, int64_t B, int64_t T,
                    int32_t* local) {
@@ -61,6 +77,57 @@ void for_each_chunk(CpLoadBalancer balancer, int n, int64_t B, int64_t c, int64_
 Tensor chunk_rows(const Tensor& x, int j) {
   const int64_t B = x.size(0) / 2;
   return x.slice(j * B, B);
+}
+
+// One rank's keys and values (2B, c, Hkv, D), or their gradients: what a
+// ring step passes on.
+struct KvBlock {
+  Tensor k, v;
+};
+
+KvBlock kv_block(const Tensor& like, const char* k_tag, const char* v_tag) {
+  return {Tensor::empty(like.shape(), like.dtype(), MemCategory::communication, k_tag),
+          Tensor::empty(like.shape(), like.dtype(), MemCategory::communication, v_tag)};
+}
+
+// A block going to the next rank and another coming from the previous one.
+struct KvTransfer {
+  Work send_k, send_v, recv_k, recv_v;
+  // MPI moves a message only inside MPI calls: called between kernels.
+  void progress() {
+    for (Work* w : {&recv_k, &recv_v, &send_k, &send_v})
+      if (w->pending()) (void)w->test();
+  }
+  void wait() {
+    for (Work* w : {&recv_k, &recv_v, &send_k, &send_v})
+      if (w->pending()) w->wait();
+  }
+};
+
+// Tags 0 and 1 carry keys and values, 2 and 3 their gradients (both travel at once in the backward).
+KvTransfer pass_on(Communicator& group, const KvBlock& out, int to, const KvBlock& in, int from, int tag) {
+  KvTransfer t;
+  t.recv_k = group.irecv(in.k, from, tag);
+  t.recv_v = group.irecv(in.v, from, tag + 1);
+  t.send_k = group.isend(out.k, to, tag);
+  t.send_v = group.isend(out.v, to, tag + 1);
+  return t;
+}
+
+// into += from, elementwise (f32, or bf16 summed in f32 and rounded once).
+void add_into(const Tensor& from, const Tensor& into) {
+  ANVIL_ASSERT(from.shape() == into.shape() && from.dtype() == into.dtype(), "add_into: ", shape_str(from.shape()),
+               " into ", shape_str(into.shape()));
+  auto add = [&](auto* dst, const auto* src) {
+    parallel_for(0, from.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(dst)>>;
+      for (int64_t i = lo; i < hi; ++i) dst[i] = from_f32<T>(to_f32(dst[i]) + to_f32(src[i]));
+    });
+  };
+  if (from.dtype() == DType::f32)
+    add(into.data<float>(), from.data<float>());
+  else
+    add(into.data<bf16>(), from.data<bf16>());
 }
 
 }  // namespace
@@ -101,6 +168,7 @@ Tensor ContextParallel::gather_sequences(const Tensor& local, const char* tag) c
 
 void ContextParallel::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                         Tensor& lse) const {
+  if (rotate_ == CpRotateMethod::ring) return ring_forward(q, k, v, out, lse);
   const int64_t c = q.size(1);
   const Tensor K = gather_sequences(k, "cp.keys"), V = gather_sequences(v, "cp.values");
   // The kernels alone, apart from the gather: each rank's attention work, whose
@@ -115,6 +183,7 @@ void ContextParallel::attention_forward(const Tensor& q, const Tensor& k, const 
 void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk,
                                          Tensor& dv) const {
+  if (rotate_ == CpRotateMethod::ring) return ring_backward(dout, q, k, v, out, lse, dq, dk, dv);
   const int64_t B = q.size(0) / 2, c = q.size(1), Hkv = k.size(2), D = k.size(3);
   const int n = degree();
   const int64_t row = c * Hkv * D;  // elements of one chunk of one sequence
@@ -145,6 +214,106 @@ void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, co
     }
     group_.reduce_scatter(by_rank, *local);
   }
+}
+
+void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const {
+  const int n = degree(), next = (rank() + 1) % n, prev = (rank() + n - 1) % n;
+  const int64_t B = q.size(0) / 2, c = q.size(1), Hq = q.size(2), D = q.size(3);
+  // The merged attention so far, in f32 (out itself when it is f32), and its lse.
+  const bool f32 = out.dtype() == DType::f32;
+  Tensor acc = f32 ? out : Tensor::empty(out.shape(), DType::f32, MemCategory::communication, "cp.ring_out");
+  if (!dry_run()) std::fill_n(lse.data<float>(), lse.numel(), -std::numeric_limits<float>::infinity());
+  Tensor part = Tensor::empty({B, c, Hq, D}, q.dtype(), MemCategory::communication, "cp.ring_part");
+  Tensor part_lse = Tensor::empty({B, Hq, c}, DType::f32, MemCategory::communication, "cp.ring_part_lse");
+  KvBlock held{k, v}, spare[2];
+  for (int s = 0; s < n; ++s) {
+    const int src = (rank() - s + n) % n;  // whose keys this step holds
+    KvTransfer transfer;
+    KvBlock incoming;
+    if (s + 1 < n) {
+      if (!spare[s % 2].k.defined()) spare[s % 2] = kv_block(k, "cp.ring_keys", "cp.ring_values");
+      incoming = spare[s % 2];
+      transfer = pass_on(group_, held, next, incoming, prev, 0);
+    }
+    {
+      const ScopedPhase phase(SpanCategory::forward, "cp.attention");
+      for (int j = 0; j < 2; ++j)
+        for (int j2 = 0; j2 < 2; ++j2) {
+          const int64_t qc = chunk(j), kc = cp_chunk(balancer_, n, src, j2);
+          if (kc > qc) continue;  // keys after every query of the chunk
+          anvil::attention_forward(chunk_rows(q, j), chunk_rows(held.k, j2), chunk_rows(held.v, j2), part, part_lse,
+                                   0.0f, {}, AttentionWindow{qc * c, kc * c});
+          Tensor acc_j = chunk_rows(acc, j), lse_j = chunk_rows(lse, j);
+          attention_merge(part, part_lse, acc_j, lse_j);
+          transfer.progress();
+        }
+    }
+    transfer.wait();
+    if (s + 1 < n) held = incoming;
+  }
+  if (!f32) out.copy_from(acc);
+}
+
+void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const {
+  const int n = degree(), next = (rank() + 1) % n, prev = (rank() + n - 1) % n;
+  const int64_t c = q.size(1);
+  // `mine`: this rank's queries' part of the held block's keys' gradients;
+  // `sums`: the running sum over the ranks the block has passed, one arriving
+  // while the other leaves.
+  KvBlock held{k, v}, spare[2], mine, sums[2];
+  KvTransfer grads;
+  bool dq_written[2] = {false, false};
+  for (int s = 0; s < n; ++s) {
+    const int src = (rank() - s + n) % n;
+    KvTransfer transfer;
+    KvBlock incoming;
+    if (s + 1 < n) {
+      if (!spare[s % 2].k.defined()) spare[s % 2] = kv_block(k, "cp.ring_keys", "cp.ring_values");
+      incoming = spare[s % 2];
+      transfer = pass_on(group_, held, next, incoming, prev, 0);
+    }
+    if (!sums[s % 2].k.defined()) sums[s % 2] = kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues");
+    KvBlock& sum = sums[s % 2];
+    // The block's own rank starts its sum; the others add to the one that came.
+    if (s > 0 && !mine.k.defined()) mine = kv_block(k, "cp.ring_my_dkeys", "cp.ring_my_dvalues");
+    const KvBlock& target = s == 0 ? sum : mine;
+    bool wrote[2] = {false, false};
+    {
+      const ScopedPhase phase(SpanCategory::backward, "cp.attention_backward");
+      for (int j = 0; j < 2; ++j)
+        for (int j2 = 0; j2 < 2; ++j2) {
+          const int64_t qc = chunk(j), kc = cp_chunk(balancer_, n, src, j2);
+          if (kc > qc) continue;
+          Tensor dq_j = chunk_rows(dq, j), dk_j2 = chunk_rows(target.k, j2), dv_j2 = chunk_rows(target.v, j2);
+          anvil::attention_backward(chunk_rows(dout, j), chunk_rows(q, j), chunk_rows(held.k, j2),
+                                    chunk_rows(held.v, j2), chunk_rows(out, j), chunk_rows(lse, j), dq_j, dk_j2, dv_j2,
+                                    0.0f, {}, AttentionWindow{qc * c, kc * c}, {.dq = dq_written[j], .dkv = wrote[j2]});
+          dq_written[j] = wrote[j2] = true;
+          transfer.progress();
+          grads.progress();
+        }
+    }
+    grads.wait();  // the sum of the ranks before has arrived; the one passed on before has left
+    for (int j2 = 0; j2 < 2; ++j2) {
+      if (s == 0 && !wrote[j2]) {
+        chunk_rows(sum.k, j2).zero_();
+        chunk_rows(sum.v, j2).zero_();
+      } else if (s > 0 && wrote[j2]) {
+        add_into(chunk_rows(mine.k, j2), chunk_rows(sum.k, j2));
+        add_into(chunk_rows(mine.v, j2), chunk_rows(sum.v, j2));
+      }
+    }
+    // On to the next rank, which adds its part at the next step; after the
+    // last step, to the block's own rank: the whole sum lands in dk, dv.
+    if (s + 1 < n && !sums[(s + 1) % 2].k.defined())
+      sums[(s + 1) % 2] = kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues");
+    const KvBlock into = s + 1 < n ? sums[(s + 1) % 2] : KvBlock{dk, dv};
+    grads = pass_on(group_, sum, next, into, prev, 2);
+    transfer.wait();
+    if (s + 1 < n) held = incoming;
+  }
+  grads.wait();
 }
 
 }  // namespace anvil

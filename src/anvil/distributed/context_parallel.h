@@ -17,6 +17,16 @@
 // up to its positions (attention.h's AttentionWindow), and in the backward
 // gathers K and V again (they are not kept: memory is what CP is for) and
 // reduce-scatters their gradients back to the ranks that own the chunks.
+//
+// The ring instead passes each rank's K and V around the group, one rank's
+// block per step, while the current block's attention runs: rank r holds at
+// step s the block of rank r − s, and its queries' partial attentions over
+// the blocks are merged by their log-sum-exp (attention_merge). In the
+// backward the blocks go round again, and with them the sum of their keys'
+// gradients, each rank adding its queries' part before passing it on; one
+// last hop brings the whole sum home. A rank holds two blocks at a time
+// where the all-gather holds all of them, and each transfer overlaps the
+// attention of the block before it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -32,6 +42,10 @@ enum class CpLoadBalancer { headtail, none };
 CpLoadBalancer cp_load_balancer(const std::string& name);  // "headtail" | "none"; anvil::Error naming both
 const char* cp_load_balancer_name(CpLoadBalancer b);
 
+enum class CpRotateMethod { allgather, ring };
+CpRotateMethod cp_rotate_method(const std::string& name);  // "allgather" | "ring"; anvil::Error naming both
+const char* cp_rotate_method_name(CpRotateMethod m);
+
 // Which of the 2·degree chunks cp rank `rank` holds as its local chunk j (0 or 1).
 int64_t cp_chunk(CpLoadBalancer balancer, int degree, int rank, int j);
 // That rank's rows of B sequences of T tokens (B, T) row-major: local (2B,
@@ -42,11 +56,12 @@ void cp_local_rows(CpLoadBalancer balancer, int degree, int rank, const int32_t*
 class ContextParallel : public SequenceLayout {
  public:
   // `group`: this rank's cp group (outlives this object).
-  ContextParallel(Communicator& group, CpLoadBalancer balancer);
+  ContextParallel(Communicator& group, CpLoadBalancer balancer, CpRotateMethod rotate = CpRotateMethod::allgather);
 
   int degree() const { return group_.size(); }
   int rank() const { return group_.rank(); }
   CpLoadBalancer balancer() const { return balancer_; }
+  CpRotateMethod rotate_method() const { return rotate_; }
   // The sequence chunk this rank's local chunk j holds.
   int64_t chunk(int j) const { return cp_chunk(balancer_, degree(), rank(), j); }
 
@@ -67,8 +82,12 @@ class ContextParallel : public SequenceLayout {
  private:
   // Whole sequences (B, T, H, D) of local x (2B, c, H, D) from every rank.
   Tensor gather_sequences(const Tensor& local, const char* tag) const;
+  void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const;
+  void ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const;
   Communicator& group_;
   CpLoadBalancer balancer_;
+  CpRotateMethod rotate_;
 };
 
 }  // namespace anvil

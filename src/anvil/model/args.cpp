@@ -82,7 +82,7 @@ std::vector<ModelArgs> all_flavors() {
     a.dim = 256, a.n_layers = 6, a.n_heads = 16, a.n_kv_heads = 16, a.vocab_size = 2048;
     a.multiple_of = 256;  // 8·256/3 = 682 → 768
     a.rope_theta = 500000;
-    a.max_seq_len = 2048;
+    a.max_seq_len = 131072;  // Llama 3's context, as torchtitan's debug model keeps it
     out.push_back(a);
     // The debug model's blocks under Llama 3's 128,256-token vocabulary: the
     // shape where a micro-batch's logits outweigh everything else a pipeline
@@ -99,7 +99,9 @@ std::vector<ModelArgs> all_flavors() {
     a.dim = 512, a.n_layers = 6, a.n_heads = 8, a.n_kv_heads = 4, a.vocab_size = 8192;
     a.multiple_of = 256;  // 8·512/3 = 1365 → 1536
     a.rope_theta = 500000;
-    a.max_seq_len = 2048;
+    // Llama 3's context: long-context (context-parallel) runs of a CPU-sized
+    // model train sequences of 16K tokens and more.
+    a.max_seq_len = 131072;
     out.push_back(a);
     a.flavor = "125M";
     a.dim = 768, a.n_layers = 12, a.n_heads = 12, a.n_kv_heads = 4, a.vocab_size = 32000;  // 8·768/3 = 2048

@@ -689,4 +689,52 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                               lse.data<float>(), dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), tiles, accumulate);
 }
 
+namespace {
+
+template <class T>
+void merge_impl(const T* part, const float* lse_part, float* acc, float* lse_acc, int64_t B, int64_t T_, int64_t H,
+                int64_t D) {
+  parallel_for(0, B * T_, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t row = lo; row < hi; ++row) {
+      const int64_t b = row / T_, t = row % T_;
+      for (int64_t h = 0; h < H; ++h) {
+        float& l = lse_acc[(b * H + h) * T_ + t];
+        const float lp = lse_part[(b * H + h) * T_ + t];
+        float* a = acc + (row * H + h) * D;
+        const T* p = part + (row * H + h) * D;
+        if (lp == -std::numeric_limits<float>::infinity()) continue;
+        if (l == -std::numeric_limits<float>::infinity()) {
+          for (int64_t i = 0; i < D; ++i) a[i] = to_f32(p[i]);
+          l = lp;
+          continue;
+        }
+        // Weights relative to the larger lse, so neither exponential overflows.
+        const float m = std::max(l, lp), wa = std::exp(l - m), wp = std::exp(lp - m), sum = wa + wp;
+        const float ca = wa / sum, cp = wp / sum;
+        for (int64_t i = 0; i < D; ++i) a[i] = ca * a[i] + cp * to_f32(p[i]);
+        l = m + std::log(sum);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void attention_merge(const Tensor& part, const Tensor& lse_part, Tensor& acc, Tensor& lse_acc) {
+  ANVIL_ASSERT(acc.ndim() == 4 && acc.dtype() == DType::f32, "attention_merge: acc must be (B, T, H, D) f32, not ",
+               dtype_name(acc.dtype()), " ", shape_str(acc.shape()));
+  ANVIL_ASSERT(part.shape() == acc.shape() && part.dtype() != DType::i32, "attention_merge: part ",
+               shape_str(part.shape()), " ", dtype_name(part.dtype()), " against acc ", shape_str(acc.shape()));
+  const int64_t B = acc.size(0), T = acc.size(1), H = acc.size(2), D = acc.size(3);
+  const Shape lse_shape = {B, H, T};
+  ANVIL_ASSERT(lse_part.shape() == lse_shape && lse_acc.shape() == lse_shape && lse_part.dtype() == DType::f32 &&
+                   lse_acc.dtype() == DType::f32,
+               "attention_merge: lse must be (B, H, T) f32 = ", shape_str(lse_shape));
+  const ScopedOpTime op("attention.merge");
+  if (part.dtype() == DType::f32)
+    merge_impl(part.data<float>(), lse_part.data<float>(), acc.data<float>(), lse_acc.data<float>(), B, T, H, D);
+  else
+    merge_impl(part.data<bf16>(), lse_part.data<float>(), acc.data<float>(), lse_acc.data<float>(), B, T, H, D);
+}
+
 }  // namespace anvil

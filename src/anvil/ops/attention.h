@@ -81,4 +81,15 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const AttentionTiles& tiles = {}, const AttentionWindow& window = {},
                         AttentionAccumulate accumulate = {});
 
+// The attention of the same queries over disjoint sets of keys, each part with
+// its log-sum-exp, combines into the attention over their union (context
+// parallelism's ring: a rank's queries meet the keys one rank's block at a time):
+//   lse = log(e^lse_acc + e^lse_part)
+//   acc = e^(lse_acc − lse) · acc + e^(lse_part − lse) · part
+// acc (B, T, H, D) f32 and lse_acc (B, H, T) f32 are updated in place; part
+// (B, T, H, D) is f32 or bf16, lse_part (B, H, T) f32. A row whose lse_acc is
+// −∞ (no keys yet) takes part as it is, whatever acc held; a part whose
+// lse_part is −∞ changes nothing.
+void attention_merge(const Tensor& part, const Tensor& lse_part, Tensor& acc, Tensor& lse_acc);
+
 }  // namespace anvil

@@ -211,8 +211,9 @@ std::vector<Key> key_table(JobConfig& c) {
        "context_parallel_rotate_method",
        &c.parallelism.context_parallel_rotate_method,
        "context parallel: how the keys and values reach every rank; allgather gathers them from the group for "
-       "each layer",
-       {"allgather"}},
+       "each layer, ring passes them rank to rank (two blocks held at a time, each transfer overlapping the "
+       "attention of the block before)",
+       {"allgather", "ring"}},
       {"parallelism",
        "pipeline_parallel_degree",
        &c.parallelism.pipeline_parallel_degree,

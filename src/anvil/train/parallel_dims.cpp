@@ -195,6 +195,7 @@ ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int w
   par.cp_rank = layout.group_rank(par.rank, MeshGroup::cp);
   par.cp_size = layout.cp();
   par.cp_balancer = cp_load_balancer(p.context_parallel_load_balancer);
+  par.cp_rotate = cp_rotate_method(p.context_parallel_rotate_method);
   if (layout.dp_shard() * layout.cp() > 1) {
     par.mode = DataParallelMode::fsdp;
     const int shards = layout.dp_shard() * layout.cp();

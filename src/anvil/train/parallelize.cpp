@@ -40,7 +40,7 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
                               .loss_parallel = !cfg.parallelism.disable_loss_parallel});
   ParallelStyle* style = tp.get();
   if (par.cp_size > 1) {
-    cp = std::make_unique<ContextParallel>(par.mesh->cp(), par.cp_balancer);
+    cp = std::make_unique<ContextParallel>(par.mesh->cp(), par.cp_balancer, par.cp_rotate);
     if (!style) style = (plain_style = std::make_unique<ParallelStyle>()).get();
     style->set_sequence_layout(cp.get());
   }

@@ -1,10 +1,12 @@
 #include "anvil/train/preflight.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "anvil/core/error.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/train/console.h"
 
 namespace anvil {
@@ -15,6 +17,16 @@ int ranks_on_this_machine() {
     if (s != nullptr && std::atoi(s) > 0) return std::atoi(s);  // Slurm's "4(x2)" reads as 4
   }
   return 1;
+}
+
+void share_cores_between_local_ranks() {
+  const int ranks = ranks_on_this_machine();
+  if (ranks <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return;
+  const int cores = omp_get_num_procs(), threads = std::max(1, cores / ranks);
+  if (threads >= num_threads()) return;
+  set_num_threads(threads);
+  std::printf("anvil: %d ranks share this machine's %d cores: %d OpenMP thread(s) each (OMP_NUM_THREADS overrides)\n",
+              ranks, cores, threads);
 }
 
 namespace {

@@ -29,6 +29,7 @@
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/parallel_dims.h"
 #include "anvil/train/parallelize.h"
+#include "anvil/train/preflight.h"
 #include "anvil/train/profiling.h"
 #include "anvil/train/step_logger.h"
 #include "anvil/train/stop_signal.h"
@@ -306,6 +307,7 @@ TrainResult train(const JobConfig& cfg) {
   const ParallelDims par = setup_parallel(cfg, args);
   // Rank 0 speaks for the job; the others write their own logs.
   route_rank_output(cfg, par);
+  share_cores_between_local_ranks();
   if (par.distributed()) {
     std::printf("anvil: hosts: %s\n", hosts_summary().c_str());
     const std::string clocks = clock_offsets_summary();
