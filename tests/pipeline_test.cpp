@@ -271,7 +271,7 @@ using anvil::testing::LayoutParity;
 TEST_P(LayoutParity, MatchesSingleProcess) { anvil::testing::expect_matches_single_process(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Pipeline, LayoutParity,
                          ::testing::ValuesIn(anvil::testing::parity_cases([](const anvil::testing::Layout& l) {
-                           return l.pp > 1;
+                           return l.pp > 1 && l.cp == 1;
                          })),
                          anvil::testing::parity_case_name);
 

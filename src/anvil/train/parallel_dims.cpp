@@ -142,9 +142,6 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
                 "context_parallel_degree = ",
                 chunks, " chunks, which must divide training.seq_len ", cfg.training.seq_len,
                 "; use a seq_len that is a multiple of ", chunks);
-    ANVIL_CHECK(layout.pp() == 1,
-                "context parallelism does not run under pipeline parallelism yet; set "
-                "parallelism.pipeline_parallel_degree = 1 or parallelism.context_parallel_degree = 1");
     cp_load_balancer(p.context_parallel_load_balancer);  // names the key when it is wrong
   }
   if (layout.tp() > 1) {

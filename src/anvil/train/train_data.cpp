@@ -66,7 +66,11 @@ std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelA
 }
 
 TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const ParallelDims& par)
-    : cfg_(cfg), cp_size_(par.cp_size), cp_rank_(par.cp_rank), cp_balancer_(par.cp_balancer) {
+    : cfg_(cfg),
+      cp_size_(par.cp_size),
+      cp_rank_(par.cp_rank),
+      pp_micro_batches_(par.pp_size > 1 ? par.pp_micro_batches : 1),
+      cp_balancer_(par.cp_balancer) {
   const auto& tc = cfg.training;
   const auto t_data = std::chrono::steady_clock::now();
   const uint64_t tokenizer_hash =
@@ -90,16 +94,19 @@ void TrainData::allocate_batches(int64_t micro_batches) {
   batches_ = allocate_micro_batches(cfg_, micro_batches, cp_size_);
 }
 
-bool TrainData::fill(StreamLoader& loader, size_t i) {
+bool TrainData::fill(StreamLoader& loader, size_t i, int64_t groups) {
   if (cp_size_ == 1) return loader.next_batch(batches_.tokens[i], batches_.targets[i]);
   // The cp group's ranks read the same sequences (the same data-parallel
   // rank's windows) and keep their own chunks of them.
   if (!loader.next_batch(batches_.loaded_tokens, batches_.loaded_targets)) return false;
-  const int64_t B = batches_.loaded_tokens.size(0), T = batches_.loaded_tokens.size(1);
-  cp_local_rows(cp_balancer_, cp_size_, cp_rank_, batches_.loaded_tokens.data<int32_t>(), B, T,
-                batches_.tokens[i].data<int32_t>());
-  cp_local_rows(cp_balancer_, cp_size_, cp_rank_, batches_.loaded_targets.data<int32_t>(), B, T,
-                batches_.targets[i].data<int32_t>());
+  const int64_t B = batches_.loaded_tokens.size(0), T = batches_.loaded_tokens.size(1), b = B / groups;
+  const int64_t whole = b * T, local = b * T / cp_size_;  // one group's tokens before and after
+  for (int64_t g = 0; g < groups; ++g) {
+    cp_local_rows(cp_balancer_, cp_size_, cp_rank_, batches_.loaded_tokens.data<int32_t>() + g * whole, b, T,
+                  batches_.tokens[i].data<int32_t>() + g * local);
+    cp_local_rows(cp_balancer_, cp_size_, cp_rank_, batches_.loaded_targets.data<int32_t>() + g * whole, b, T,
+                  batches_.targets[i].data<int32_t>() + g * local);
+  }
   return true;
 }
 
@@ -107,7 +114,7 @@ int64_t TrainData::next_step() {
   const ScopedPhase phase(SpanCategory::data, "data");
   int64_t tokens = 0;
   for (size_t i = 0; i < batches_.tokens.size(); ++i) {
-    ANVIL_CHECK(fill(*loader_, i), "the dataset ran out of tokens");
+    ANVIL_CHECK(fill(*loader_, i, pp_micro_batches_), "the dataset ran out of tokens");
     tokens += batches_.tokens[i].numel();  // packed windows never ignore a target
   }
   return tokens;
@@ -117,7 +124,7 @@ std::pair<double, int64_t> TrainData::validation_loss(ParallelizedModel& layout,
   double sum = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < cfg_.validation.steps; ++i) {
-    ANVIL_CHECK(fill(*val_loader_, 0), "the validation set ran out of tokens");
+    ANVIL_CHECK(fill(*val_loader_, 0, 1), "the validation set ran out of tokens");
     const CrossEntropyResult r = layout.evaluate(batches_.tokens[0], batches_.targets[0]);
     sum += r.loss_sum, tokens += r.num_tokens;
   }

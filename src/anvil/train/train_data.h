@@ -39,13 +39,19 @@ class TrainData {
 
  private:
   // One batch from `loader` into micro-batch i's buffers: whole sequences, or
-  // under context parallelism this rank's chunks of them. False when it ran out.
-  bool fill(StreamLoader& loader, size_t i);
+  // under context parallelism this rank's chunks of them, laid out for
+  // `groups` equal micro-batches of its rows (ContextParallel's local layout
+  // in each: the first chunk of the group's sequences, then their second).
+  // False when it ran out.
+  bool fill(StreamLoader& loader, size_t i, int64_t groups);
 
   const JobConfig& cfg_;
   std::unique_ptr<StreamLoader> loader_, val_loader_;
   MicroBatches batches_;
   int cp_size_ = 1, cp_rank_ = 0;
+  // A training batch runs through a pipeline as this many micro-batches, each
+  // a slice of its rows; an evaluation batch as one.
+  int64_t pp_micro_batches_ = 1;
   CpLoadBalancer cp_balancer_ = CpLoadBalancer::headtail;
 };
 
