@@ -198,10 +198,63 @@ TEST(GpuPlanSearch, RowsFitUseEveryGpuAndComeFastestFirst) {
       EXPECT_GE(r.rows[i - 1].estimate.tokens_per_second_per_gpu, r.rows[i].estimate.tokens_per_second_per_gpu);
     }
   }
-  // The footnote's layout that ran out of memory is not offered.
+  // The footnote's layout that ran out of memory is not offered (under CP,
+  // which splits its sequences, the same batch fits).
   for (const GpuPlanRow& row : r.rows)
-    EXPECT_FALSE(row.spec.tp == 1 && row.spec.pp == 1 && row.spec.dp_replicate == 1 && row.spec.local_batch == 2 &&
-                 row.spec.ac.mode == AcMode::selective_op);
+    EXPECT_FALSE(row.spec.tp == 1 && row.spec.cp == 1 && row.spec.pp == 1 && row.spec.dp_replicate == 1 &&
+                 row.spec.local_batch == 2 && row.spec.ac.mode == AcMode::selective_op);
+}
+
+// Context parallelism: each GPU holds 1/cp of every sequence's activations,
+// pays the keys' and values' gathers (and their gradients' reduce-scatter)
+// per layer, and FSDP shards over dp_shard × cp.
+TEST(GpuPlan, ContextParallelSplitsTheSequenceAndChargesItsGathers) {
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  GpuRunSpec one;
+  one.model = model_flavor("llama3", "8B");
+  one.seq_len = 32768;
+  one.dp_shard = 8;
+  one.ac = {AcMode::full, 2};
+  GpuRunSpec two = one;
+  two.cp = 2;
+  two.dp_shard = 4;  // the same 8 GPUs
+  const GpuStepEstimate e1 = estimate_gpu_run(one, hw), e2 = estimate_gpu_run(two, hw);
+  EXPECT_NEAR(e2.stages[0].activations / e1.stages[0].activations, 0.5, 1e-9);
+  EXPECT_NEAR(e2.stages[0].parameters / e1.stages[0].parameters, 1.0, 1e-9);  // sharded over 4 x 2 as over 8
+  EXPECT_EQ(e1.cp_comm_seconds, 0.0);
+  EXPECT_GT(e2.cp_comm_seconds, 0.0);
+  // The per-GPU rate counts the cp ranks a sequence occupies, as torchtitan does.
+  EXPECT_LT(e2.tokens_per_second_per_gpu, e1.tokens_per_second_per_gpu);
+  std::printf(
+      "llama3/8B at 32K on 8 H100s, full AC: CP 1 %.0f tok/s/GPU, activations %.1f GiB; CP 2 %.0f tok/s/GPU, "
+      "activations %.1f GiB, CP communication %.3f s of %.3f s\n",
+      e1.tokens_per_second_per_gpu, e1.stages[0].activations / kGiB, e2.tokens_per_second_per_gpu,
+      e2.stages[0].activations / kGiB, e2.cp_comm_seconds, e2.step_seconds);
+}
+
+// At 128K tokens the fastest 8B layout of 64 H100s splits the sequences
+// (a sequence's activations and logits otherwise take TP 8 or full
+// recomputation to fit); at 4K, where CP only adds gathers, it does not.
+TEST(GpuPlanSearch, LongSequencesArePlannedWithContextParallelism) {
+  GpuRunSpec base;
+  base.model = model_flavor("llama3", "8B");
+  for (const int64_t seq : {131072, 4096}) {
+    base.seq_len = seq;
+    const GpuPlanResult r = search_gpu_layouts(base, gpu_hardware("h100-80g"), 64);
+    ASSERT_FALSE(r.rows.empty());
+    int64_t without_cp = 0;
+    for (const GpuPlanRow& row : r.rows) without_cp += row.spec.cp == 1;
+    std::printf(
+        "llama3/8B at %lld tokens on 64 H100s: %zu of %lld layouts fit (%lld without CP); the fastest: CP "
+        "%lld, TP %lld, PP %lld, %.0f tok/s/GPU\n",
+        static_cast<long long>(seq), r.rows.size(), static_cast<long long>(r.tried), static_cast<long long>(without_cp),
+        static_cast<long long>(r.rows[0].spec.cp), static_cast<long long>(r.rows[0].spec.tp),
+        static_cast<long long>(r.rows[0].spec.pp), r.rows[0].estimate.tokens_per_second_per_gpu);
+    if (seq > 32768)
+      EXPECT_GT(r.rows[0].spec.cp, 1);
+    else
+      EXPECT_EQ(r.rows[0].spec.cp, 1);
+  }
 }
 
 TEST(GpuPlanCommand, EstimateAndPlanRun) {

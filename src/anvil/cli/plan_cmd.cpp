@@ -20,7 +20,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr const char* kUsage =
     "usage: anvil plan CONFIG.toml [--section.key value ...] --hardware H --gpus N [--json] [--top K]\n"
     "       anvil plan --seeds\n"
-    "  Searches torchtitan-style layouts (FSDP/HSDP, TP, PP degrees whose product is N, activation\n"
+    "  Searches torchtitan-style layouts (FSDP/HSDP, CP, TP, PP degrees whose product is N, activation\n"
     "  checkpointing, local and micro-batch size) for the configuration's model and sequence length on N\n"
     "  GPUs, keeps those whose predicted per-GPU memory (torch's max reserved) fits, and ranks them by\n"
     "  predicted tokens/s per GPU (a roofline per op; docs/estimator.md).\n"
@@ -29,7 +29,6 @@ constexpr const char* kUsage =
     "  --top       rows to print (default 10)\n"
     "  --json      print the rows as JSON\n"
     "  --seeds     the predictions against seeds 000 and 001, as markdown tables with each row's error\n";
-
 
 // The model, sequence, batch and AC mode of the configuration; the layout is left at its defaults.
 GpuRunSpec model_spec(const JobConfig& cfg) {
@@ -48,10 +47,11 @@ GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus) {
   const auto& p = cfg.parallelism;
   s.dp_replicate = p.data_parallel_replicate_degree;
   s.tp = p.tensor_parallel_degree;
+  s.cp = p.context_parallel_degree;
   s.pp = p.pipeline_parallel_degree;
-  const int64_t others = s.dp_replicate * s.tp * s.pp;
+  const int64_t others = s.dp_replicate * s.cp * s.tp * s.pp;
   ANVIL_CHECK(others >= 1 && gpus % others == 0, "--gpus ", gpus, " is not a multiple of data_parallel_replicate ",
-              s.dp_replicate, " x tensor_parallel ", s.tp, " x pipeline_parallel ", s.pp);
+              s.dp_replicate, " x context_parallel ", s.cp, " x tensor_parallel ", s.tp, " x pipeline_parallel ", s.pp);
   s.dp_shard = p.data_parallel_shard_degree == -1 ? gpus / others : p.data_parallel_shard_degree;
   ANVIL_CHECK(s.gpus() == gpus, "the layout's degrees multiply to ", s.gpus(), " GPUs, not --gpus ", gpus,
               " (parallelism.data_parallel_shard_degree -1 takes what the others leave)");
@@ -97,6 +97,7 @@ nlohmann::json stage_json(const GpuStageMemory& m) {
 std::string layout_flags(const GpuRunSpec& s) {
   std::string f = "--parallelism.data_parallel_shard_degree " + std::to_string(s.dp_shard);
   if (s.dp_replicate > 1) f += " --parallelism.data_parallel_replicate_degree " + std::to_string(s.dp_replicate);
+  if (s.cp > 1) f += " --parallelism.context_parallel_degree " + std::to_string(s.cp);
   if (s.tp > 1) f += " --parallelism.tensor_parallel_degree " + std::to_string(s.tp);
   if (s.pp > 1)
     f += " --parallelism.pipeline_parallel_degree " + std::to_string(s.pp) +
@@ -135,6 +136,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     j["compute_seconds"] = e.compute_seconds;
     j["fsdp_comm_seconds"] = e.fsdp_comm_seconds;
     j["tp_comm_seconds"] = e.tp_comm_seconds;
+    j["cp_comm_seconds"] = e.cp_comm_seconds;
     j["exposed_comm_seconds"] = e.exposed_comm_seconds;
     j["optimizer_seconds"] = e.optimizer_seconds;
     j["bubble_fraction"] = e.bubble_fraction;
@@ -148,6 +150,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
               static_cast<long long>(gpus), hw.name.c_str(), hw.description.c_str(),
               static_cast<long long>(spec.dp_shard));
   if (spec.dp_replicate > 1) std::printf(" x replicate %lld", static_cast<long long>(spec.dp_replicate));
+  if (spec.cp > 1) std::printf(" x CP %lld", static_cast<long long>(spec.cp));
   if (spec.tp > 1) std::printf(" x TP %lld", static_cast<long long>(spec.tp));
   if (spec.pp > 1)
     std::printf(" x PP %lld (%s, %lld micro-batches)", static_cast<long long>(spec.pp), spec.pp_schedule.c_str(),
@@ -181,10 +184,11 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   for (const GpuStageMemory& m : e.stages) std::printf(" | %s", m.peak_at.c_str());
   std::printf("\n\nmemory: max reserved %s GiB of %s GiB (%s)\n", gib(e.max_reserved).c_str(),
               gib(hw.hbm_bytes).c_str(), e.fits ? "fits" : "does NOT fit");
-  std::printf("step: %.3f s (compute %.3f s, FSDP communication %.3f s of which exposed %.3f s, TP %.3f s, "
-              "optimizer %.3f s, pipeline bubble %.1f%%)\n",
-              e.step_seconds, e.compute_seconds, e.fsdp_comm_seconds, e.exposed_comm_seconds, e.tp_comm_seconds,
-              e.optimizer_seconds, 100 * e.bubble_fraction);
+  std::printf(
+      "step: %.3f s (compute %.3f s, FSDP communication %.3f s of which exposed %.3f s, TP %.3f s, "
+      "CP %.3f s, optimizer %.3f s, pipeline bubble %.1f%%)\n",
+      e.step_seconds, e.compute_seconds, e.fsdp_comm_seconds, e.exposed_comm_seconds, e.tp_comm_seconds,
+      e.cp_comm_seconds, e.optimizer_seconds, 100 * e.bubble_fraction);
   std::printf("tokens/s per GPU: %.0f   MFU: %.1f%% (%.4g FLOPs per token, %.0f TFLOP/s peak)\n",
               e.tokens_per_second_per_gpu, 100 * e.mfu, e.flops_per_token, hw.peak_bf16_flops / 1e12);
   std::printf("(a roofline: GEMMs at peak, attention at the published FlashAttention efficiency; an upper bound "
@@ -235,6 +239,7 @@ int plan_command(const std::vector<std::string>& args) {
                    {"step_seconds", r.estimate.step_seconds},
                    {"max_reserved_bytes", r.estimate.max_reserved},
                    {"global_batch", r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate},
+                   {"cp_comm_seconds", r.estimate.cp_comm_seconds},
                    {"flags", layout_flags(r.spec)}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;

@@ -161,10 +161,14 @@ namespace {
 // The spec's checks, in its keys' words.
 void check_gpu_run(const GpuRunSpec& sp) {
   const ModelArgs& a = sp.model;
-  ANVIL_CHECK(sp.dp_shard >= 2, "parallelism.data_parallel_shard_degree is ", sp.dp_shard,
+  ANVIL_CHECK(sp.dp_replicate >= 1 && sp.dp_shard >= 1 && sp.cp >= 1 && sp.tp >= 1 && sp.pp >= 1,
+              "parallel degrees must be positive");
+  ANVIL_CHECK(sp.dp_shard * sp.cp >= 2, "parallelism.data_parallel_shard_degree x context_parallel_degree is ",
+              sp.dp_shard * sp.cp,
               ": the GPU planner models FSDP2 with bf16 compute, and torchtitan without FSDP trains in fp32; "
               "use a shard degree of 2 or more");
-  ANVIL_CHECK(sp.dp_replicate >= 1 && sp.tp >= 1 && sp.pp >= 1, "parallel degrees must be positive");
+  ANVIL_CHECK(sp.cp == 1 || sp.seq_len % (2 * sp.cp) == 0, "context parallelism cuts every sequence into 2 x ", sp.cp,
+              " chunks, which must divide training.seq_len ", sp.seq_len);
   ANVIL_CHECK(a.n_heads % sp.tp == 0 && a.n_kv_heads % sp.tp == 0, "parallelism.tensor_parallel_degree ", sp.tp,
               " does not divide ", a.name, "/", a.flavor, "'s ", a.n_heads, " heads and ", a.n_kv_heads, " KV heads");
   ANVIL_CHECK(sp.seq_len >= 1 && sp.local_batch >= 1,
@@ -186,11 +190,12 @@ struct RunTerms {
   const GpuRunSpec& sp;
   Dims d;
   bool gqa, v010;
-  int64_t m;              // micro-batches per step (pipeline), 1 otherwise
-  double t, N, s, T, Vt;  // tp, shards, seq_len, tokens per micro-batch, vocabulary per GPU
+  int64_t m;  // micro-batches per step (pipeline), 1 otherwise
+  double t, c, N, s, T,
+      Vt;  // tp, cp, shards (dp_shard · cp), seq_len, tokens per micro-batch per GPU, vocabulary per GPU
   double layer_params, emb_params, head_params;
   Roofline rf;
-  double bw_shard, bw_rep, bw_tp, bw_pp;
+  double bw_shard, bw_rep, bw_tp, bw_cp, bw_pp;
 };
 
 RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
@@ -204,7 +209,8 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
                static_cast<double>(a.vocab_size),
                t};
   const double s = static_cast<double>(sp.seq_len);
-  const int64_t pp_stride = sp.dp_replicate * sp.dp_shard * sp.tp;
+  // torchtitan's mesh: pp × dp_replicate × dp_shard × cp × tp, tp innermost.
+  const int64_t pp_stride = sp.dp_replicate * sp.dp_shard * sp.cp * sp.tp;
   return RunTerms{
       sp,
       d,
@@ -212,18 +218,20 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
       sp.era == TorchtitanEra::v0_1_0,
       sp.micro_batches(),
       t,
-      static_cast<double>(sp.dp_shard),
+      static_cast<double>(sp.cp),
+      static_cast<double>(sp.dp_shard * sp.cp),
       s,
-      static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch) * s,
+      static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch) * s / static_cast<double>(sp.cp),
       d.V / t,
       // Parameters per GPU (after TP): the block's matrices are split, its norms replicated.
       static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D,
       d.D * (d.V / t),
       d.D * (d.V / t) + d.D,
       Roofline{hw.peak_bf16_flops, hw.hbm_bandwidth, hw.attention_efficiency},
-      bus_bandwidth(hw, sp.dp_shard, sp.tp),
-      bus_bandwidth(hw, sp.dp_replicate, sp.tp * sp.dp_shard),
+      bus_bandwidth(hw, sp.dp_shard * sp.cp, sp.tp),
+      bus_bandwidth(hw, sp.dp_replicate, sp.tp * sp.cp * sp.dp_shard),
       bus_bandwidth(hw, sp.tp, 1),
+      bus_bandwidth(hw, sp.cp, sp.tp),
       pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth : hw.internode_bandwidth,
   };
 }
@@ -235,6 +243,15 @@ struct StageParams {
 StageParams stage_params(const RunTerms& r, const StageShape& st) {
   const double root = (st.embedding ? r.emb_params : 0) + (st.head ? r.head_params : 0);
   return {root, static_cast<double>(st.layers) * r.layer_params + root};
+}
+
+// Context parallelism's buffers in a block's backward: the whole sequences'
+// keys and values gathered (bf16; torchtitan repeats GQA's KV heads before
+// SDPA, so Dq wide) and their gradients accumulated in fp32 before the
+// reduce-scatter (PyTorch's templated ring attention).
+double cp_kv_bytes(const RunTerms& r) {
+  if (r.sp.cp == 1) return 0;
+  return 2 * (kBf16 + kF32) * r.T * r.c * r.d.Dq / r.t;
 }
 
 // A stage's memory, by category, at its fullest moment (the candidate
@@ -268,7 +285,7 @@ GpuStageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, 
     const BlockAc ac = block_ac(sp.ac, l - st.first_layer);
     acts += saved_per_token(d, ac) * T;
     const double recomputed = (saved_per_token(d, BlockAc::none) - saved_per_token(d, ac)) * T;
-    double transient = recomputed + backward_temps_per_token(d) * T + kBf16 * r.layer_params;
+    double transient = recomputed + backward_temps_per_token(d) * T + kBf16 * r.layer_params + cp_kv_bytes(r);
     if (sp.pp == 1 && r.v010)  // the block's bf16 gradients and the fp32 reduce-scatter input it copies them into
       transient = std::max(transient, (kBf16 + kF32) * r.layer_params);
     block_transient = std::max(block_transient, transient);
@@ -391,7 +408,7 @@ GpuStageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, 
 // One micro-batch's time on a stage (compute, tensor-parallel collectives,
 // FSDP's copies) and the step's FSDP traffic and optimizer time.
 struct StageTime {
-  double fwd = 0, bwd = 0, tp_fwd = 0, tp_bwd = 0;
+  double fwd = 0, bwd = 0, tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0;
   double fsdp_mem = 0, optimizer = 0;
   double rs = 0, ar = 0, fsdp_comm = 0, first_group_ag = 0;
   double p2p = 0;  // the boundary tensor sent on, or its gradient back
@@ -404,7 +421,15 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   const double t = r.t, T = r.T, N = r.N, m = static_cast<double>(r.m);
   const auto [root, psi] = stage_params(r, st);
   StageTime out;
-  const double attn_fwd_flops = 2 * T * r.s * d.Dq / t;  // 4·T·s·Dq, halved by the causal mask
+  // 4·T·s·Dq, halved by the causal mask; under CP T is the rank's share of
+  // the queries over the whole sequence's keys (head-tail: an equal share of the work).
+  const double attn_fwd_flops = 2 * T * r.s * d.Dq / t;
+  // CP per layer: the forward all-gathers the whole sequences' keys and
+  // values (bf16, Dq wide), the backward gathers them again and
+  // reduce-scatters their fp32 gradients.
+  const double cp_kv = 2 * T * r.c * d.Dq / t;  // elements of the whole sequences' K and V
+  const double cp_gather = sp.cp > 1 ? ring_seconds(kBf16 * cp_kv, sp.cp, r.bw_cp) : 0;
+  const double cp_scatter = sp.cp > 1 ? ring_seconds(kF32 * cp_kv, sp.cp, r.bw_cp) : 0;
   const double ew_fwd = rf.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);
   const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, r.bw_tp) : 0;
   for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
@@ -416,6 +441,8 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     out.bwd += 2 * gemms + 2.5 * attn + 2 * ew_fwd;  // dX and dW per GEMM; FlashAttention's backward is 2.5 forwards
     out.tp_fwd += 4 * tp_coll;  // sequence parallel: all-gather and reduce-scatter around both halves
     out.tp_bwd += 4 * tp_coll;
+    out.cp_fwd += cp_gather;
+    out.cp_bwd += cp_gather + cp_scatter;
     switch (block_ac(sp.ac, l - st.first_layer)) {
       case BlockAc::none:
         break;
@@ -426,6 +453,7 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
       case BlockAc::full:
         out.bwd += gemms + attn + ew_fwd;
         out.tp_bwd += 4 * tp_coll;
+        out.cp_bwd += cp_gather;
         break;
     }
   }
@@ -465,17 +493,18 @@ void single_stage_step(const RunTerms& r, const StageShape& st, const StageTime&
   const GpuRunSpec& sp = r.sp;
   const double root = stage_params(r, st).root;
   const double compute = time.fwd + time.bwd + time.fsdp_mem;
-  const double tp_comm = time.tp_fwd + time.tp_bwd;
+  const double tp_comm = time.tp_fwd + time.tp_bwd, cp_comm = time.cp_fwd + time.cp_bwd;
   const double last_rs = ring_seconds(kF32 * root, sp.dp_shard, r.bw_shard) +
                          2 * ring_seconds(kF32 * root / r.N, sp.dp_replicate, r.bw_rep);
   const double exposed = time.first_group_ag + last_rs;
   const double hidden = std::max(0.0, time.fsdp_comm - exposed);
-  const double body = std::max(compute + tp_comm, hidden);
+  const double body = std::max(compute + tp_comm + cp_comm, hidden);
   out.compute_seconds = compute;
   out.fsdp_comm_seconds = time.fsdp_comm;
-  out.exposed_comm_seconds = exposed + std::max(0.0, hidden - (compute + tp_comm));
+  out.exposed_comm_seconds = exposed + std::max(0.0, hidden - (compute + tp_comm + cp_comm));
   out.optimizer_seconds = time.optimizer;
   out.tp_comm_seconds = tp_comm;
+  out.cp_comm_seconds = cp_comm;
   out.step_seconds = time.first_group_ag + body + last_rs + time.optimizer;
 }
 
@@ -486,14 +515,15 @@ void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, con
                    const PipeSchedule& schedule, GpuStepEstimate& out) {
   const double m = static_cast<double>(r.m);
   std::vector<PipeCosts> stage_costs;
-  double worst_stage_tail = 0, first_gather = 0, tp_comm = 0;
+  double worst_stage_tail = 0, first_gather = 0, tp_comm = 0, cp_comm = 0;
   for (size_t si = 0; si < shapes.size(); ++si) {
     const StageShape& st = shapes[si];
     const StageTime& time = times[si];
-    const double f = time.fwd + time.tp_fwd + (st.head ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
-    const double b = time.bwd + time.tp_bwd + (st.embedding ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
+    const double f = time.fwd + time.tp_fwd + time.cp_fwd + (st.head ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
+    const double b = time.bwd + time.tp_bwd + time.cp_bwd + (st.embedding ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
     stage_costs.push_back(PipeCosts{f, b / 2, b / 2});
     tp_comm = std::max(tp_comm, (time.tp_fwd + time.tp_bwd) * m);
+    cp_comm = std::max(cp_comm, (time.cp_fwd + time.cp_bwd) * m);
     worst_stage_tail = std::max(worst_stage_tail, time.rs + time.ar + time.optimizer);
     first_gather = std::max(first_gather, time.first_group_ag);
     out.fsdp_comm_seconds = std::max(out.fsdp_comm_seconds, time.fsdp_comm);
@@ -505,6 +535,7 @@ void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, con
   for (double b : tl.busy) busiest = std::max(busiest, b);
   out.bubble_fraction = 1 - busiest / tl.makespan;
   out.tp_comm_seconds = tp_comm;
+  out.cp_comm_seconds = cp_comm;
   out.exposed_comm_seconds = first_gather + worst_stage_tail - out.optimizer_seconds;
   out.step_seconds = first_gather + tl.makespan + worst_stage_tail;
 }
@@ -534,7 +565,7 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
     pipeline_step(r, shapes, times, schedule, out);
 
   const double local_tokens = static_cast<double>(sp.local_batch) * r.s;
-  out.tokens_per_second_per_gpu = local_tokens / out.step_seconds / static_cast<double>(sp.tp * sp.pp);
+  out.tokens_per_second_per_gpu = local_tokens / out.step_seconds / static_cast<double>(sp.cp * sp.tp * sp.pp);
   out.flops_per_token = torchtitan_flops_per_token(sp.model, sp.seq_len, sp.era);
   out.mfu = out.flops_per_token * out.tokens_per_second_per_gpu / hw.peak_bf16_flops;
   out.fits = out.max_reserved <= hw.hbm_bytes;

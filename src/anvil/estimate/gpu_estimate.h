@@ -1,6 +1,6 @@
 // The GPU-cluster planner's model: what a torchtitan-style run (PyTorch eager,
 // FSDP2 with bf16 parameters gathered and fp32 gradients reduced, optional TP
-// with sequence parallel and PP, the CUDA caching allocator) holds per GPU and
+// with sequence parallel, CP and PP, the CUDA caching allocator) holds per GPU and
 // how fast it steps, from published hardware figures (estimate/gpu_hardware.h).
 // Nothing in it is fitted to a measurement; docs/estimator.md derives each
 // term and states the assumptions. This models torchtitan on GPUs, not
@@ -36,6 +36,10 @@ struct GpuRunSpec {
   int64_t dp_shard = 2;      // FSDP shard degree (>= 2: torchtitan trains without FSDP in fp32 below that)
   int64_t dp_replicate = 1;  // HSDP replicas
   int64_t tp = 1;            // tensor parallel, with sequence parallel and loss parallel
+  // Context parallel: every sequence in 2·cp chunks, head-tail balanced; the
+  // keys and values all-gathered over the cp group for each layer (PyTorch's
+  // allgather rotation, torchtitan's default); FSDP shards over dp_shard × cp.
+  int64_t cp = 1;
   int64_t pp = 1;
   std::string pp_schedule = "1F1B";  // GPipe or 1F1B: one stage per rank
   int64_t microbatch_size = 1;       // under PP: local_batch / microbatch_size micro-batches
@@ -44,7 +48,7 @@ struct GpuRunSpec {
   bool keep_pp_outputs = false;
   TorchtitanEra era = TorchtitanEra::v0_1_0;
 
-  int64_t gpus() const { return dp_shard * dp_replicate * tp * pp; }
+  int64_t gpus() const { return dp_shard * dp_replicate * cp * tp * pp; }
   int64_t micro_batches() const { return pp > 1 ? local_batch / microbatch_size : 1; }
 };
 
@@ -84,11 +88,12 @@ struct GpuStepEstimate {
   double compute_seconds = 0;       // per rank: the roofline's sum over ops (the slowest stage under PP)
   double fsdp_comm_seconds = 0;     // all-gathers, reduce-scatters (and HSDP all-reduce) per step
   double tp_comm_seconds = 0;       // TP's collectives (not overlapped)
+  double cp_comm_seconds = 0;       // CP's key/value all-gathers and their gradients' reduce-scatters (not overlapped)
   double exposed_comm_seconds = 0;  // communication that compute does not hide
   double optimizer_seconds = 0;
   double bubble_fraction = 0;  // PP: idle / step of the busiest stage under the schedule's simulation
   double step_seconds = 0;
-  double tokens_per_second_per_gpu = 0;  // torchtitan's definition: local tokens / step / (tp · pp)
+  double tokens_per_second_per_gpu = 0;  // torchtitan's definition: local tokens / step / (cp · tp · pp)
   double flops_per_token = 0;            // the numerator MFU uses, per the era's definition
   double mfu = 0;                        // flops_per_token · tokens/s per GPU / peak
 };
