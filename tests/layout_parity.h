@@ -79,7 +79,7 @@ inline const std::vector<std::string> kEveryAc = {"none", "full", "op"};
 inline const std::string kPipeline =
     "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.pipeline_parallel_degree ";
 inline const std::string kContext = "--parallelism.context_parallel_degree ";
-inline const std::string kRing = "--parallelism.context_parallel_rotate_method ring";
+inline const std::string kAllgather = "--parallelism.context_parallel_rotate_method allgather";
 
 inline const std::vector<Layout>& layouts() {
   static const std::vector<Layout> table = {
@@ -319,11 +319,14 @@ inline const std::vector<Layout>& layouts() {
         {"accumulation 2", {"none"}, 2},
         {"contiguous chunks", {"none"}, 1, "--parallelism.context_parallel_load_balancer none"},
         {"llama3/25M (GQA)", {"none"}, 1, "", "--model.flavor 25M"},
-        // The ring: blocks passed rank to rank, partial attentions merged by lse.
-        {"ring", kEveryAc, 1, kRing},
-        {"ring, accumulation 2", {"none"}, 2, kRing},
-        {"ring, contiguous chunks", {"none"}, 1, kRing + " --parallelism.context_parallel_load_balancer none"},
-        {"ring, llama3/25M (GQA)", {"none"}, 1, kRing, "--model.flavor 25M"}},
+        // The all-gather: every rank gathers the whole sequences' keys and values.
+        {"allgather", kEveryAc, 1, kAllgather},
+        {"allgather, accumulation 2", {"none"}, 2, kAllgather},
+        {"allgather, contiguous chunks",
+         {"none"},
+         1,
+         kAllgather + " --parallelism.context_parallel_load_balancer none"},
+        {"allgather, llama3/25M (GQA)", {"none"}, 1, kAllgather, "--model.flavor 25M"}},
        1,
        2,
        1e-6,
@@ -335,8 +338,11 @@ inline const std::vector<Layout>& layouts() {
        kContext + "4",
        {{"", {"none", "full"}},
         {"contiguous chunks", {"none"}, 1, "--parallelism.context_parallel_load_balancer none"},
-        {"ring", {"none", "full"}, 1, kRing},
-        {"ring, contiguous chunks", {"none"}, 1, kRing + " --parallelism.context_parallel_load_balancer none"}},
+        {"allgather", {"none", "full"}, 1, kAllgather},
+        {"allgather, contiguous chunks",
+         {"none"},
+         1,
+         kAllgather + " --parallelism.context_parallel_load_balancer none"}},
        1,
        2,
        1e-6,
@@ -346,7 +352,7 @@ inline const std::vector<Layout>& layouts() {
        2,
        1,
        kContext + "2 --parallelism.data_parallel_shard_degree 2",
-       {{"", {"none"}}, {"ring", {"none"}, 1, kRing}},
+       {{"", {"none"}}, {"allgather", {"none"}, 1, kAllgather}},
        1,
        2,
        1e-6,
@@ -356,7 +362,7 @@ inline const std::vector<Layout>& layouts() {
        1,
        2,
        kContext + "2 --parallelism.tensor_parallel_degree 2",
-       {{"", {"none", "op"}}, {"ring", {"none"}, 1, kRing}},
+       {{"", {"none", "op"}}, {"allgather", {"none"}, 1, kAllgather}},
        1,
        2,
        1e-6,
@@ -370,10 +376,10 @@ inline const std::vector<Layout>& layouts() {
        kPipeline + "2 --parallelism.pipeline_parallel_schedule 1F1B " + kContext + "2",
        {{"", {"none", "full"}},
         {"ZBVZeroBubble", {"none"}, 1, "--parallelism.pipeline_parallel_schedule ZBVZeroBubble"},
-        {"InterleavedZeroBubble, ring",
+        {"InterleavedZeroBubble, allgather",
          {"none"},
          1,
-         "--parallelism.pipeline_parallel_schedule InterleavedZeroBubble " + kRing},
+         "--parallelism.pipeline_parallel_schedule InterleavedZeroBubble " + kAllgather},
         {"accumulation 2", {"none"}, 2}},
        2,
        2,
@@ -384,7 +390,7 @@ inline const std::vector<Layout>& layouts() {
        2,
        2,
        kContext + "2 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2",
-       {{"", {"none"}}, {"ring", {"none"}, 1, kRing}},
+       {{"", {"none"}}, {"allgather", {"none"}, 1, kAllgather}},
        1,
        2,
        1e-6,
@@ -661,7 +667,7 @@ inline void expect_matches_single_process(const ParityCase& c) {
 // bf16: `layout` against the single process on 4 sequences per step (times
 // `accumulation`), split over its data-parallel ranks, within `bound` relative
 // per step over 10 steps (each caller derives its bound).
-// `variant` (a label and flags, e.g. {"ring", kRing}) runs the layout with those flags too.
+// `variant` (a label and flags, e.g. {"allgather", kAllgather}) runs the layout with those flags too.
 inline void expect_bf16_within(const Layout& layout, int accumulation, double bound,
                                const std::pair<std::string, std::string>& variant = {}) {
   TrainRuns& r = runs();

@@ -56,7 +56,7 @@ void cp_local_rows(CpLoadBalancer balancer, int degree, int rank, const int32_t*
 class ContextParallel : public SequenceLayout {
  public:
   // `group`: this rank's cp group (outlives this object).
-  ContextParallel(Communicator& group, CpLoadBalancer balancer, CpRotateMethod rotate = CpRotateMethod::allgather);
+  ContextParallel(Communicator& group, CpLoadBalancer balancer, CpRotateMethod rotate = CpRotateMethod::ring);
 
   int degree() const { return group_.size(); }
   int rank() const { return group_.rank(); }

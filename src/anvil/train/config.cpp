@@ -210,9 +210,9 @@ std::vector<Key> key_table(JobConfig& c) {
       {"parallelism",
        "context_parallel_rotate_method",
        &c.parallelism.context_parallel_rotate_method,
-       "context parallel: how the keys and values reach every rank; allgather gathers them from the group for "
-       "each layer, ring passes them rank to rank (two blocks held at a time, each transfer overlapping the "
-       "attention of the block before)",
+       "context parallel: how the keys and values reach every rank; ring passes them rank to rank (two blocks "
+       "held at a time, each transfer overlapping a block's attention); allgather gathers the whole sequences' "
+       "keys and values for each layer (as fast on one host, more memory: docs/context_parallel.md)",
        {"allgather", "ring"}},
       {"parallelism",
        "pipeline_parallel_degree",

@@ -86,7 +86,7 @@ struct JobConfig {
     int64_t tensor_parallel_degree = 1;
     int64_t context_parallel_degree = 1;
     std::string context_parallel_load_balancer = "headtail";
-    std::string context_parallel_rotate_method = "allgather";
+    std::string context_parallel_rotate_method = "ring";
     int64_t pipeline_parallel_degree = 1;
     std::string pipeline_parallel_schedule = "1F1B";
     std::string pipeline_parallel_schedule_csv;  // empty: the named schedule

@@ -40,7 +40,7 @@ struct ParallelDims {
   int pp_rank = 0, pp_size = 1;  // a pp group's ranks read the same data
   int cp_rank = 0, cp_size = 1;  // a cp group's ranks read the same sequences, each keeping its chunks
   CpLoadBalancer cp_balancer = CpLoadBalancer::headtail;
-  CpRotateMethod cp_rotate = CpRotateMethod::allgather;
+  CpRotateMethod cp_rotate = CpRotateMethod::ring;
   // Under pipeline parallelism: each micro-batch of local_batch_size sequences
   // runs through the pipeline as this many micro-batches of
   // pipeline_parallel_microbatch_size sequences.
