@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
@@ -113,6 +114,28 @@ KvTransfer pass_on(Communicator& group, const KvBlock& out, int to, const KvBloc
   t.send_v = group.isend(out.v, to, tag + 1);
   return t;
 }
+
+// The ring's keys and values: at step s a rank holds rank (r − s)'s block
+// while it travels on to the next rank and the next block arrives (into one
+// of two spare blocks, made when first needed).
+struct KvRing {
+  KvRing(Communicator& g, int ranks, int to, int from, KvBlock own)
+      : group(g), n(ranks), next(to), prev(from), held(std::move(own)) {}
+  Communicator& group;
+  int n, next, prev;
+  KvBlock held, spare[2], incoming;
+  KvTransfer transfer;
+  void begin_step(int s) {
+    if (s + 1 >= n) return;
+    if (!spare[s % 2].k.defined()) spare[s % 2] = kv_block(held.k, "cp.ring_keys", "cp.ring_values");
+    incoming = spare[s % 2];
+    transfer = pass_on(group, held, next, incoming, prev, 0);
+  }
+  void end_step(int s) {
+    transfer.wait();
+    if (s + 1 < n) held = incoming;
+  }
+};
 
 // into += from, elementwise (f32, or bf16 summed in f32 and rounded once).
 void add_into(const Tensor& from, const Tensor& into) {
@@ -225,16 +248,11 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
   if (!dry_run()) std::fill_n(lse.data<float>(), lse.numel(), -std::numeric_limits<float>::infinity());
   Tensor part = Tensor::empty({B, c, Hq, D}, q.dtype(), MemCategory::communication, "cp.ring_part");
   Tensor part_lse = Tensor::empty({B, Hq, c}, DType::f32, MemCategory::communication, "cp.ring_part_lse");
-  KvBlock held{k, v}, spare[2];
+  KvRing ring(group_, n, next, prev, {k, v});
   for (int s = 0; s < n; ++s) {
     const int src = (rank() - s + n) % n;  // whose keys this step holds
-    KvTransfer transfer;
-    KvBlock incoming;
-    if (s + 1 < n) {
-      if (!spare[s % 2].k.defined()) spare[s % 2] = kv_block(k, "cp.ring_keys", "cp.ring_values");
-      incoming = spare[s % 2];
-      transfer = pass_on(group_, held, next, incoming, prev, 0);
-    }
+    const KvBlock& held = ring.held;
+    ring.begin_step(s);
     {
       const ScopedPhase phase(SpanCategory::forward, "cp.attention");
       for (int j = 0; j < 2; ++j)
@@ -245,11 +263,10 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
                                    0.0f, {}, AttentionWindow{qc * c, kc * c});
           Tensor acc_j = chunk_rows(acc, j), lse_j = chunk_rows(lse, j);
           attention_merge(part, part_lse, acc_j, lse_j);
-          transfer.progress();
+          ring.transfer.progress();
         }
     }
-    transfer.wait();
-    if (s + 1 < n) held = incoming;
+    ring.end_step(s);
   }
   if (!f32) out.copy_from(acc);
 }
@@ -261,18 +278,14 @@ void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const T
   // `mine`: this rank's queries' part of the held block's keys' gradients;
   // `sums`: the running sum over the ranks the block has passed, one arriving
   // while the other leaves.
-  KvBlock held{k, v}, spare[2], mine, sums[2];
+  KvRing ring(group_, n, next, prev, {k, v});
+  KvBlock mine, sums[2];
   KvTransfer grads;
   bool dq_written[2] = {false, false};
   for (int s = 0; s < n; ++s) {
     const int src = (rank() - s + n) % n;
-    KvTransfer transfer;
-    KvBlock incoming;
-    if (s + 1 < n) {
-      if (!spare[s % 2].k.defined()) spare[s % 2] = kv_block(k, "cp.ring_keys", "cp.ring_values");
-      incoming = spare[s % 2];
-      transfer = pass_on(group_, held, next, incoming, prev, 0);
-    }
+    const KvBlock& held = ring.held;
+    ring.begin_step(s);
     if (!sums[s % 2].k.defined()) sums[s % 2] = kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues");
     KvBlock& sum = sums[s % 2];
     // The block's own rank starts its sum; the others add to the one that came.
@@ -290,7 +303,7 @@ void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const T
                                     chunk_rows(held.v, j2), chunk_rows(out, j), chunk_rows(lse, j), dq_j, dk_j2, dv_j2,
                                     0.0f, {}, AttentionWindow{qc * c, kc * c}, {.dq = dq_written[j], .dkv = wrote[j2]});
           dq_written[j] = wrote[j2] = true;
-          transfer.progress();
+          ring.transfer.progress();
           grads.progress();
         }
     }
@@ -310,8 +323,7 @@ void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const T
       sums[(s + 1) % 2] = kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues");
     const KvBlock into = s + 1 < n ? sums[(s + 1) % 2] : KvBlock{dk, dv};
     grads = pass_on(group_, sum, next, into, prev, 2);
-    transfer.wait();
-    if (s + 1 < n) held = incoming;
+    ring.end_step(s);
   }
   grads.wait();
 }
