@@ -155,6 +155,17 @@ TEST(Preflight, EverySuggestedChangeFits) {
   EXPECT_TRUE(batch) << near.front().what;
 }
 
+// `anvil estimate` without --ranks starts as many ranks as the degrees
+// multiply to, the cp degree among them (it once left cp out and refused
+// every context-parallel configuration).
+TEST(EstimateCommand, TheImpliedWorldSizeCountsEveryDegree) {
+  EXPECT_EQ(implied_world_size(config("--parallelism.context_parallel_degree 4")), 4);
+  EXPECT_EQ(implied_world_size(config("--parallelism.context_parallel_degree 2 --parallelism.tensor_parallel_degree 2 "
+                                      "--parallelism.data_parallel_shard_degree 2")),
+            8);
+  EXPECT_EQ(implied_world_size(config("--parallelism.pipeline_parallel_degree 2")), 2);
+}
+
 // The estimate refuses what training refuses: a sequence longer than the
 // model's max_seq_len (the check sits in the layout's validation, which both run).
 TEST(Estimate, ASequenceLongerThanTheModelsIsRefused) {

@@ -279,17 +279,17 @@ void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const T
   // `sums`: the running sum over the ranks the block has passed, one arriving
   // while the other leaves.
   KvRing ring(group_, n, next, prev, {k, v});
-  KvBlock mine, sums[2];
+  KvBlock mine = kv_block(k, "cp.ring_my_dkeys", "cp.ring_my_dvalues");
+  KvBlock sums[2] = {kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues"), kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues")};
   KvTransfer grads;
   bool dq_written[2] = {false, false};
   for (int s = 0; s < n; ++s) {
     const int src = (rank() - s + n) % n;
     const KvBlock& held = ring.held;
     ring.begin_step(s);
-    if (!sums[s % 2].k.defined()) sums[s % 2] = kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues");
     KvBlock& sum = sums[s % 2];
-    // The block's own rank starts its sum; the others add to the one that came.
-    if (s > 0 && !mine.k.defined()) mine = kv_block(k, "cp.ring_my_dkeys", "cp.ring_my_dvalues");
+    // The block's own rank starts its sum (its queries see every one of its
+    // keys, so every row is written); the others add to the one that came.
     const KvBlock& target = s == 0 ? sum : mine;
     bool wrote[2] = {false, false};
     {
@@ -308,19 +308,14 @@ void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const T
         }
     }
     grads.wait();  // the sum of the ranks before has arrived; the one passed on before has left
-    for (int j2 = 0; j2 < 2; ++j2) {
-      if (s == 0 && !wrote[j2]) {
-        chunk_rows(sum.k, j2).zero_();
-        chunk_rows(sum.v, j2).zero_();
-      } else if (s > 0 && wrote[j2]) {
+    ANVIL_ASSERT(s > 0 || (wrote[0] && wrote[1]), "a rank's own keys are all seen by its own queries");
+    for (int j2 = 0; s > 0 && j2 < 2; ++j2)
+      if (wrote[j2]) {
         add_into(chunk_rows(mine.k, j2), chunk_rows(sum.k, j2));
         add_into(chunk_rows(mine.v, j2), chunk_rows(sum.v, j2));
       }
-    }
     // On to the next rank, which adds its part at the next step; after the
     // last step, to the block's own rank: the whole sum lands in dk, dv.
-    if (s + 1 < n && !sums[(s + 1) % 2].k.defined())
-      sums[(s + 1) % 2] = kv_block(k, "cp.ring_dkeys", "cp.ring_dvalues");
     const KvBlock into = s + 1 < n ? sums[(s + 1) % 2] : KvBlock{dk, dv};
     grads = pass_on(group_, sum, next, into, prev, 2);
     ring.end_step(s);

@@ -249,10 +249,9 @@ StageParams stage_params(const RunTerms& r, const StageShape& st) {
 // keys and values gathered (bf16; torchtitan repeats GQA's KV heads before
 // SDPA, so Dq wide) and their gradients accumulated in fp32 before the
 // reduce-scatter (PyTorch's templated ring attention).
-double cp_kv_bytes(const RunTerms& r) {
-  if (r.sp.cp == 1) return 0;
-  return 2 * (kBf16 + kF32) * r.T * r.c * r.d.Dq / r.t;
-}
+// Elements of the whole sequences' K and V a GPU's micro-batch gathers per layer (0 without CP).
+double cp_kv_elements(const RunTerms& r) { return r.sp.cp == 1 ? 0 : 2 * r.T * r.c * r.d.Dq / r.t; }
+double cp_kv_bytes(const RunTerms& r) { return (kBf16 + kF32) * cp_kv_elements(r); }
 
 // A stage's memory, by category, at its fullest moment (the candidate
 // moments' largest), and what the caching allocator reserves for it.
@@ -427,7 +426,7 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   // CP per layer: the forward all-gathers the whole sequences' keys and
   // values (bf16, Dq wide), the backward gathers them again and
   // reduce-scatters their fp32 gradients.
-  const double cp_kv = 2 * T * r.c * d.Dq / t;  // elements of the whole sequences' K and V
+  const double cp_kv = cp_kv_elements(r);
   const double cp_gather = sp.cp > 1 ? ring_seconds(kBf16 * cp_kv, sp.cp, r.bw_cp) : 0;
   const double cp_scatter = sp.cp > 1 ? ring_seconds(kF32 * cp_kv, sp.cp, r.bw_cp) : 0;
   const double ew_fwd = rf.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);

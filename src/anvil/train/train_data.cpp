@@ -69,7 +69,7 @@ TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Par
     : cfg_(cfg),
       cp_size_(par.cp_size),
       cp_rank_(par.cp_rank),
-      pp_micro_batches_(par.pp_size > 1 ? par.pp_micro_batches : 1),
+      pp_micro_batches_(par.pp_micro_batches),
       cp_balancer_(par.cp_balancer) {
   const auto& tc = cfg.training;
   const auto t_data = std::chrono::steady_clock::now();
