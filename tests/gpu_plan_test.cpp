@@ -1,11 +1,11 @@
 // The GPU-cluster planner (estimate/gpu_estimate.h) against the published seeds
 // and its own invariants. Nothing here is fitted: the seed rows hold the
-// model to the published figures within the issue's targets where it meets
-// them, and state what it is (an upper bound) where it does not.
+// model to the published figures (memory within 10%, throughput within 15%).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "anvil/cli/plan_cmd.h"
 #include "anvil/core/error.h"
@@ -13,6 +13,7 @@
 #include "anvil/estimate/gpu_hardware.h"
 #include "anvil/estimate/gpu_search.h"
 #include "anvil/estimate/gpu_seeds.h"
+#include "anvil/pipeline/schedule.h"
 
 namespace anvil {
 namespace {
@@ -36,23 +37,29 @@ TEST(GpuPlanSeed000, EveryRowWithinTenPercentOfMaxReserved) {
   }
 }
 
-// Seed 001: the roofline (GEMMs at peak, attention at FlashAttention-2's best
-// published efficiency, communication hidden where it overlaps) is an upper
-// bound on speed, so every published WPS and MFU must be at or below it. The
-// issue's 15% target is not met: the predictions are 39-56% above the
-// published figures (docs/estimator.md), and this test prints each error.
-TEST(GpuPlanSeed001, RooflineBoundsEveryPublishedRowFromAbove) {
+// Seed 001: every published WPS and MFU within 15% of the prediction, from
+// measured kernel rates and link speeds (none derived from a torchtitan run).
+TEST(GpuPlanSeed001, EveryRowWithinFifteenPercentOfPublished) {
   const GpuHardware& hw = gpu_hardware("a100-80g");
   for (const Seed001Row& r : seed001_rows()) {
     const GpuStepEstimate e = estimate_gpu_run(r.spec, hw);
-    std::printf("%s b%d %s: WPS %.0f vs %.0f (%+.1f%%), MFU %.1f%% vs %.1f%%\n", r.model.c_str(), r.batch,
-                r.ac.c_str(), e.tokens_per_second_per_gpu, r.wps,
-                100 * relative_error(e.tokens_per_second_per_gpu, r.wps), 100 * e.mfu, r.mfu_pct);
-    EXPECT_GE(e.tokens_per_second_per_gpu, r.wps) << r.model << " " << r.ac;
-    EXPECT_GE(100 * e.mfu, r.mfu_pct) << r.model << " " << r.ac;
-    EXPECT_LE(e.mfu, 1.0) << r.model << " " << r.ac;
+    const double wps = relative_error(e.tokens_per_second_per_gpu, r.wps), mfu = relative_error(100 * e.mfu, r.mfu_pct);
+    std::printf("%s b%d %s: WPS %.0f vs %.0f (%+.1f%%), MFU %.1f%% vs %.1f%% (%+.1f%%)\n", r.model.c_str(), r.batch,
+                r.ac.c_str(), e.tokens_per_second_per_gpu, r.wps, 100 * wps, 100 * e.mfu, r.mfu_pct, 100 * mfu);
+    EXPECT_LE(std::abs(wps), 0.15) << r.model << " " << r.ac;
+    EXPECT_LE(std::abs(mfu), 0.15) << r.model << " " << r.ac;
     EXPECT_TRUE(e.fits) << r.model << " " << r.ac << " ran on 80 GB";
   }
+}
+
+// The published ranking of the 8B rows: selective op (2973) above selective layer (2904).
+TEST(GpuPlanSeed001, SelectiveOpOutrunsSelectiveLayerOnLlama3_8B) {
+  const GpuHardware& hw = gpu_hardware("a100-80g");
+  const std::vector<Seed001Row> rows = seed001_rows();
+  ASSERT_EQ(rows[0].ac, "selective layer");
+  ASSERT_EQ(rows[1].ac, "selective op");
+  EXPECT_GT(estimate_gpu_run(rows[1].spec, hw).tokens_per_second_per_gpu,
+            estimate_gpu_run(rows[0].spec, hw).tokens_per_second_per_gpu);
 }
 
 // The published MFU is reproduced from the published WPS with the April 2024
@@ -178,7 +185,15 @@ TEST(GpuPlan, UnknownHardwareAndUnmodelledLayoutsAreRefusedByName) {
   GpuRunSpec s = llama3_8b_fsdp(1);
   EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
   s = seed000_rows()[0].spec;
-  s.pp_schedule = "ZBVZeroBubble";
+  s.pp_schedule = "Zigzag";
+  EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
+  s = llama3_8b_fsdp(8);
+  s.cp = 2;
+  s.cp_rotate = "alltoall";
+  EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
+  s.cp_rotate = "ring";
+  s.local_batch = 3;
+  s.grad_accum = 2;
   EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
 }
 
@@ -202,7 +217,7 @@ TEST(GpuPlanSearch, RowsFitUseEveryGpuAndComeFastestFirst) {
   // which splits its sequences, the same batch fits).
   for (const GpuPlanRow& row : r.rows)
     EXPECT_FALSE(row.spec.tp == 1 && row.spec.cp == 1 && row.spec.pp == 1 && row.spec.dp_replicate == 1 &&
-                 row.spec.local_batch == 2 && row.spec.ac.mode == AcMode::selective_op);
+                 row.spec.local_batch == 2 && row.spec.grad_accum == 1 && row.spec.ac.mode == AcMode::selective_op);
 }
 
 // Context parallelism: each GPU holds 1/cp of every sequence's activations,
@@ -255,6 +270,156 @@ TEST(GpuPlanSearch, LongSequencesArePlannedWithContextParallelism) {
     else
       EXPECT_EQ(r.rows[0].spec.cp, 1);
   }
+}
+
+// The step is the sum of its breakdown, for every kind of layout.
+TEST(GpuPlan, StepIsComputePlusExposedCommunicationPlusBubblePlusOverhead) {
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  std::vector<GpuRunSpec> specs = {llama3_8b_fsdp(64), seed000_rows()[3].spec};
+  GpuRunSpec s = llama3_8b_fsdp(8);
+  s.local_batch = 4;
+  s.grad_accum = 2;
+  specs.push_back(s);
+  s = seed000_rows()[3].spec;
+  s.pp_schedule = "ZBVZeroBubble";
+  specs.push_back(s);
+  for (const GpuRunSpec& sp : specs) {
+    const GpuStepEstimate e = estimate_gpu_run(sp, hw);
+    EXPECT_NEAR(e.step_seconds, e.compute_seconds + e.exposed_comm_seconds + e.bubble_seconds + e.overhead_seconds,
+                1e-9 * e.step_seconds)
+        << sp.pp_schedule;
+    EXPECT_GT(e.compute_seconds, 0.5 * e.step_seconds) << sp.pp_schedule;
+  }
+}
+
+// Several stages per rank shrink the pipeline bubble (Megatron's (P-1)/(V·m+P-1)
+// against 1F1B's (P-1)/(m+P-1)), and splitting the backward into I and W lets
+// the zero-bubble schedules fill it further.
+TEST(GpuPlan, InterleavedAndZeroBubbleSchedulesShrinkTheBubble) {
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  GpuRunSpec s;
+  s.model = model_flavor("llama3", "70B");
+  s.seq_len = 8192;
+  s.ac = {AcMode::full, 2};
+  s.tp = 8;
+  s.pp = 4;
+  s.dp_shard = 8;
+  s.local_batch = 8;
+  auto bubble = [&](const std::string& schedule) {
+    s.pp_schedule = schedule;
+    const GpuStepEstimate e = estimate_gpu_run(s, hw);
+    std::printf("70B TP 8 x PP 4, 8 micro-batches, %s: bubble %.2f s of %.2f s, %.0f tok/s/GPU\n", schedule.c_str(),
+                e.bubble_seconds, e.step_seconds, e.tokens_per_second_per_gpu);
+    return e.bubble_seconds;
+  };
+  const double one = bubble("1F1B"), interleaved = bubble("Interleaved1F1B"), zb = bubble("InterleavedZeroBubble"),
+               gpipe = bubble("GPipe");
+  EXPECT_LT(interleaved, 0.75 * one);
+  EXPECT_LT(zb, interleaved);
+  EXPECT_NEAR(gpipe, one, 0.05 * one);  // the same idle time, more memory
+  // ZBVZeroBubble is estimated (its list scheduler plans with these costs)
+  // but not ranked here: with full recomputation its I is several times its
+  // W, and the V puts the head's stage on rank 0 beside the embedding's.
+  bubble("ZBVZeroBubble");
+}
+
+// A schedule CSV is estimated as the schedule it writes down.
+TEST(GpuPlan, AScheduleCsvEstimatesAsTheScheduleItHolds) {
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  GpuRunSpec s = seed000_rows()[2].spec;  // PP 2, 8 micro-batches
+  s.pp_schedule = "Interleaved1F1B";
+  const GpuStepEstimate named = estimate_gpu_run(s, hw);
+  const std::string path = testing::TempDir() + "/interleaved.csv";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    const std::string csv = format_pipeline_csv(make_pipeline_schedule("Interleaved1F1B", 2, 2, 8).program);
+    std::fwrite(csv.data(), 1, csv.size(), f);
+    std::fclose(f);
+  }
+  s.pp_schedule = "1F1B";  // the CSV wins over the name
+  s.pp_schedule_csv = path;
+  const GpuStepEstimate csv = estimate_gpu_run(s, hw);
+  EXPECT_DOUBLE_EQ(csv.step_seconds, named.step_seconds);
+  EXPECT_DOUBLE_EQ(csv.max_reserved, named.max_reserved);
+  ASSERT_EQ(csv.stages.size(), 2u);
+}
+
+// Gradient accumulation runs the micro-step a times: a micro-step's
+// activations, a times its compute and FSDP traffic, one optimizer step.
+TEST(GpuPlan, AccumulationRepeatsTheMicroStepAndHoldsOneMicroBatch) {
+  const GpuHardware& hw = gpu_hardware("a100-80g");
+  GpuRunSpec one = llama3_8b_fsdp(64);
+  GpuRunSpec four = one;
+  four.local_batch = 4;
+  four.grad_accum = 4;
+  const GpuStepEstimate e1 = estimate_gpu_run(one, hw), e4 = estimate_gpu_run(four, hw);
+  EXPECT_DOUBLE_EQ(e4.stages[0].activations, e1.stages[0].activations);
+  EXPECT_DOUBLE_EQ(e4.compute_seconds, 4 * e1.compute_seconds);
+  EXPECT_DOUBLE_EQ(e4.fsdp_comm_seconds, 4 * e1.fsdp_comm_seconds);
+  EXPECT_DOUBLE_EQ(e4.optimizer_seconds, e1.optimizer_seconds);
+  EXPECT_NEAR(e4.step_seconds, 4 * (e1.step_seconds - e1.optimizer_seconds) + e1.optimizer_seconds,
+              1e-9 * e4.step_seconds);
+}
+
+// The ring passes K and V beside each block's attention: at a long sequence
+// the attention covers the transfers and little is exposed; the all-gather's
+// collectives are all exposed.
+TEST(GpuPlan, RingContextParallelHidesItsTransfersBehindAttention) {
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  GpuRunSpec s;
+  s.model = model_flavor("llama3", "8B");
+  s.seq_len = 65536;
+  s.ac = {AcMode::full, 2};
+  s.cp = 4;
+  s.dp_shard = 2;
+  s.cp_rotate = "allgather";
+  const GpuStepEstimate gather = estimate_gpu_run(s, hw);
+  s.cp_rotate = "ring";
+  const GpuStepEstimate ring = estimate_gpu_run(s, hw);
+  std::printf("8B at 64K, CP 4: exposed CP communication %.3f s (all-gather) vs %.3f s (ring)\n",
+              gather.cp_comm_seconds, ring.cp_comm_seconds);
+  EXPECT_LT(ring.cp_comm_seconds, 0.5 * gather.cp_comm_seconds);
+  EXPECT_LT(ring.step_seconds, gather.step_seconds);
+}
+
+// A model too small to keep the GPU busy is paced by eager PyTorch's dispatch:
+// its step is at least the ops' host time, which the breakdown calls overhead.
+TEST(GpuPlan, SmallModelsArePacedByEagerDispatch) {
+  GpuRunSpec s;
+  s.model = model_flavor("llama3", "debugmodel");
+  s.seq_len = 2048;
+  s.dp_shard = 8;
+  s.ac = {AcMode::none, 2};
+  const GpuStepEstimate e = estimate_gpu_run(s, gpu_hardware("h100-80g"));
+  const double host = static_cast<double>(s.model.n_layers) * 120 * gpu_software().host_seconds_per_op;
+  EXPECT_GE(e.step_seconds, host);
+  EXPECT_GT(e.overhead_seconds, e.compute_seconds);
+  std::printf("debugmodel on 8 H100s: step %.2f ms, compute %.2f ms, overhead %.2f ms, %.0f tok/s/GPU\n",
+              1e3 * e.step_seconds, 1e3 * e.compute_seconds, 1e3 * e.overhead_seconds, e.tokens_per_second_per_gpu);
+}
+
+// The plan of the issue: Llama 3 70B on 256 H100s lists TP layouts, and
+// pipeline layouts under every schedule, interleaved ones among them.
+TEST(GpuPlanSearch, SeventyBillionOn256H100sListsTensorAndPipelineLayouts) {
+  GpuRunSpec base;
+  base.model = model_flavor("llama3", "70B");
+  base.seq_len = 8192;
+  const GpuPlanResult r = search_gpu_layouts(base, gpu_hardware("h100-80g"), 256);
+  const std::vector<GpuPlanRow> layouts = distinct_layouts(r.rows), schedules = fastest_per_schedule(r.rows);
+  ASSERT_GE(layouts.size(), 5u);
+  int64_t with_tp = 0;
+  for (size_t i = 0; i < 5; ++i) with_tp += layouts[i].spec.tp > 1;
+  EXPECT_GE(with_tp, 1);
+  std::set<std::string> names;
+  for (const GpuPlanRow& row : schedules) {
+    EXPECT_GT(row.spec.pp, 1);
+    EXPECT_TRUE(names.insert(row.spec.pp_schedule).second);
+  }
+  for (const char* name : {"1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"})
+    EXPECT_EQ(names.count(name), 1u) << name;
+  for (size_t i = 1; i < layouts.size(); ++i)
+    EXPECT_GE(layouts[i - 1].estimate.tokens_per_second_per_gpu, layouts[i].estimate.tokens_per_second_per_gpu);
 }
 
 TEST(GpuPlanCommand, EstimateAndPlanRun) {

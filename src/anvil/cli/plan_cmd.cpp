@@ -23,7 +23,10 @@ constexpr const char* kUsage =
     "  Searches torchtitan-style layouts (FSDP/HSDP, CP, TP, PP degrees whose product is N, activation\n"
     "  checkpointing, local and micro-batch size) for the configuration's model and sequence length on N\n"
     "  GPUs, keeps those whose predicted per-GPU memory (torch's max reserved) fits, and ranks them by\n"
-    "  predicted tokens/s per GPU (a roofline per op; docs/estimator.md).\n"
+    "  predicted tokens/s per GPU (from measured kernel rates; docs/estimator.md): one row per layout (its\n"
+    "  degrees and pipeline schedule) with its best batch, checkpointing and accumulation, each with its\n"
+    "  step split into compute, exposed communication, pipeline bubble and overhead; then the fastest\n"
+    "  layout under each pipeline schedule.\n"
     "  --hardware  h100-80g, a100-80g, a100-40g or h200\n"
     "  --gpus      how many GPUs\n"
     "  --top       rows to print (default 10)\n"
@@ -55,11 +58,21 @@ GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus) {
   s.dp_shard = p.data_parallel_shard_degree == -1 ? gpus / others : p.data_parallel_shard_degree;
   ANVIL_CHECK(s.gpus() == gpus, "the layout's degrees multiply to ", s.gpus(), " GPUs, not --gpus ", gpus,
               " (parallelism.data_parallel_shard_degree -1 takes what the others leave)");
-  ANVIL_CHECK(cfg.training.global_batch_size == -1 ||
-                  cfg.training.global_batch_size == cfg.training.local_batch_size * s.dp_shard * s.dp_replicate,
+  const int64_t per_step = cfg.training.local_batch_size * s.dp_shard * s.dp_replicate;
+  ANVIL_CHECK(cfg.training.global_batch_size == -1 || cfg.training.global_batch_size % per_step == 0,
               "training.global_batch_size ", cfg.training.global_batch_size,
-              " asks for gradient accumulation, which the GPU planner does not model; leave it at -1");
+              " is not a multiple of local_batch_size x data-parallel ranks = ", per_step);
+  // Gradient accumulation: the global batch over the data-parallel ranks is
+  // the local batch the step runs, in local_batch_size pieces.
+  s.grad_accum = cfg.training.global_batch_size == -1 ? 1 : cfg.training.global_batch_size / per_step;
+  s.local_batch = cfg.training.local_batch_size * s.grad_accum;
+  s.cp_rotate = p.context_parallel_rotate_method;
   s.pp_schedule = p.pipeline_parallel_schedule;
+  s.pp_schedule_csv = p.pipeline_parallel_schedule_csv;
+  if (p.pipeline_parallel_layers_per_stage > 0) {
+    const int64_t units = s.model.n_layers + 2;
+    s.pp_stages_per_rank = units / p.pipeline_parallel_layers_per_stage / std::max<int64_t>(s.pp, 1);
+  }
   s.microbatch_size = p.pipeline_parallel_microbatch_size;
   s.keep_pp_outputs = p.pipeline_parallel_keep_outputs;
   return s;
@@ -97,11 +110,15 @@ nlohmann::json stage_json(const GpuStageMemory& m) {
 std::string layout_flags(const GpuRunSpec& s) {
   std::string f = "--parallelism.data_parallel_shard_degree " + std::to_string(s.dp_shard);
   if (s.dp_replicate > 1) f += " --parallelism.data_parallel_replicate_degree " + std::to_string(s.dp_replicate);
-  if (s.cp > 1) f += " --parallelism.context_parallel_degree " + std::to_string(s.cp);
+  if (s.cp > 1)
+    f += " --parallelism.context_parallel_degree " + std::to_string(s.cp) +
+         " --parallelism.context_parallel_rotate_method " + s.cp_rotate;
   if (s.tp > 1) f += " --parallelism.tensor_parallel_degree " + std::to_string(s.tp);
-  if (s.pp > 1)
+  if (s.pp > 1) {
     f += " --parallelism.pipeline_parallel_degree " + std::to_string(s.pp) +
+         " --parallelism.pipeline_parallel_schedule " + s.pp_schedule +
          " --parallelism.pipeline_parallel_microbatch_size " + std::to_string(s.microbatch_size);
+  }
   switch (s.ac.mode) {
     case AcMode::none: f += " --activation_checkpoint.mode none"; break;
     case AcMode::full: f += " --activation_checkpoint.mode full"; break;
@@ -113,7 +130,9 @@ std::string layout_flags(const GpuRunSpec& s) {
            std::to_string(s.ac.every);
       break;
   }
-  f += " --training.local_batch_size " + std::to_string(s.local_batch);
+  f += " --training.local_batch_size " + std::to_string(s.local_batch / s.grad_accum);
+  if (s.grad_accum > 1)
+    f += " --training.global_batch_size " + std::to_string(s.local_batch * s.dp_shard * s.dp_replicate);
   return f;
 }
 
@@ -140,6 +159,8 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     j["exposed_comm_seconds"] = e.exposed_comm_seconds;
     j["optimizer_seconds"] = e.optimizer_seconds;
     j["bubble_fraction"] = e.bubble_fraction;
+    j["bubble_seconds"] = e.bubble_seconds;
+    j["overhead_seconds"] = e.overhead_seconds;
     j["tokens_per_second_per_gpu"] = e.tokens_per_second_per_gpu;
     j["flops_per_token"] = e.flops_per_token;
     j["mfu"] = e.mfu;
@@ -153,8 +174,10 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   if (spec.cp > 1) std::printf(" x CP %lld", static_cast<long long>(spec.cp));
   if (spec.tp > 1) std::printf(" x TP %lld", static_cast<long long>(spec.tp));
   if (spec.pp > 1)
-    std::printf(" x PP %lld (%s, %lld micro-batches)", static_cast<long long>(spec.pp), spec.pp_schedule.c_str(),
+    std::printf(" x PP %lld (%s, %lld micro-batches)", static_cast<long long>(spec.pp),
+                spec.pp_schedule_csv.empty() ? spec.pp_schedule.c_str() : spec.pp_schedule_csv.c_str(),
                 static_cast<long long>(spec.micro_batches()));
+  if (spec.grad_accum > 1) std::printf(", %lld accumulation steps", static_cast<long long>(spec.grad_accum));
   std::printf(", AC %s, local batch %lld x seq %lld\n\n", ac_mode_name(spec.ac.mode),
               static_cast<long long>(spec.local_batch), static_cast<long long>(spec.seq_len));
   std::printf("per GPU, GiB       ");
@@ -185,14 +208,14 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   std::printf("\n\nmemory: max reserved %s GiB of %s GiB (%s)\n", gib(e.max_reserved).c_str(),
               gib(hw.hbm_bytes).c_str(), e.fits ? "fits" : "does NOT fit");
   std::printf(
-      "step: %.3f s (compute %.3f s, FSDP communication %.3f s of which exposed %.3f s, TP %.3f s, "
-      "CP %.3f s, optimizer %.3f s, pipeline bubble %.1f%%)\n",
-      e.step_seconds, e.compute_seconds, e.fsdp_comm_seconds, e.exposed_comm_seconds, e.tp_comm_seconds,
-      e.cp_comm_seconds, e.optimizer_seconds, 100 * e.bubble_fraction);
+      "step: %.3f s = compute %.3f s + exposed communication %.3f s + pipeline bubble %.3f s (%.1f%%) + "
+      "overhead %.3f s (optimizer %.3f s)\n"
+      "communication: FSDP %.3f s, TP %.3f s, CP %.3f s\n",
+      e.step_seconds, e.compute_seconds, e.exposed_comm_seconds, e.bubble_seconds, 100 * e.bubble_fraction,
+      e.overhead_seconds, e.optimizer_seconds, e.fsdp_comm_seconds, e.tp_comm_seconds, e.cp_comm_seconds);
   std::printf("tokens/s per GPU: %.0f   MFU: %.1f%% (%.4g FLOPs per token, %.0f TFLOP/s peak)\n",
               e.tokens_per_second_per_gpu, 100 * e.mfu, e.flops_per_token, hw.peak_bf16_flops / 1e12);
-  std::printf("(a roofline: GEMMs at peak, attention at the published FlashAttention efficiency; an upper bound "
-              "on speed, see docs/estimator.md)\n");
+  std::printf("(from measured kernel rates and published link speeds, not peaks; docs/estimator.md)\n");
   return 0;
 }
 
@@ -228,36 +251,61 @@ int plan_command(const std::vector<std::string>& args) {
   const GpuRunSpec base = model_spec(cfg);
 
   const GpuPlanResult found = search_gpu_layouts(base, hw, gpus);
-  std::vector<GpuPlanRow> rows = found.rows;
-  const int64_t tried = found.tried;
+  std::vector<GpuPlanRow> rows = distinct_layouts(found.rows);
+  const size_t distinct = rows.size();
   if (static_cast<int64_t>(rows.size()) > top) rows.resize(static_cast<size_t>(top));
+  const std::vector<GpuPlanRow> by_schedule = fastest_per_schedule(found.rows);
+  auto row_json = [](const GpuPlanRow& r) {
+    const GpuStepEstimate& e = r.estimate;
+    return nlohmann::json{{"tokens_per_second_per_gpu", e.tokens_per_second_per_gpu},
+                          {"mfu", e.mfu},
+                          {"step_seconds", e.step_seconds},
+                          {"compute_seconds", e.compute_seconds},
+                          {"exposed_comm_seconds", e.exposed_comm_seconds},
+                          {"bubble_seconds", e.bubble_seconds},
+                          {"overhead_seconds", e.overhead_seconds},
+                          {"max_reserved_bytes", e.max_reserved},
+                          {"global_batch", r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate},
+                          {"cp_comm_seconds", e.cp_comm_seconds},
+                          {"pipeline_schedule", r.spec.pp > 1 ? r.spec.pp_schedule : ""},
+                          {"flags", layout_flags(r.spec)}};
+  };
   if (json) {
     nlohmann::json j = nlohmann::json::array();
-    for (const GpuPlanRow& r : rows)
-      j.push_back({{"tokens_per_second_per_gpu", r.estimate.tokens_per_second_per_gpu},
-                   {"mfu", r.estimate.mfu},
-                   {"step_seconds", r.estimate.step_seconds},
-                   {"max_reserved_bytes", r.estimate.max_reserved},
-                   {"global_batch", r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate},
-                   {"cp_comm_seconds", r.estimate.cp_comm_seconds},
-                   {"flags", layout_flags(r.spec)}});
+    for (const GpuPlanRow& r : rows) j.push_back(row_json(r));
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s/%s, seq %lld, on %lld x %s: %lld layouts tried, %zu shown that fit in %s GiB, ranked by "
-              "predicted tokens/s per GPU\n\n",
-              base.model.name.c_str(), base.model.flavor.c_str(), static_cast<long long>(base.seq_len),
-              static_cast<long long>(gpus), hw.name.c_str(), static_cast<long long>(tried), rows.size(),
-              gib(hw.hbm_bytes).c_str());
-  std::printf("| # | tokens/s/GPU | MFU | step (s) | max reserved (GiB) | global batch | flags |\n"
-              "|---|---|---|---|---|---|---|\n");
-  int n = 0;
-  for (const GpuPlanRow& r : rows)
-    std::printf("| %d | %.0f | %.1f%% | %.2f | %s | %lld | %s |\n", ++n, r.estimate.tokens_per_second_per_gpu,
-                100 * r.estimate.mfu, r.estimate.step_seconds, gib(r.estimate.max_reserved).c_str(),
-                static_cast<long long>(r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate),
-                layout_flags(r.spec).c_str());
+  std::printf(
+      "%s/%s, seq %lld, on %lld x %s: %lld configurations tried, %zu layouts fit in %s GiB; the "
+      "fastest %zu by predicted tokens/s per GPU, each with its best batch, checkpointing and "
+      "accumulation\n\n",
+      base.model.name.c_str(), base.model.flavor.c_str(), static_cast<long long>(base.seq_len),
+      static_cast<long long>(gpus), hw.name.c_str(), static_cast<long long>(found.tried), distinct,
+      gib(hw.hbm_bytes).c_str(), rows.size());
+  auto table = [&](const std::vector<GpuPlanRow>& list) {
+    std::printf(
+        "| # | tokens/s/GPU | MFU | step (s) | compute | exposed comm | bubble | overhead | max reserved (GiB) "
+        "| global batch | flags |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    int n = 0;
+    for (const GpuPlanRow& r : list) {
+      const GpuStepEstimate& e = r.estimate;
+      std::printf("| %d | %.0f | %.1f%% | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %lld | %s |\n", ++n,
+                  e.tokens_per_second_per_gpu, 100 * e.mfu, e.step_seconds, e.compute_seconds, e.exposed_comm_seconds,
+                  e.bubble_seconds, e.overhead_seconds, gib(e.max_reserved).c_str(),
+                  static_cast<long long>(r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate),
+                  layout_flags(r.spec).c_str());
+    }
+  };
+  table(rows);
   if (rows.empty()) std::printf("(no layout fits: more GPUs, a shorter sequence or a smaller model)\n");
+  if (!by_schedule.empty()) {
+    std::printf("\nThe fastest layout under each pipeline schedule:\n\n");
+    table(by_schedule);
+  }
+  std::printf(
+      "\n(step = compute + exposed communication + pipeline bubble + overhead, in seconds: measured kernel "
+      "rates, not peaks; docs/estimator.md gives each constant's source and the error against published runs)\n");
   return 0;
 }
 

@@ -117,30 +117,72 @@ double elementwise_fwd_bytes_per_token(const Dims& d, bool gqa) {
 // write 2).
 constexpr double kLossBytesPerLogit = 6 + 8 + 4 + 12 + 6;
 
-struct Roofline {
-  double peak, bw, attn_eff;
-  double gemm(double M, double K, double N) const {
-    return std::max(2 * M * K * N / peak, kBf16 * (M * K + K * N + M * N) / bw);
+// What each kind of kernel achieves on the GPU: the measured rates of
+// estimate/gpu_hardware.h, not the datasheet's peaks; tensor-core work at the
+// clock the GPU sustains at its power limit.
+struct Rates {
+  const GpuHardware* hw;
+  // Wave quantization: a GEMM's M x N output is cut into tiles (256 x 128, the
+  // largest cuBLAS tile on these GPUs, either way round) that run in waves of
+  // one tile per SM; the last wave leaves SMs idle. The maximum achievable
+  // matmul rate was measured at a shape that fills its waves.
+  double wave_efficiency(double M, double N) const {
+    const double sms = static_cast<double>(hw->sms);
+    double best = 0;
+    for (const auto& [a, b] : {std::pair{256.0, 128.0}, std::pair{128.0, 256.0}}) {
+      const double tiles = std::ceil(M / a) * std::ceil(N / b);
+      best = std::max(best, tiles / (std::ceil(tiles / sms) * sms));
+    }
+    return best;
   }
-  double mem(double bytes) const { return bytes / bw; }
+  // (M x K) times (K x N) in bf16.
+  double gemm(double M, double K, double N) const {
+    return std::max(2 * M * K * N / (hw->matmul_flops * hw->sustained_clock_ratio * wave_efficiency(M, N)),
+                    mem(kBf16 * (M * K + K * N + M * N)));
+  }
+  double mem(double bytes) const { return bytes / (hw->hbm_bandwidth * hw->hbm_efficiency); }
+  // FlashAttention-2: the forward's FLOPs and the backward's 2.5 times as many, each at its own efficiency.
+  double tensor_core_flops() const { return hw->peak_bf16_flops * hw->sustained_clock_ratio; }
+  double attention_fwd(double flops) const { return flops / (tensor_core_flops() * hw->flash_forward_efficiency); }
+  double attention_bwd(double fwd_flops) const {
+    return 2.5 * fwd_flops / (tensor_core_flops() * hw->flash_backward_efficiency);
+  }
 };
 
-// Ring collective bus bandwidth of a group of n GPUs whose members are
-// `stride` ranks apart (torchtitan's mesh is pp × dp_replicate × dp_shard × tp,
-// tp innermost, ranks filling nodes in order): NVLink inside a node; across
-// nodes each node's members send through their own NICs in parallel (NCCL
-// runs one ring per NIC), so the ring moves internode × members-per-node,
-// capped by NVLink.
-double bus_bandwidth(const GpuHardware& hw, int64_t n, int64_t stride) {
+// A linear layer over T tokens, `in` to `out` features: the forward GEMM and
+// the backward's two (dX: T x out times out x in; dW: out x T times T x in),
+// each with its own output shape and so its own wave quantization.
+struct LinearTime {
+  double fwd, bwd;
+};
+LinearTime linear_time(const Rates& rt, double T, double in, double out) {
+  return {rt.gemm(T, in, out), rt.gemm(T, out, in) + rt.gemm(out, T, in)};
+}
+
+// A collective's group: its ring bus bandwidth and the time a small collective takes.
+struct Link {
+  double busbw = 0, latency = 0;
+};
+
+// The ring of a group of n GPUs whose members are `stride` ranks apart
+// (torchtitan's mesh is pp x dp_replicate x dp_shard x cp x tp, tp innermost,
+// ranks filling nodes in order): NVLink inside a node; across nodes each
+// node's members send through their own NICs in parallel (NCCL runs one ring
+// per NIC), so the ring moves internode x members-per-node, capped by NVLink;
+// each at the fraction NCCL is measured to reach (GpuSoftware).
+Link ring_link(const GpuHardware& hw, int64_t n, int64_t stride) {
+  const GpuSoftware& sw = gpu_software();
   const int64_t gpn = hw.gpus_per_node;
   const int64_t per_node = stride >= gpn ? 1 : std::min<int64_t>(n, gpn / stride);
-  if (n <= per_node) return hw.nvlink_bandwidth;
-  return std::min(hw.nvlink_bandwidth, hw.internode_bandwidth * static_cast<double>(per_node));
+  const double nvlink = hw.nvlink_bandwidth * sw.nvlink_efficiency;
+  if (n <= per_node) return {nvlink, sw.intranode_latency};
+  return {std::min(nvlink, hw.internode_bandwidth * static_cast<double>(per_node) * sw.internode_efficiency),
+          sw.internode_latency};
 }
 
 // All-gather or reduce-scatter of `bytes` (the unsharded size) over n ranks.
-double ring_seconds(double bytes, int64_t n, double busbw) {
-  return n <= 1 ? 0 : bytes * static_cast<double>(n - 1) / static_cast<double>(n) / busbw;
+double ring_seconds(double bytes, int64_t n, const Link& link) {
+  return n <= 1 ? 0 : link.latency + bytes * static_cast<double>(n - 1) / static_cast<double>(n) / link.busbw;
 }
 
 struct Candidate {
@@ -175,17 +217,20 @@ void check_gpu_run(const GpuRunSpec& sp) {
               "training.seq_len and training.local_batch_size must be positive");
   ANVIL_CHECK(!a.tie_embeddings || sp.pp == 1, a.name, "/", a.flavor,
               " ties its embedding to its head, which pipeline stages cannot share");
+  ANVIL_CHECK(sp.grad_accum >= 1 && sp.local_batch % sp.grad_accum == 0, "training.local_batch_size ", sp.local_batch,
+              " is not a multiple of the gradient accumulation steps ", sp.grad_accum);
+  ANVIL_CHECK(sp.cp_rotate == "allgather" || sp.cp_rotate == "ring", "parallelism.context_parallel_rotate_method \"",
+              sp.cp_rotate, "\": the GPU planner models allgather and ring");
   if (sp.pp > 1) {
-    ANVIL_CHECK(sp.microbatch_size >= 1 && sp.local_batch % sp.microbatch_size == 0, "training.local_batch_size ",
-                sp.local_batch, " is not a multiple of ", "parallelism.pipeline_parallel_microbatch_size ",
+    ANVIL_CHECK(sp.microbatch_size >= 1 && (sp.local_batch / sp.grad_accum) % sp.microbatch_size == 0,
+                "training.local_batch_size ", sp.local_batch, " over ", sp.grad_accum,
+                " accumulation steps is not a multiple of parallelism.pipeline_parallel_microbatch_size ",
                 sp.microbatch_size);
-    ANVIL_CHECK(sp.pp_schedule == "1F1B" || sp.pp_schedule == "GPipe", "parallelism.pipeline_parallel_schedule ",
-                sp.pp_schedule, ": the GPU planner models GPipe and 1F1B (one stage per rank)");
   }
 }
 
 // What every stage's memory and time derive from: the run's dimensions per
-// GPU, its parameter counts per group, the roofline and the links.
+// GPU, its parameter counts per group, the kernels' rates and the links.
 struct RunTerms {
   const GpuRunSpec& sp;
   Dims d;
@@ -194,8 +239,11 @@ struct RunTerms {
   double t, c, N, s, T,
       Vt;  // tp, cp, shards (dp_shard · cp), seq_len, tokens per micro-batch per GPU, vocabulary per GPU
   double layer_params, emb_params, head_params;
-  Roofline rf;
-  double bw_shard, bw_rep, bw_tp, bw_cp, bw_pp;
+  Rates rt;
+  Link shard, rep, tp_link, cp_link;
+  double p2p_bandwidth;           // a pipeline boundary's send, bytes/s
+  double host_op;                 // eager PyTorch's CPU time per op
+  double collective_sm_fraction;  // of the SMs, what a collective beside compute takes
 };
 
 RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
@@ -221,18 +269,22 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
       static_cast<double>(sp.cp),
       static_cast<double>(sp.dp_shard * sp.cp),
       s,
-      static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch) * s / static_cast<double>(sp.cp),
+      static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch / sp.grad_accum) * s /
+          static_cast<double>(sp.cp),
       d.V / t,
       // Parameters per GPU (after TP): the block's matrices are split, its norms replicated.
       static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D,
       d.D * (d.V / t),
       d.D * (d.V / t) + d.D,
-      Roofline{hw.peak_bf16_flops, hw.hbm_bandwidth, hw.attention_efficiency},
-      bus_bandwidth(hw, sp.dp_shard * sp.cp, sp.tp),
-      bus_bandwidth(hw, sp.dp_replicate, sp.tp * sp.cp * sp.dp_shard),
-      bus_bandwidth(hw, sp.tp, 1),
-      bus_bandwidth(hw, sp.cp, sp.tp),
-      pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth : hw.internode_bandwidth,
+      Rates{&hw},
+      ring_link(hw, sp.dp_shard * sp.cp, sp.tp),
+      ring_link(hw, sp.dp_replicate, sp.tp * sp.cp * sp.dp_shard),
+      ring_link(hw, sp.tp, 1),
+      ring_link(hw, sp.cp, sp.tp),
+      pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth * gpu_software().nvlink_efficiency
+                                   : hw.internode_bandwidth * gpu_software().internode_efficiency,
+      gpu_software().host_seconds_per_op,
+      static_cast<double>(gpu_software().collective_sms) / static_cast<double>(hw.sms),
   };
 }
 
@@ -255,7 +307,12 @@ double cp_kv_bytes(const RunTerms& r) { return (kBf16 + kF32) * cp_kv_elements(r
 
 // A stage's memory, by category, at its fullest moment (the candidate
 // moments' largest), and what the caching allocator reserves for it.
-GpuStageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int in_flight) {
+struct StageMemory {
+  GpuStageMemory mem;
+  double persistent = 0;  // what the stage holds throughout its step: states, gathered weights, in-flight activations
+  double compute_reserved = 0;  // the compute stream's pool
+};
+StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int in_flight) {
   const GpuRunSpec& sp = r.sp;
   const Dims& d = r.d;
   const double t = r.t, N = r.N, T = r.T, m = static_cast<double>(r.m);
@@ -401,142 +458,306 @@ GpuStageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, 
   // and their blocks stay cached in that pool.
   mem.peak_allocated = best->total + (mem.peak_at == "optimizer step" ? mem.gradients : 0);
   mem.reserved = compute_reserved + mem.gradients + mem.reduce_pool_extra + mem.allgather_pool;
-  return mem;
+  return {mem, base + inflight_acts + kept_all, compute_reserved};
 }
+
+// Ops eager PyTorch dispatches per block (read from torchtitan's Llama of
+// the era: two composite RMSNorms of 7 ops, seven linears, RoPE's casts and
+// complex products, repeat_kv's copies, SDPA, the transposes, two residual
+// adds, SwiGLU's three): about 40 in the forward and twice that in the backward.
+constexpr double kOpsPerBlockForward = 40;
+constexpr double kOpsPerBlockBackward = 80;
 
 // One micro-batch's time on a stage (compute, tensor-parallel collectives,
 // FSDP's copies) and the step's FSDP traffic and optimizer time.
 struct StageTime {
-  double fwd = 0, bwd = 0, tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0;
+  double fwd = 0, bwd = 0;            // GPU time of the forward and the whole backward (recomputation included)
+  double bwd_weight = 0;              // of bwd, the weight gradients (dW GEMMs): a zero-bubble schedule's W
+  double host_fwd = 0, host_bwd = 0;  // eager PyTorch's CPU time to dispatch them
+  double tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0;  // exposed collectives
+  double cp_hidden = 0;  // ring CP: transfer time overlapped with attention (it takes SMs from it)
   double fsdp_mem = 0, optimizer = 0;
   double rs = 0, ar = 0, fsdp_comm = 0, first_group_ag = 0;
   double p2p = 0;  // the boundary tensor sent on, or its gradient back
 };
 
+// Context parallelism's per-layer communication. The all-gather rotation
+// (torchtitan's default) gathers the whole sequences' K and V in the forward
+// (bf16, Dq wide: torchtitan repeats GQA's KV heads first), and in the
+// backward gathers them again and reduce-scatters their fp32 gradients, none
+// of it overlapped. The ring passes each rank's block on cp - 1 times, each
+// transfer beside one block's attention; only what the attention does not
+// cover is exposed, the rest takes the collective's SMs from it.
+struct CpLayerTime {
+  double fwd = 0, bwd = 0, recompute = 0;  // exposed
+  double hidden_fwd = 0, hidden_bwd = 0;   // overlapped with attention
+};
+CpLayerTime cp_layer_time(const RunTerms& r, double attn_fwd, double attn_bwd) {
+  const GpuRunSpec& sp = r.sp;
+  CpLayerTime out;
+  if (sp.cp == 1) return out;
+  const double kv = cp_kv_elements(r);
+  if (sp.cp_rotate == "allgather") {
+    const double gather = ring_seconds(kBf16 * kv, sp.cp, r.cp_link);
+    out.fwd = gather;
+    out.bwd = gather + ring_seconds(kF32 * kv, sp.cp, r.cp_link);
+    out.recompute = gather;
+    return out;
+  }
+  const double steps = static_cast<double>(sp.cp - 1), c = static_cast<double>(sp.cp);
+  const double block = kv / c;  // one rank's K and V
+  const double send_fwd = r.cp_link.latency + kBf16 * block / r.cp_link.busbw;
+  const double send_bwd =
+      r.cp_link.latency + (kBf16 + kF32) * block / r.cp_link.busbw;  // K, V and their gradients' sums
+  const double a_fwd = attn_fwd / c, a_bwd = attn_bwd / c;
+  out.fwd = steps * std::max(0.0, send_fwd - a_fwd);
+  out.hidden_fwd = steps * std::min(send_fwd, a_fwd);
+  out.bwd =
+      steps * std::max(0.0, send_bwd - a_bwd) + r.cp_link.latency + kF32 * block / r.cp_link.busbw;  // last hop home
+  out.hidden_bwd = steps * std::min(send_bwd, a_bwd);
+  out.recompute = out.fwd;
+  return out;
+}
+
 StageTime stage_time(const RunTerms& r, const StageShape& st) {
   const GpuRunSpec& sp = r.sp;
   const Dims& d = r.d;
-  const Roofline& rf = r.rf;
+  const Rates& rt = r.rt;
   const double t = r.t, T = r.T, N = r.N, m = static_cast<double>(r.m);
   const auto [root, psi] = stage_params(r, st);
   StageTime out;
   // 4·T·s·Dq, halved by the causal mask; under CP T is the rank's share of
   // the queries over the whole sequence's keys (head-tail: an equal share of the work).
   const double attn_fwd_flops = 2 * T * r.s * d.Dq / t;
-  // CP per layer: the forward all-gathers the whole sequences' keys and
-  // values (bf16, Dq wide), the backward gathers them again and
-  // reduce-scatters their fp32 gradients.
-  const double cp_kv = cp_kv_elements(r);
-  const double cp_gather = sp.cp > 1 ? ring_seconds(kBf16 * cp_kv, sp.cp, r.bw_cp) : 0;
-  const double cp_scatter = sp.cp > 1 ? ring_seconds(kF32 * cp_kv, sp.cp, r.bw_cp) : 0;
-  const double ew_fwd = rf.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);
-  const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, r.bw_tp) : 0;
+  const double attn = rt.attention_fwd(attn_fwd_flops), attn_bwd = rt.attention_bwd(attn_fwd_flops);
+  const CpLayerTime cp = cp_layer_time(r, attn, attn_bwd);
+  const double ew_fwd = rt.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);
+  const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, r.tp_link) : 0;
+  const LinearTime wq = linear_time(rt, T, d.D, d.Dq / t), wkv = linear_time(rt, T, d.D, d.Dkv / t),
+                   wo = linear_time(rt, T, d.Dq / t, d.D), w13 = linear_time(rt, T, d.D, d.F / t),
+                   w2 = linear_time(rt, T, d.F / t, d.D);
+  const double gemm_fwd = wq.fwd + 2 * wkv.fwd + wo.fwd + 2 * w13.fwd + w2.fwd;
+  const double gemm_bwd = wq.bwd + 2 * wkv.bwd + wo.bwd + 2 * w13.bwd + w2.bwd;
+  // The dW halves: (out x T) times (T x in).
+  const double gemm_dw = rt.gemm(d.Dq / t, T, d.D) + 2 * rt.gemm(d.Dkv / t, T, d.D) + rt.gemm(d.D, T, d.Dq / t) +
+                         2 * rt.gemm(d.F / t, T, d.D) + rt.gemm(d.D, T, d.F / t);
   for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
-    const double wq = rf.gemm(T, d.D, d.Dq / t), wkv = rf.gemm(T, d.D, d.Dkv / t), wo = rf.gemm(T, d.Dq / t, d.D);
-    const double w13 = rf.gemm(T, d.D, d.F / t), w2 = rf.gemm(T, d.F / t, d.D);
-    const double gemms = wq + 2 * wkv + wo + 2 * w13 + w2;
-    const double attn = attn_fwd_flops / (rf.peak * rf.attn_eff);
-    out.fwd += gemms + attn + ew_fwd;
-    out.bwd += 2 * gemms + 2.5 * attn + 2 * ew_fwd;  // dX and dW per GEMM; FlashAttention's backward is 2.5 forwards
+    out.fwd += gemm_fwd + attn + ew_fwd;
+    out.bwd += gemm_bwd + attn_bwd + 2 * ew_fwd;  // each op's backward moves about twice its forward's bytes
+    out.bwd_weight += gemm_dw;
+    out.host_fwd += kOpsPerBlockForward * r.host_op;
+    out.host_bwd += kOpsPerBlockBackward * r.host_op;
     out.tp_fwd += 4 * tp_coll;  // sequence parallel: all-gather and reduce-scatter around both halves
     out.tp_bwd += 4 * tp_coll;
-    out.cp_fwd += cp_gather;
-    out.cp_bwd += cp_gather + cp_scatter;
+    out.cp_fwd += cp.fwd;
+    out.cp_bwd += cp.bwd;
+    out.cp_hidden += cp.hidden_fwd + cp.hidden_bwd;
     switch (block_ac(sp.ac, l - st.first_layer)) {
       case BlockAc::none:
         break;
-      case BlockAc::op:
-        out.bwd += wkv + wo + w13 + ew_fwd;
+      case BlockAc::op:  // every second mm (wk, wo, w3) and the element-wise ops, not attention
+        out.bwd += wkv.fwd + wo.fwd + w13.fwd + ew_fwd;
+        out.host_bwd += kOpsPerBlockForward * r.host_op;
         out.tp_bwd += 2 * tp_coll;
-        break;  // every second mm
+        break;
       case BlockAc::full:
-        out.bwd += gemms + attn + ew_fwd;
+        out.bwd += gemm_fwd + attn + ew_fwd;
+        out.host_bwd += kOpsPerBlockForward * r.host_op;
         out.tp_bwd += 4 * tp_coll;
-        out.cp_bwd += cp_gather;
+        out.cp_bwd += cp.recompute;
+        out.cp_hidden += cp.hidden_fwd;
         break;
     }
   }
   if (st.embedding) {
-    out.fwd += rf.mem(2 * kBf16 * T * d.D / t);
-    out.bwd += rf.mem(2 * kBf16 * d.V * d.D / t + kBf16 * T * d.D / t);  // a dense gradient of the table
+    out.fwd += rt.mem(2 * kBf16 * T * d.D / t);
+    const double dense_grad = rt.mem(2 * kBf16 * d.V * d.D / t + kBf16 * T * d.D / t);  // a dense gradient of the table
+    out.bwd += dense_grad;
+    out.bwd_weight += dense_grad;
   }
   if (st.head) {
     const double logits = T * r.Vt;
-    const double out_proj = rf.gemm(T, d.D, r.Vt);
-    out.fwd += out_proj + rf.mem(2 * kBf16 * T * d.D / t);
-    out.bwd += 2 * out_proj + rf.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
+    const LinearTime out_proj = linear_time(rt, T, d.D, r.Vt);
+    out.fwd += out_proj.fwd + rt.mem(2 * kBf16 * T * d.D / t);
+    out.bwd += out_proj.bwd + rt.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
+    out.bwd_weight += rt.gemm(r.Vt, T, d.D);
   }
   // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter copy-in.
   const double gathers = sp.pp > 1 ? 1 : 2;
-  out.fsdp_mem = rf.mem(
+  out.fsdp_mem = rt.mem(
       gathers * 2 * kBf16 * psi +
       (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi : (kBf16 + kF32) * psi));
-  out.optimizer = rf.mem(kOptimizerBytesPerParam * psi / N);
+  out.optimizer = rt.mem(kOptimizerBytesPerParam * psi / N);
   // FSDP traffic per step: gathers of bf16 weights (forward, and again in
   // backward after resharding, except the root and the last block), a
-  // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards.
+  // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards; one
+  // collective per group each time.
+  const int64_t n = sp.dp_shard * sp.cp;
+  const double groups = static_cast<double>(st.layers) + (root > 0 ? 1 : 0);
+  const double gathered_groups = sp.pp > 1 ? groups : 2 * groups - (root > 0 ? 1 : 0) - (st.layers > 0 ? 1 : 0);
   const double ag_bytes = kBf16 * (sp.pp > 1 ? psi : psi + (psi - root - (st.layers > 0 ? r.layer_params : 0)));
-  out.rs = ring_seconds(kF32 * psi, sp.dp_shard, r.bw_shard);
-  out.ar = 2 * ring_seconds(kF32 * psi / N, sp.dp_replicate, r.bw_rep);
-  out.fsdp_comm = ring_seconds(ag_bytes, sp.dp_shard, r.bw_shard) + out.rs + out.ar;
-  out.first_group_ag =
-      ring_seconds(kBf16 * (st.embedding && root > 0 ? root : r.layer_params), sp.dp_shard, r.bw_shard);
-  out.p2p = kBf16 * T * d.D / t / r.bw_pp;
+  auto traffic = [&](double bytes, int64_t ranks, const Link& link, double calls) {
+    return ranks <= 1 ? 0.0 : ring_seconds(bytes, ranks, link) + (calls - 1) * link.latency;
+  };
+  out.rs = traffic(kF32 * psi, n, r.shard, groups);
+  out.ar = 2 * traffic(kF32 * psi / N, sp.dp_replicate, r.rep, groups);
+  out.fsdp_comm = traffic(ag_bytes, n, r.shard, gathered_groups) + out.rs + out.ar;
+  out.first_group_ag = ring_seconds(kBf16 * (st.embedding && root > 0 ? root : r.layer_params), n, r.shard);
+  out.p2p = kBf16 * T * d.D / t / r.p2p_bandwidth;
   return out;
 }
 
-// Without pipeline parallelism: the one stage's step, FSDP's collectives
-// beside compute except the first all-gather (nothing to hide it) and the
-// root's reduce-scatter and all-reduce (the backward's last).
+// Without pipeline parallelism: each of the accumulation's micro-steps runs
+// the forward and backward with FSDP's collectives beside compute, except the
+// first group's all-gather (nothing to hide it) and the root's reduce-scatter
+// and all-reduce (the backward's last); a collective beside compute takes its
+// SMs from it; eager PyTorch's dispatch sets the pace when it is slower than
+// the GPU. Then the optimizer steps.
 void single_stage_step(const RunTerms& r, const StageShape& st, const StageTime& time, GpuStepEstimate& out) {
   const GpuRunSpec& sp = r.sp;
+  const double a = static_cast<double>(sp.grad_accum);
   const double root = stage_params(r, st).root;
+  const int64_t n = sp.dp_shard * sp.cp;
   const double compute = time.fwd + time.bwd + time.fsdp_mem;
   const double tp_comm = time.tp_fwd + time.tp_bwd, cp_comm = time.cp_fwd + time.cp_bwd;
-  const double last_rs = ring_seconds(kF32 * root, sp.dp_shard, r.bw_shard) +
-                         2 * ring_seconds(kF32 * root / r.N, sp.dp_replicate, r.bw_rep);
-  const double exposed = time.first_group_ag + last_rs;
-  const double hidden = std::max(0.0, time.fsdp_comm - exposed);
-  const double body = std::max(compute + tp_comm + cp_comm, hidden);
-  out.compute_seconds = compute;
-  out.fsdp_comm_seconds = time.fsdp_comm;
-  out.exposed_comm_seconds = exposed + std::max(0.0, hidden - (compute + tp_comm + cp_comm));
+  const double last_rs =
+      ring_seconds(kF32 * root, n, r.shard) + 2 * ring_seconds(kF32 * root / r.N, sp.dp_replicate, r.rep);
+  const double edges = time.first_group_ag + last_rs;
+  const double hidden = std::max(0.0, time.fsdp_comm - edges);
+  const double base = compute + tp_comm + cp_comm;
+  const double contention = r.collective_sm_fraction * (std::min(hidden, base) + time.cp_hidden);
+  const double gpu = base + contention, host = time.host_fwd + time.host_bwd;
+  const double host_excess = std::max(0.0, host - gpu);
+  const double comm_excess = std::max(0.0, hidden - std::max(gpu, host));
+  out.compute_seconds = a * compute;
+  out.fsdp_comm_seconds = a * time.fsdp_comm;
+  out.tp_comm_seconds = a * tp_comm;
+  out.cp_comm_seconds = a * cp_comm;
+  out.exposed_comm_seconds = a * (edges + tp_comm + cp_comm + comm_excess);
   out.optimizer_seconds = time.optimizer;
-  out.tp_comm_seconds = tp_comm;
-  out.cp_comm_seconds = cp_comm;
-  out.step_seconds = time.first_group_ag + body + last_rs + time.optimizer;
+  out.overhead_seconds = a * (contention + host_excess) + time.optimizer;
+  out.step_seconds = out.compute_seconds + out.exposed_comm_seconds + out.overhead_seconds;
 }
 
-// With pipeline parallelism: the schedule simulated with every stage's
-// F, I and W times; the gradients are reduced only after the last
+// Under pipeline parallelism: a stage's forward (F) and backward, split into
+// its input-gradient (I) and weight-gradient (W) parts for the zero-bubble
+// schedules, each the GPU's time or eager PyTorch's dispatch, whichever is longer.
+struct StageCosts {
+  PipeCosts costs;
+  double gpu = 0, exposed = 0;  // per micro-batch, F + I + W
+};
+StageCosts pipeline_stage_costs(const RunTerms& r, const StageShape& st, const StageTime& time) {
+  const double m = static_cast<double>(r.m);
+  const double copies = time.fsdp_mem / (2 * m);  // FSDP's copies spread over the micro-batches
+  const double contention = r.collective_sm_fraction * time.cp_hidden;
+  const double f_gpu = time.fwd + copies + contention / 2, b_gpu = time.bwd + copies + contention / 2;
+  const double f_exp = time.tp_fwd + time.cp_fwd + (st.head ? 0 : time.p2p);
+  const double b_exp = time.tp_bwd + time.cp_bwd + (st.embedding ? 0 : time.p2p);
+  const double w_gpu = time.bwd_weight, i_gpu = b_gpu - w_gpu;
+  const double f = std::max(f_gpu + f_exp, time.host_fwd);
+  const double i = std::max(i_gpu + b_exp, time.host_bwd * i_gpu / b_gpu);
+  const double w = std::max(w_gpu, time.host_bwd * w_gpu / b_gpu);
+  StageCosts c;
+  c.costs = PipeCosts{f, i, w};
+  c.gpu = time.fwd + time.bwd + 2 * copies;
+  c.exposed = f_exp + b_exp;
+  return c;
+}
+
+// With pipeline parallelism: each micro-step's schedule simulated with every
+// stage's F, I and W costs; the gradients are reduced only after its last
 // micro-batch (nothing left to overlap), then the optimizer steps.
 void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, const std::vector<StageTime>& times,
-                   const PipeSchedule& schedule, GpuStepEstimate& out) {
-  const double m = static_cast<double>(r.m);
+                   const std::vector<StageCosts>& costs, const PipeSchedule& schedule, GpuStepEstimate& out) {
+  const GpuRunSpec& sp = r.sp;
+  const double m = static_cast<double>(r.m), a = static_cast<double>(sp.grad_accum);
   std::vector<PipeCosts> stage_costs;
-  double worst_stage_tail = 0, first_gather = 0, tp_comm = 0, cp_comm = 0;
-  for (size_t si = 0; si < shapes.size(); ++si) {
-    const StageShape& st = shapes[si];
-    const StageTime& time = times[si];
-    const double f = time.fwd + time.tp_fwd + time.cp_fwd + (st.head ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
-    const double b = time.bwd + time.tp_bwd + time.cp_bwd + (st.embedding ? 0 : time.p2p) + time.fsdp_mem / (2 * m);
-    stage_costs.push_back(PipeCosts{f, b / 2, b / 2});
-    tp_comm = std::max(tp_comm, (time.tp_fwd + time.tp_bwd) * m);
-    cp_comm = std::max(cp_comm, (time.cp_fwd + time.cp_bwd) * m);
-    worst_stage_tail = std::max(worst_stage_tail, time.rs + time.ar + time.optimizer);
-    first_gather = std::max(first_gather, time.first_group_ag);
-    out.fsdp_comm_seconds = std::max(out.fsdp_comm_seconds, time.fsdp_comm);
-    out.optimizer_seconds = std::max(out.optimizer_seconds, time.optimizer);
-    out.compute_seconds = std::max(out.compute_seconds, (f + b) * m);
-  }
+  for (const StageCosts& c : costs) stage_costs.push_back(c.costs);
   const PipeTimeline tl = simulate_pipeline_schedule(schedule, stage_costs);
-  double busiest = 0;
-  for (double b : tl.busy) busiest = std::max(busiest, b);
-  out.bubble_fraction = 1 - busiest / tl.makespan;
-  out.tp_comm_seconds = tp_comm;
-  out.cp_comm_seconds = cp_comm;
-  out.exposed_comm_seconds = first_gather + worst_stage_tail - out.optimizer_seconds;
-  out.step_seconds = first_gather + tl.makespan + worst_stage_tail;
+  const int ranks = schedule.placement.ranks;
+  // Per rank: its stages' communication tails, optimizer, first gather, and its share of the time.
+  std::vector<double> tail(static_cast<size_t>(ranks), 0), first(static_cast<size_t>(ranks), 0),
+      optimizer(static_cast<size_t>(ranks), 0), gpu(static_cast<size_t>(ranks), 0),
+      exposed(static_cast<size_t>(ranks), 0), fsdp(static_cast<size_t>(ranks), 0), tp(static_cast<size_t>(ranks), 0),
+      cp(static_cast<size_t>(ranks), 0);
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const size_t rk = static_cast<size_t>(schedule.placement.rank_of(static_cast<int>(si)));
+    const StageTime& time = times[si];
+    tail[rk] += time.rs + time.ar;
+    optimizer[rk] += time.optimizer;
+    first[rk] = std::max(first[rk], time.first_group_ag);
+    gpu[rk] += costs[si].gpu * m;
+    exposed[rk] += costs[si].exposed * m;
+    fsdp[rk] += time.fsdp_comm;
+    tp[rk] += (time.tp_fwd + time.tp_bwd) * m;
+    cp[rk] += (time.cp_fwd + time.cp_bwd) * m;
+  }
+  double first_gather = 0, worst_tail = 0, worst_opt = 0;
+  size_t busiest = 0;
+  for (size_t rk = 0; rk < static_cast<size_t>(ranks); ++rk) {
+    first_gather = std::max(first_gather, first[rk]);
+    worst_tail = std::max(worst_tail, tail[rk]);
+    worst_opt = std::max(worst_opt, optimizer[rk]);
+    if (tl.busy[rk] > tl.busy[busiest]) busiest = rk;
+  }
+  const double bubble = tl.makespan - tl.busy[busiest];
+  out.bubble_fraction = bubble / tl.makespan;
+  out.compute_seconds = a * gpu[busiest];
+  out.fsdp_comm_seconds = a * fsdp[busiest];
+  out.tp_comm_seconds = a * tp[busiest];
+  out.cp_comm_seconds = a * cp[busiest];
+  out.exposed_comm_seconds = a * (first_gather + exposed[busiest] + worst_tail);
+  out.bubble_seconds = a * bubble;
+  out.optimizer_seconds = worst_opt;
+  // What the busiest rank's busy time holds beyond its kernels and exposed
+  // collectives (host-bound actions, contention), then the optimizer.
+  const double rest = tl.busy[busiest] - gpu[busiest] - exposed[busiest];
+  out.overhead_seconds = a * std::max(0.0, rest) + worst_opt;
+  out.step_seconds = a * (first_gather + tl.makespan + worst_tail) + worst_opt;
+}
+
+// One rank's memory from the stages it holds: their states, gathered weights
+// and in-flight activations all at once (an upper bound: each stage's
+// activations peak at a different moment), plus the largest of their
+// transients; the streams' pools as the largest stage's.
+GpuStageMemory rank_memory(int rank, const std::vector<StageMemory>& held) {
+  if (held.size() == 1) {
+    GpuStageMemory m = held[0].mem;
+    m.stage = rank;
+    return m;
+  }
+  GpuStageMemory m;
+  m.stage = rank;
+  double persistent = 0, transient = 0, compute_transient = 0;
+  for (const StageMemory& s : held) {
+    const GpuStageMemory& x = s.mem;
+    m.layers += x.layers;
+    m.has_embedding = m.has_embedding || x.has_embedding;
+    m.has_head = m.has_head || x.has_head;
+    m.in_flight = std::max(m.in_flight, x.in_flight);
+    m.parameters += x.parameters;
+    m.optimizer += x.optimizer;
+    m.gradients += x.gradients;
+    m.grad_accumulators += x.grad_accumulators;
+    m.gathered_params += x.gathered_params;
+    m.activations += x.activations;
+    m.kept_outputs += x.kept_outputs;
+    m.pp_buffers += x.pp_buffers;
+    m.merged_outputs = std::max(m.merged_outputs, x.merged_outputs);
+    m.allgather_pool = std::max(m.allgather_pool, x.allgather_pool);
+    m.reduce_pool_extra = std::max(m.reduce_pool_extra, x.reduce_pool_extra);
+    persistent += s.persistent;
+    if (x.peak_allocated - s.persistent > transient) {
+      transient = x.peak_allocated - s.persistent;
+      m.peak_at = x.peak_at;
+      m.working = x.working;
+      m.loss_buffers = x.loss_buffers;
+    }
+    compute_transient = std::max(compute_transient, s.compute_reserved - s.persistent);
+  }
+  m.peak_allocated = persistent + transient;
+  m.reserved = persistent + compute_transient + m.gradients + m.reduce_pool_extra + m.allgather_pool;
+  return m;
 }
 
 }  // namespace
@@ -544,24 +765,49 @@ void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, con
 GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
   check_gpu_run(sp);
   const RunTerms r = run_terms(sp, hw);
-  const std::vector<StageShape> shapes = split_stages(sp.model, sp.pp);
-  std::vector<int> in_flight(shapes.size(), 1);
+  const int P = static_cast<int>(sp.pp), m = static_cast<int>(r.m);
+  // A schedule CSV fixes its own placement (and so the stages per rank); a
+  // named schedule is built from the stages' costs (ZBVZeroBubble plans with them).
   PipeSchedule schedule;
+  int V = 1;
   if (sp.pp > 1) {
-    schedule = make_pipeline_schedule(sp.pp_schedule, static_cast<int>(sp.pp), 1, static_cast<int>(r.m));
+    if (!sp.pp_schedule_csv.empty()) {
+      schedule = read_pipeline_schedule_csv(sp.pp_schedule_csv, P, m);
+      V = schedule.placement.stages() / P;
+    } else {
+      V = schedule_stages_per_rank(sp.pp_schedule, static_cast<int>(sp.pp_stages_per_rank));
+    }
+  }
+  const std::vector<StageShape> shapes = split_stages(sp.model, sp.pp * V);
+  std::vector<StageTime> times;
+  std::vector<StageCosts> costs;
+  for (const StageShape& st : shapes) {
+    times.push_back(stage_time(r, st));
+    costs.push_back(pipeline_stage_costs(r, st, times.back()));
+  }
+  std::vector<int> in_flight(shapes.size(), 1);
+  if (sp.pp > 1) {
+    if (sp.pp_schedule_csv.empty()) {
+      std::vector<PipeCosts> c;
+      for (const StageCosts& x : costs) c.push_back(x.costs);
+      schedule = make_pipeline_schedule(sp.pp_schedule, P, V, m, c);
+    }
     in_flight = stage_in_flight(schedule);
   }
   GpuStepEstimate out;
-  std::vector<StageTime> times;
+  std::vector<std::vector<StageMemory>> held(static_cast<size_t>(P));
   for (size_t si = 0; si < shapes.size(); ++si) {
-    out.stages.push_back(stage_memory(r, shapes[si], static_cast<int>(si), in_flight[si]));
+    const int rank = sp.pp > 1 ? schedule.placement.rank_of(static_cast<int>(si)) : 0;
+    held[static_cast<size_t>(rank)].push_back(stage_memory(r, shapes[si], static_cast<int>(si), in_flight[si]));
+  }
+  for (int rank = 0; rank < P; ++rank) {
+    out.stages.push_back(rank_memory(rank, held[static_cast<size_t>(rank)]));
     out.max_reserved = std::max(out.max_reserved, out.stages.back().reserved);
-    times.push_back(stage_time(r, shapes[si]));
   }
   if (sp.pp == 1)
     single_stage_step(r, shapes[0], times[0], out);
   else
-    pipeline_step(r, shapes, times, schedule, out);
+    pipeline_step(r, shapes, times, costs, schedule, out);
 
   const double local_tokens = static_cast<double>(sp.local_batch) * r.s;
   out.tokens_per_second_per_gpu = local_tokens / out.step_seconds / static_cast<double>(sp.cp * sp.tp * sp.pp);

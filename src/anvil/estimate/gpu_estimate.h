@@ -1,7 +1,8 @@
 // The GPU-cluster planner's model: what a torchtitan-style run (PyTorch eager,
 // FSDP2 with bf16 parameters gathered and fp32 gradients reduced, optional TP
 // with sequence parallel, CP and PP, the CUDA caching allocator) holds per GPU and
-// how fast it steps, from published hardware figures (estimate/gpu_hardware.h).
+// how fast it steps, from published hardware figures and measured rates
+// (estimate/gpu_hardware.h).
 // Nothing in it is fitted to a measurement; docs/estimator.md derives each
 // term and states the assumptions. This models torchtitan on GPUs, not
 // Anvil's own CPU runs (estimate/memory.h does those).
@@ -38,18 +39,27 @@ struct GpuRunSpec {
   int64_t tp = 1;            // tensor parallel, with sequence parallel and loss parallel
   // Context parallel: every sequence in 2·cp chunks, head-tail balanced; the
   // keys and values all-gathered over the cp group for each layer (PyTorch's
-  // allgather rotation, torchtitan's default); FSDP shards over dp_shard × cp.
+  // allgather rotation, torchtitan's default) or passed round a ring beside
+  // the attention; FSDP shards over dp_shard × cp.
   int64_t cp = 1;
+  std::string cp_rotate = "allgather";  // or "ring"
   int64_t pp = 1;
-  std::string pp_schedule = "1F1B";  // GPipe or 1F1B: one stage per rank
-  int64_t microbatch_size = 1;       // under PP: local_batch / microbatch_size micro-batches
+  // Any schedule Anvil trains (pipeline/schedule.h): GPipe, 1F1B, Interleaved1F1B,
+  // LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble; or a CSV file's.
+  std::string pp_schedule = "1F1B";
+  int64_t pp_stages_per_rank = 0;  // the looped schedules' stages per rank (0: their default, 2)
+  std::string pp_schedule_csv;     // a schedule CSV (parallelism.pipeline_parallel_schedule_csv); wins over the name
+  int64_t microbatch_size = 1;     // under PP: local_batch / (grad_accum · microbatch_size) micro-batches
+  // Gradient accumulation: the local batch runs as grad_accum forward and
+  // backward passes (FSDP gathers and reduce-scatters in each), one optimizer step.
+  int64_t grad_accum = 1;
   // Seed 000's bug (PyTorch before PR #165822): the last stage appends every
   // micro-batch's output to output_chunks and concatenates them when the step ends.
   bool keep_pp_outputs = false;
   TorchtitanEra era = TorchtitanEra::v0_1_0;
 
   int64_t gpus() const { return dp_shard * dp_replicate * cp * tp * pp; }
-  int64_t micro_batches() const { return pp > 1 ? local_batch / microbatch_size : 1; }
+  int64_t micro_batches() const { return pp > 1 ? local_batch / grad_accum / microbatch_size : 1; }
 };
 
 // One pipeline stage's memory per GPU, in bytes. The caching allocator is
@@ -81,17 +91,23 @@ struct GpuStageMemory {
   std::string peak_at;           // which moment of the step the compute stream peaks in
 };
 
+// The step's time is the sum of four parts (the breakdown `anvil plan`
+// prints): compute (the GPU's kernels), exposed communication, the pipeline
+// bubble and overhead (collectives' SMs taken from compute, eager PyTorch's
+// dispatch where it is slower than the GPU, the optimizer step).
 struct GpuStepEstimate {
-  std::vector<GpuStageMemory> stages;  // one per pipeline stage (one when pp == 1)
+  std::vector<GpuStageMemory> stages;  // one per pipeline rank (one when pp == 1), with every stage it holds
   double max_reserved = 0;
   bool fits = false;                // every stage's reserved <= the GPU's memory
-  double compute_seconds = 0;       // per rank: the roofline's sum over ops (the slowest stage under PP)
+  double compute_seconds = 0;       // the GPU's kernels on the critical path (under PP: the busiest rank's)
   double fsdp_comm_seconds = 0;     // all-gathers, reduce-scatters (and HSDP all-reduce) per step
   double tp_comm_seconds = 0;       // TP's collectives (not overlapped)
   double cp_comm_seconds = 0;       // CP's key/value all-gathers and their gradients' reduce-scatters (not overlapped)
   double exposed_comm_seconds = 0;  // communication that compute does not hide
-  double optimizer_seconds = 0;
-  double bubble_fraction = 0;  // PP: idle / step of the busiest stage under the schedule's simulation
+  double optimizer_seconds = 0;     // (part of the overhead)
+  double bubble_fraction = 0;       // PP: idle / makespan of the busiest rank under the schedule's simulation
+  double bubble_seconds = 0;
+  double overhead_seconds = 0;
   double step_seconds = 0;
   double tokens_per_second_per_gpu = 0;  // torchtitan's definition: local tokens / step / (cp · tp · pp)
   double flops_per_token = 0;            // the numerator MFU uses, per the era's definition

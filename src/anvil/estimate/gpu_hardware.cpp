@@ -6,40 +6,70 @@ namespace anvil {
 
 namespace {
 
-// Sources (also listed in docs/estimator.md):
-//  [A100]  NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/
-//          pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), SXM column: BF16 tensor core 312 TFLOPS
-//          (624 with sparsity); 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s; NVLink 600 GB/s.
+// Sources (also listed in docs/estimator.md). Datasheets:
+//  [A100]  NVIDIA A100 Tensor Core GPU datasheet, SXM column: BF16 tensor core 312 TFLOPS (624 with
+//          sparsity); 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s; NVLink 600 GB/s. 108 SMs (A100 whitepaper).
 //  [DGXA]  NVIDIA DGX A100 datasheet / user guide (DU-09821-001): 8 A100 GPUs; 8 single-port
 //          ConnectX-6 200 Gb/s HDR InfiniBand adapters for the compute fabric (one per GPU).
 //  [H100]  NVIDIA H100 Tensor Core GPU datasheet, SXM5 column: BF16 tensor core 1,979 TFLOPS with
-//          sparsity, so 989 dense; 80GB HBM3 3.35 TB/s; NVLink 900 GB/s.
+//          sparsity, so 989 dense; 80GB HBM3 3.35 TB/s; NVLink 900 GB/s. 132 SMs (H100 whitepaper).
 //  [DGXH]  NVIDIA DGX H100 datasheet / user guide: 8 H100 GPUs; 8 ConnectX-7 400 Gb/s NDR
 //          InfiniBand ports for the compute fabric (one per GPU).
 //  [H200]  NVIDIA H200 Tensor Core GPU datasheet, SXM column: BF16 1,979 TFLOPS with sparsity
-//          (989 dense); 141GB HBM3e 4.8 TB/s; NVLink 900 GB/s. DGX H200: as DGX H100 [DGXH].
-//  [FA2]   Tri Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning",
-//          arXiv:2307.08691 (2023), abstract: "reaching 50-73% of the theoretical maximum FLOPs/s on
-//          A100". The planner takes the upper end, 0.73 (so its step time is a lower bound).
-//  [FA3]   Shah et al., "FlashAttention-3", arXiv:2407.08608 (2024), abstract: "FlashAttention-2
-//          achieving only 35% utilization on the H100 GPU": 0.35 on H100 and H200 (same SMs).
+//          (989 dense); 141GB HBM3e 4.8 TB/s; NVLink 900 GB/s; the H100's GH100 die (132 SMs).
+//          DGX H200: as DGX H100 [DGXH].
 // NVLink figures are bidirectional totals: per direction is half. InfiniBand: 200 Gb/s = 25 GB/s and
 // 400 Gb/s = 50 GB/s per direction.
+// Measured rates:
+//  [MAMF]  S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, "Maximum
+//          Achievable Matmul FLOPS comparison table" (bf16 matmul, best shape found by mamf-finder.py):
+//          A100 SXM 267.9 TFLOPS (85.9%, CUDA 12.1), H100 SXM 792.1 (80.1%, CUDA 12.1). H200 takes the
+//          H100's figure: the same die, clocks and power limit, and a compute-bound GEMM does not
+//          see the faster memory.
+//  [FA2]   T. Dao, "FlashAttention-2", arXiv:2307.08691, Introduction: "reaching up to 73% of the
+//          theoretical max throughput in the forward pass, and up to 63% of the theoretical max
+//          throughput in the backward pass" (A100); section 4.1: "we obtain up to 335 TFLOPs/s"
+//          forward + backward on H100, 34% of 989.
+//  [HBM]   A read kernel on an A100 80GB SXM reaching 1.80 of the 2.04 TB/s (88%, Nsight Compute
+//          agreeing), and "the maximum memory bandwidth achieved by any kernel was around 90%" in
+//          NVIDIA's GTC talk it cites: forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-
+//          of-a100/339083. 0.88 for every GPU.
+//  [CLK]   G. Lockwood, "Peak FLOPS" (glennklockwood.com/garden/peak-FLOPS): NVIDIA computes the A100's
+//          HPL Rpeak at "the clock that can be sustained at a GPU's power limit while running HPL (e.g.,
+//          1305 MHz for A100)", against its 1410 MHz boost clock: 0.926 for a run that keeps the tensor
+//          cores busy for hours. No such figure was found for the H100 or H200: 1.
 const std::vector<GpuHardware>& table() {
   static const std::vector<GpuHardware> t = {
       {"h100-80g", "NVIDIA H100 SXM5 80GB (DGX H100: NVLink 4, 8x400 Gb/s NDR)", 989e12, 80e9, 3.35e12, 450e9, 50e9, 8,
-       0.35},
+       132, 792.1e12, 0.34, 0.34, 0.88, 1.0},
       {"a100-80g", "NVIDIA A100 SXM4 80GB (DGX A100: NVLink 3, 8x200 Gb/s HDR)", 312e12, 80e9, 2.039e12, 300e9, 25e9, 8,
-       0.73},
+       108, 267.9e12, 0.73, 0.63, 0.88, 1305.0 / 1410.0},
       {"a100-40g", "NVIDIA A100 SXM4 40GB (DGX A100: NVLink 3, 8x200 Gb/s HDR)", 312e12, 40e9, 1.555e12, 300e9, 25e9, 8,
-       0.73},
-      {"h200", "NVIDIA H200 SXM 141GB (DGX H200: NVLink 4, 8x400 Gb/s NDR)", 989e12, 141e9, 4.8e12, 450e9, 50e9, 8,
-       0.35},
+       108, 267.9e12, 0.73, 0.63, 0.88, 1305.0 / 1410.0},
+      {"h200", "NVIDIA H200 SXM 141GB (DGX H200: NVLink 4, 8x400 Gb/s NDR)", 989e12, 141e9, 4.8e12, 450e9, 50e9, 8, 132,
+       792.1e12, 0.34, 0.34, 0.88, 1.0},
   };
   return t;
 }
 
 }  // namespace
+
+// [NCCL]  S. Bekman, "Machine Learning Engineering", network/benchmarks/README.md (all_reduce_bench.py
+//         and nccl-tests tables): one 8 x H200 node, ring (NVLS off), 365.6 GB/s bus bandwidth at
+//         8 GiB against NVLink 4's 450 GB/s per direction (0.81); four 8 x B200 nodes, 376.71 GB/s at
+//         16 GiB against their 8 x 400 Gb/s NICs' 400 GB/s per node (0.94); the smallest payload
+//         (32 KiB) all-reduced in 18 us on one node (3.15 GB/s bus bandwidth on 8 ranks) and in 98 us
+//         across four nodes (0.65 GB/s on 32 ranks).
+// [SMS]   An H100 profile of FSDP's prefetch pattern (a GEMM beside ncclAllGather) shows the
+//         all-gather kernel launching 24 blocks, one per SM, for as long as it runs:
+//         forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-performance-
+//         degradation-because-of-tail-effect/337991.
+// [HTA]   Meta's Holistic Trace Analysis docs, "CUDA kernel launch stats": "Usually, the launch time on
+//         the CPU side is between 5-20 microseconds": the middle, 10 us per op.
+const GpuSoftware& gpu_software() {
+  static const GpuSoftware s{365.6 / 450, 376.71 / 400, 18e-6, 98e-6, 24, 10e-6};
+  return s;
+}
 
 std::vector<std::string> known_gpu_hardware() {
   std::vector<std::string> out;

@@ -1,7 +1,9 @@
 // The GPUs the cluster planner (estimate/gpu_estimate.h) knows: published figures
-// only, each with its source beside it (and in docs/estimator.md). The
-// planner models a torchtitan run on these machines; nothing here describes
-// the CPU Anvil itself runs on (that is core/cpu_peak.h).
+// only, each with its source beside it (and in docs/estimator.md). Two kinds:
+// the datasheet's peaks (what MFU is measured against) and the rates kernels
+// are measured to reach (what the step time is computed from). None of them
+// comes from a torchtitan run. Nothing here describes the CPU Anvil itself
+// runs on (that is core/cpu_peak.h).
 #pragma once
 #include <string>
 #include <vector>
@@ -11,16 +13,35 @@ namespace anvil {
 struct GpuHardware {
   std::string name;                // "a100-80g", ...
   std::string description;         // "NVIDIA A100 SXM4 80GB in a DGX A100"
-  double peak_bf16_flops = 0;      // dense bf16 tensor-core FLOP/s (no sparsity)
+  double peak_bf16_flops = 0;      // dense bf16 tensor-core FLOP/s (no sparsity): MFU's denominator
   double hbm_bytes = 0;            // memory capacity, bytes (published GB × 1e9)
-  double hbm_bandwidth = 0;        // bytes/s
+  double hbm_bandwidth = 0;        // bytes/s, datasheet
   double nvlink_bandwidth = 0;     // bytes/s per GPU per direction (half the published bidirectional total)
   double internode_bandwidth = 0;  // bytes/s per GPU per direction: the node's compute NICs ÷ its GPUs
   int gpus_per_node = 0;
-  // The fraction of peak attention reaches (PyTorch's SDPA flash backend is
-  // FlashAttention-2): published figures, the only efficiency the planner uses.
-  double attention_efficiency = 1;
+  int sms = 0;  // streaming multiprocessors: what GEMM tiles are scheduled on in waves
+
+  // Achievable rates, each a published measurement (docs/estimator.md).
+  double matmul_flops = 0;               // bf16 GEMM at its best shape (maximum achievable matmul FLOP/s)
+  double flash_forward_efficiency = 0;   // FlashAttention-2 forward, fraction of the peak
+  double flash_backward_efficiency = 0;  // and backward
+  double hbm_efficiency = 0;             // fraction of hbm_bandwidth a streaming kernel reaches
+  // The tensor cores' clock sustained at the power limit over the boost clock
+  // the peaks (and short benchmarks) run at; 1 where no figure is published.
+  double sustained_clock_ratio = 1;
 };
+
+// The measured behaviour of NCCL and eager PyTorch the planner uses for every
+// GPU (published figures, docs/estimator.md).
+struct GpuSoftware {
+  double nvlink_efficiency;     // ring bus bandwidth ÷ NVLink per direction, inside a node
+  double internode_efficiency;  // ring bus bandwidth ÷ the node's NIC bandwidth per GPU, across nodes
+  double intranode_latency;     // seconds a small collective takes inside a node
+  double internode_latency;     // ... across nodes
+  int collective_sms;           // SMs one NCCL collective kernel occupies while it runs
+  double host_seconds_per_op;   // eager PyTorch's CPU time to dispatch one op and launch its kernel
+};
+const GpuSoftware& gpu_software();
 
 // The entry named `name`; throws anvil::Error listing the known names.
 const GpuHardware& gpu_hardware(const std::string& name);

@@ -1,6 +1,10 @@
 #include "anvil/estimate/gpu_search.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
+
+#include "anvil/core/error.h"
 
 namespace anvil {
 
@@ -8,40 +12,70 @@ namespace {
 // CP degrees are tried while each rank keeps this many tokens of a sequence:
 // below it the chunks' attention is too small to pay for the gathers.
 constexpr int64_t kMinCpTokens = 1024;
+// Every named schedule Anvil trains.
+constexpr const char* kSchedules[] = {"GPipe",        "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                      "ZBVZeroBubble"};
 }  // namespace
 
 GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus) {
   GpuPlanResult out;
   const std::vector<AcPolicy> acs = {
       {AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2}, {AcMode::full, 2}};
+  const int64_t L = base.model.n_layers;
+  auto consider = [&](const GpuRunSpec& s) {
+    ++out.tried;
+    try {
+      const GpuStepEstimate e = estimate_gpu_run(s, hw);
+      if (e.fits) out.rows.push_back({s, e});
+    } catch (const Error&) {
+      // A schedule that cannot run this many micro-batches on these ranks: not a layout.
+    }
+  };
   for (int64_t tp = 1; tp <= hw.gpus_per_node && tp <= gpus; tp *= 2) {
     if (gpus % tp || base.model.n_heads % tp || base.model.n_kv_heads % tp) continue;
     for (int64_t cp = 1; cp <= gpus / tp && base.seq_len / cp >= kMinCpTokens; cp *= 2) {
       if ((gpus / tp) % cp || (cp > 1 && base.seq_len % (2 * cp))) continue;
-      for (int64_t pp = 1; pp <= gpus / tp / cp && pp <= base.model.n_layers / 2; pp *= 2) {
+      for (int64_t pp = 1; pp <= gpus / tp / cp && pp <= L / 2; pp *= 2) {
         if ((gpus / tp / cp) % pp || (pp > 1 && base.model.tie_embeddings)) continue;
         const int64_t dp = gpus / tp / cp / pp;
         for (int64_t rep = 1; rep <= dp && (dp / rep) * cp >= 2; rep *= 2) {
           if (dp % rep) continue;
           for (const AcPolicy& ac : acs)
             for (int64_t lb = 1; lb <= 16; lb *= 2)
-              for (int64_t mbs = 1; mbs <= (pp > 1 ? lb : 1); mbs *= 2) {
-                if (pp > 1 && lb / mbs < pp) continue;
-                GpuRunSpec s = base;
-                s.tp = tp;
-                s.cp = cp;
-                s.pp = pp;
-                s.dp_replicate = rep;
-                s.dp_shard = dp / rep;
-                s.ac = ac;
-                s.local_batch = lb;
-                s.microbatch_size = pp > 1 ? mbs : 1;
-                s.pp_schedule = "1F1B";
-                s.keep_pp_outputs = false;
-                ++out.tried;
-                const GpuStepEstimate e = estimate_gpu_run(s, hw);
-                if (e.fits) out.rows.push_back({s, e});
-              }
+              for (int64_t accum = 1; accum <= 4 && accum <= lb; accum *= 2)
+                for (int64_t mbs = 1; mbs <= (pp > 1 ? lb / accum : 1); mbs *= 2) {
+                  const int64_t m = lb / accum / mbs;
+                  if (pp > 1 && m < pp) continue;
+                  GpuRunSpec s = base;
+                  s.tp = tp;
+                  s.cp = cp;
+                  s.pp = pp;
+                  s.dp_replicate = rep;
+                  s.dp_shard = dp / rep;
+                  s.ac = ac;
+                  s.local_batch = lb;
+                  s.grad_accum = accum;
+                  s.microbatch_size = pp > 1 ? mbs : 1;
+                  s.keep_pp_outputs = false;
+                  s.pp_schedule_csv.clear();
+                  s.pp_stages_per_rank = 0;
+                  const std::vector<std::string> rotations =
+                      cp > 1 ? std::vector<std::string>{"allgather", "ring"} : std::vector<std::string>{base.cp_rotate};
+                  for (const std::string& rotate : rotations) {
+                    s.cp_rotate = rotate;
+                    if (pp == 1) {
+                      consider(s);
+                      continue;
+                    }
+                    for (const char* schedule : kSchedules) {
+                      s.pp_schedule = schedule;
+                      // Two stages per rank for the looped and V schedules, each at least two blocks.
+                      const bool looped = std::string(schedule) != "1F1B" && std::string(schedule) != "GPipe";
+                      if (looped && 2 * pp > L / 2) continue;
+                      consider(s);
+                    }
+                  }
+                }
         }
       }
     }
@@ -49,6 +83,30 @@ GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, 
   std::stable_sort(out.rows.begin(), out.rows.end(), [](const GpuPlanRow& x, const GpuPlanRow& y) {
     return x.estimate.tokens_per_second_per_gpu > y.estimate.tokens_per_second_per_gpu;
   });
+  return out;
+}
+
+namespace {
+std::string layout_key(const GpuRunSpec& s) {
+  return std::to_string(s.dp_shard) + "/" + std::to_string(s.dp_replicate) + "/" + std::to_string(s.cp) + "/" +
+         (s.cp > 1 ? s.cp_rotate : "") + "/" + std::to_string(s.tp) + "/" + std::to_string(s.pp) + "/" +
+         (s.pp > 1 ? s.pp_schedule : "");
+}
+}  // namespace
+
+std::vector<GpuPlanRow> distinct_layouts(const std::vector<GpuPlanRow>& rows) {
+  std::vector<GpuPlanRow> out;
+  std::set<std::string> seen;
+  for (const GpuPlanRow& r : rows)
+    if (seen.insert(layout_key(r.spec)).second) out.push_back(r);
+  return out;
+}
+
+std::vector<GpuPlanRow> fastest_per_schedule(const std::vector<GpuPlanRow>& rows) {
+  std::vector<GpuPlanRow> out;
+  std::set<std::string> seen;
+  for (const GpuPlanRow& r : rows)
+    if (r.spec.pp > 1 && seen.insert(r.spec.pp_schedule).second) out.push_back(r);
   return out;
 }
 

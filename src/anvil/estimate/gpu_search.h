@@ -23,10 +23,20 @@ struct GpuPlanResult {
 // `base` gives the model, sequence length and era; its layout, AC and batch
 // fields are what the search varies: TP 1, 2, 4, 8 within a node (dividing the
 // heads and KV heads), CP 1, 2, 4, ... while each rank keeps at least 1024
-// tokens of a sequence, PP 1, 2, 4, ... (1F1B, at least two blocks per stage,
-// micro-batches of 1, 2, 4, ... sequences, at least as many as stages), HSDP
-// replicas in powers of two leaving FSDP (dp_shard × cp) at least 2 ranks, AC
-// none, selective op, selective every 2nd block, full, and local batch 1 to 16.
+// tokens of a sequence (both rotations, all-gather and ring), PP 1, 2, 4, ...
+// under every named schedule (GPipe, 1F1B, and two stages per rank for the
+// looped and V ones; at least two blocks per stage; micro-batches of 1, 2, 4,
+// ... sequences, at least as many as pipeline ranks), HSDP replicas in powers
+// of two leaving FSDP (dp_shard × cp) at least 2 ranks, AC none, selective op,
+// selective every 2nd block, full, local batch 1 to 16 and gradient
+// accumulation 1, 2, 4 over it.
 GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus);
+
+// The fastest row of each layout (its parallel degrees, CP rotation and
+// pipeline schedule), fastest first: what differs only in batch, AC or
+// accumulation is one choice of layout. `rows` as the search returns them.
+std::vector<GpuPlanRow> distinct_layouts(const std::vector<GpuPlanRow>& rows);
+// The fastest row under each pipeline schedule that has one, fastest first.
+std::vector<GpuPlanRow> fastest_per_schedule(const std::vector<GpuPlanRow>& rows);
 
 }  // namespace anvil
