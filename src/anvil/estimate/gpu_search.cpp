@@ -1,6 +1,7 @@
 #include "anvil/estimate/gpu_search.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
@@ -87,6 +88,8 @@ GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, 
 }
 
 namespace {
+constexpr double kSameSpeed = 0.99;
+
 std::string layout_key(const GpuRunSpec& s) {
   return std::to_string(s.dp_shard) + "/" + std::to_string(s.dp_replicate) + "/" + std::to_string(s.cp) + "/" +
          (s.cp > 1 ? s.cp_rotate : "") + "/" + std::to_string(s.tp) + "/" + std::to_string(s.pp) + "/" +
@@ -95,17 +98,35 @@ std::string layout_key(const GpuRunSpec& s) {
 }  // namespace
 
 std::vector<GpuPlanRow> distinct_layouts(const std::vector<GpuPlanRow>& rows) {
+  // Per layout, its fastest row; then, among that layout's rows within 1% of
+  // it, the one with the smallest global batch (fewest accumulation steps):
+  // the same speed from a smaller batch is the better choice.
+  std::map<std::string, double> best;
+  for (const GpuPlanRow& r : rows) {
+    double& b = best[layout_key(r.spec)];
+    b = std::max(b, r.estimate.tokens_per_second_per_gpu);
+  }
+  std::map<std::string, const GpuPlanRow*> chosen;
+  for (const GpuPlanRow& r : rows) {
+    const std::string key = layout_key(r.spec);
+    if (r.estimate.tokens_per_second_per_gpu < kSameSpeed * best[key]) continue;
+    const GpuPlanRow*& c = chosen[key];
+    if (!c || r.spec.local_batch < c->spec.local_batch ||
+        (r.spec.local_batch == c->spec.local_batch && r.spec.grad_accum < c->spec.grad_accum))
+      c = &r;
+  }
   std::vector<GpuPlanRow> out;
-  std::set<std::string> seen;
-  for (const GpuPlanRow& r : rows)
-    if (seen.insert(layout_key(r.spec)).second) out.push_back(r);
+  for (const auto& [key, r] : chosen) out.push_back(*r);
+  std::stable_sort(out.begin(), out.end(), [](const GpuPlanRow& x, const GpuPlanRow& y) {
+    return x.estimate.tokens_per_second_per_gpu > y.estimate.tokens_per_second_per_gpu;
+  });
   return out;
 }
 
 std::vector<GpuPlanRow> fastest_per_schedule(const std::vector<GpuPlanRow>& rows) {
   std::vector<GpuPlanRow> out;
   std::set<std::string> seen;
-  for (const GpuPlanRow& r : rows)
+  for (const GpuPlanRow& r : distinct_layouts(rows))
     if (r.spec.pp > 1 && seen.insert(r.spec.pp_schedule).second) out.push_back(r);
   return out;
 }

@@ -32,9 +32,10 @@ struct GpuPlanResult {
 // accumulation 1, 2, 4 over it.
 GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus);
 
-// The fastest row of each layout (its parallel degrees, CP rotation and
-// pipeline schedule), fastest first: what differs only in batch, AC or
-// accumulation is one choice of layout. `rows` as the search returns them.
+// One row per layout (its parallel degrees, CP rotation and pipeline
+// schedule), fastest first: what differs only in batch, AC or accumulation is
+// one choice of layout. Each layout's row is its fastest, or, within 1% of
+// that, the one with the smallest global batch. `rows` as the search returns them.
 std::vector<GpuPlanRow> distinct_layouts(const std::vector<GpuPlanRow>& rows);
 // The fastest row under each pipeline schedule that has one, fastest first.
 std::vector<GpuPlanRow> fastest_per_schedule(const std::vector<GpuPlanRow>& rows);

@@ -102,16 +102,16 @@ std::string seed_tables_markdown() {
   out += "\n### Seed 001: FSDP2 on 64 A100-80GB (tokens/s per GPU and MFU)\n\n";
   out +=
       "| model | local batch | AC | WPS predicted | WPS published | error | MFU predicted | MFU published | "
-      "error | step (s) | compute (s) | FSDP comm (s) | max reserved (GiB) |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "error | step (s) | compute | exposed comm | overhead | max reserved (GiB) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Seed001Row& r : seed001_rows()) {
     const GpuStepEstimate e = estimate_gpu_run(r.spec, a100);
     std::snprintf(b, sizeof b,
-                  "| %s | %d | %s | %.0f | %.0f | %s | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.2f | %.1f |\n",
+                  "| %s | %d | %s | %.0f | %.0f | %s | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.2f | %.2f | %.1f |\n",
                   r.model.c_str(), r.batch, r.ac.c_str(), e.tokens_per_second_per_gpu, r.wps,
                   pct(relative_error(e.tokens_per_second_per_gpu, r.wps)).c_str(), 100 * e.mfu, r.mfu_pct,
                   pct(relative_error(100 * e.mfu, r.mfu_pct)).c_str(), e.step_seconds, e.compute_seconds,
-                  e.fsdp_comm_seconds, e.max_reserved / kGiB);
+                  e.exposed_comm_seconds, e.overhead_seconds, e.max_reserved / kGiB);
     out += b;
   }
   out += "\n### Seed 001's footnote: Llama 2 70B on 64 A100-80GB (80 GB = 74.5 GiB)\n\n";
