@@ -4,7 +4,9 @@
 # and seed 001 (torchtitan's FSDP2 tokens/s per GPU and MFU on 64 A100-80GB,
 # and the footnote's out-of-memory rows). Prints the markdown tables that
 # docs/estimator.md shows, each row with its error. No GPU needed: these are
-# predictions from published hardware figures (src/anvil/estimate/gpu_hardware.cpp).
+# predictions from published hardware figures and measured kernel rates
+# (src/anvil/estimate/gpu_hardware.cpp). The last line counts the rows within
+# the targets (seed 000 10%, seed 001 15%).
 #
 #   bench/estimator_seeds.sh
 set -euo pipefail

@@ -1,5 +1,6 @@
 #include "anvil/estimate/gpu_seeds.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -83,6 +84,8 @@ std::string seed_tables_markdown() {
   std::string out;
   char b[512];
   const GpuHardware& h100 = gpu_hardware("h100-80g");
+  double worst000 = 0, worst001 = 0;
+  int within000 = 0, within001 = 0, n000 = 0, n001 = 0;
   out +=
       "### Seed 000: FSDP 2 x PP 2, 1F1B, Llama 3 8B pruned to 16 layers, seq 4096, AC full "
       "(max reserved, GiB)\n\n";
@@ -92,6 +95,11 @@ std::string seed_tables_markdown() {
   for (const Seed000Row& r : seed000_rows()) {
     const GpuStepEstimate e = estimate_gpu_run(r.spec, h100);
     const double p0 = e.stages.front().reserved / kGiB, pl = e.stages.back().reserved / kGiB;
+    for (const double err : {relative_error(p0, r.stage0_gib), relative_error(pl, r.last_gib)}) {
+      worst000 = std::max(worst000, std::abs(err));
+      within000 += std::abs(err) <= 0.10;
+      ++n000;
+    }
     std::snprintf(b, sizeof b, "| %s | %d | %.2f | %.2f | %s | %.2f | %.2f | %s | %s |\n",
                   r.keep_outputs ? "yes" : "no", r.micro_batches, p0, r.stage0_gib,
                   pct(relative_error(p0, r.stage0_gib)).c_str(), pl, r.last_gib,
@@ -106,6 +114,11 @@ std::string seed_tables_markdown() {
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Seed001Row& r : seed001_rows()) {
     const GpuStepEstimate e = estimate_gpu_run(r.spec, a100);
+    const double err = std::max(std::abs(relative_error(e.tokens_per_second_per_gpu, r.wps)),
+                                std::abs(relative_error(100 * e.mfu, r.mfu_pct)));
+    worst001 = std::max(worst001, err);
+    within001 += err <= 0.15;
+    ++n001;
     std::snprintf(b, sizeof b,
                   "| %s | %d | %s | %.0f | %.0f | %s | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.2f | %.2f | %.1f |\n",
                   r.model.c_str(), r.batch, r.ac.c_str(), e.tokens_per_second_per_gpu, r.wps,
@@ -116,12 +129,19 @@ std::string seed_tables_markdown() {
   }
   out += "\n### Seed 001's footnote: Llama 2 70B on 64 A100-80GB (80 GB = 74.5 GiB)\n\n";
   out += "| local batch | AC | predicted max reserved (GiB) | predicted | published |\n|---|---|---|---|---|\n";
+  int footnote_ok = 0;
   for (const FootnoteRow& r : seed001_footnote_rows()) {
     const GpuStepEstimate e = estimate_gpu_run(r.spec, a100);
     std::snprintf(b, sizeof b, "| %d | %s | %.1f | %s | %s |\n", r.batch, r.ac.c_str(), e.max_reserved / kGiB,
                   e.fits ? "fits" : "out of memory", r.ran ? "ran" : "out of memory");
     out += b;
+    footnote_ok += e.fits == r.ran;
   }
+  std::snprintf(b, sizeof b,
+                "\nSeed 000: %d of %d figures within 10%% (worst %.2f%%). Seed 001: %d of %d rows within 15%% in "
+                "tokens/s and MFU (worst %.2f%%). Footnote: %d of 4 rows as published.\n",
+                within000, n000, 100 * worst000, within001, n001, 100 * worst001, footnote_ok);
+  out += b;
   return out;
 }
 
