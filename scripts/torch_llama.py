@@ -18,6 +18,10 @@ from config.json's fields alone, and prints the mean cross-entropy in fp32 of
 the "tokens" and "targets" (I32, (B, T); target -100 is ignored) in FILE as one
 JSON line (also written to --out when given).
 
+HF-generate mode (--hf-generate FOLDER --prompt-ids 1,2,3 --max-new-tokens N)
+continues the prompt greedily in fp32, recomputing the whole sequence every
+step, and prints the new ids and each step's top-two logit margin as JSON.
+
 RoPE rotates halves (Hugging Face's rotate_half), as Anvil does.
 """
 import argparse
@@ -119,6 +123,13 @@ class Llama(torch.nn.Module):
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
     def forward(self, tokens, targets):
+        logits = self.logits(tokens)
+        targets = targets.long().view(-1)
+        loss_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets, ignore_index=-100, reduction="sum")
+        return loss_sum, int((targets != -100).sum())
+
+    def logits(self, tokens):
+        """(B, T, V) fp32 logits of every position, the whole sequence recomputed."""
         cfg = self.cfg
         B, T = tokens.shape
         Hq, Hkv = cfg["n_heads"], cfg["n_kv_heads"]
@@ -146,10 +157,7 @@ class Llama(torch.nn.Module):
             h = h + (F.silu(g) * u) @ self.p(pre + "mlp.down_proj.weight").t()
         h = self.rms_norm(h, self.p("model.norm.weight"))
         out_w = self.p("model.embed_tokens.weight") if cfg["tie_embeddings"] else self.p("lm_head.weight")
-        logits = (h @ out_w.t()).float()
-        targets = targets.long().view(-1)
-        loss_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets, ignore_index=-100, reduction="sum")
-        return loss_sum, int((targets != -100).sum())
+        return (h @ out_w.t()).float()
 
 
 def parity(folder, threads):
@@ -188,9 +196,8 @@ def read_hf_weights(folder):
     return {name: out[name] for name in index["weight_map"]}
 
 
-def hf_eval(folder, tokens_path, out_path, threads):
-    """Mean cross-entropy of a Hugging Face Llama folder in fp32, the model built from config.json alone."""
-    torch.set_num_threads(threads)
+def hf_model(folder, max_seq_len):
+    """A Hugging Face Llama folder as the Llama above in fp32, built from config.json's fields alone."""
     hf = json.load(open(f"{folder}/config.json"))
     assert hf["model_type"] == "llama" and hf.get("hidden_act", "silu") == "silu", hf
     assert not hf.get("attention_bias", False) and not hf.get("mlp_bias", False), "biases are not modelled here"
@@ -204,11 +211,9 @@ def hf_eval(folder, tokens_path, out_path, threads):
     else:
         assert rs is None or rs.get("rope_type", rs.get("type")) == "default", f"rope_scaling {rs} not modelled"
         scaling = {"enabled": False}
-    batch = read_safetensors(tokens_path)
-    tokens, targets = batch["tokens"], batch["targets"]
     cfg = {"dim": hf["hidden_size"], "n_layers": hf["num_hidden_layers"], "n_heads": heads,
            "n_kv_heads": hf.get("num_key_value_heads", heads), "norm_eps": hf.get("rms_norm_eps", 1e-6),
-           "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling, "max_seq_len": tokens.shape[-1],
+           "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling, "max_seq_len": max_seq_len,
            "tie_embeddings": hf.get("tie_word_embeddings", False)}
     weights = read_hf_weights(folder)
     weights = {n: w for n, w in weights.items() if not n.endswith("rotary_emb.inv_freq")}
@@ -229,10 +234,39 @@ def hf_eval(folder, tokens_path, out_path, threads):
                      p + "mlp.down_proj.weight": (D, F_)})
     got = {n: tuple(w.shape) for n, w in weights.items()}
     assert got == want, f"weights do not match config.json: {set(got.items()) ^ set(want.items())}"
-    model = Llama(cfg, weights)
+    return Llama(cfg, weights)
+
+
+def hf_eval(folder, tokens_path, out_path, threads):
+    """Mean cross-entropy of a Hugging Face Llama folder in fp32, the model built from config.json alone."""
+    torch.set_num_threads(threads)
+    batch = read_safetensors(tokens_path)
+    tokens, targets = batch["tokens"], batch["targets"]
+    model = hf_model(folder, tokens.shape[-1])
     with torch.no_grad():
         loss_sum, n = model(tokens.view(-1, tokens.shape[-1]), targets.view(-1, targets.shape[-1]))
     result = {"loss": float(loss_sum) / n, "loss_sum": float(loss_sum), "tokens": n}
+    print(json.dumps(result))
+    if out_path:
+        json.dump(result, open(out_path, "w"))
+
+
+def hf_generate(folder, prompt_ids, max_new_tokens, out_path, threads):
+    """Greedy continuation of a prompt by a Hugging Face Llama folder in fp32, every step recomputing the whole
+    sequence (no cache): the oracle for Anvil's cached decoding. Writes the new ids and each step's top-two
+    logit margin (how far the choice was from a tie) as JSON."""
+    torch.set_num_threads(threads)
+    ids = [int(t) for t in prompt_ids.split(",")]
+    model = hf_model(folder, len(ids) + max_new_tokens)
+    new, margins = [], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model.logits(torch.tensor([ids], dtype=torch.int32))[0, -1]
+            top = torch.topk(logits, 2)
+            ids.append(int(top.indices[0]))
+            new.append(ids[-1])
+            margins.append(float(top.values[0] - top.values[1]))
+    result = {"tokens": new, "margins": margins}
     print(json.dumps(result))
     if out_path:
         json.dump(result, open(out_path, "w"))
@@ -327,7 +361,10 @@ def main():
     ap.add_argument("--data", default="data/brown")
     ap.add_argument("--hf-eval", metavar="FOLDER", help="mean cross-entropy of a Hugging Face Llama folder (fp32)")
     ap.add_argument("--tokens", metavar="FILE", help="--hf-eval's tokens and targets (safetensors, I32)")
-    ap.add_argument("--out", metavar="FILE", help="--hf-eval also writes its JSON result here")
+    ap.add_argument("--out", metavar="FILE", help="--hf-eval and --hf-generate also write their JSON result here")
+    ap.add_argument("--hf-generate", metavar="FOLDER", help="greedy continuation by a Hugging Face Llama folder (fp32)")
+    ap.add_argument("--prompt-ids", metavar="IDS", help="--hf-generate's prompt, comma-separated token ids")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
     args = ap.parse_args()
     if args.parity:
         parity(args.parity, args.threads)
@@ -335,6 +372,10 @@ def main():
         if not args.tokens:
             ap.error("--hf-eval needs --tokens")
         hf_eval(args.hf_eval, args.tokens, args.out, args.threads)
+    elif args.hf_generate:
+        if not args.prompt_ids:
+            ap.error("--hf-generate needs --prompt-ids")
+        hf_generate(args.hf_generate, args.prompt_ids, args.max_new_tokens, args.out, args.threads)
     elif args.bench:
         bench(args)
     else:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: build Anvil, fetch the Brown corpus, train a BPE tokenizer on
-# it, and train a Llama model on it. Extra arguments go to `anvil train`, e.g.
+# it, train a Llama model on it, and show what it learned: continuations of
+# three fixed prompts by the last checkpoint (anvil generate). Extra arguments
+# go to `anvil train` (and to `anvil generate`, to find the same checkpoint), e.g.
 #   scripts/train.sh --training.steps 50
 #   scripts/train.sh configs/llama3_25m.toml
 set -euo pipefail
@@ -19,4 +21,9 @@ fi
 
 config=configs/debugmodel.toml
 if [ $# -gt 0 ] && [[ "$1" == *.toml ]]; then config=$1; shift; fi
-exec build/anvil train "$config" "$@"
+build/anvil train "$config" "$@"
+
+echo
+echo "Samples from the trained model (anvil generate $config --temperature 0.8 --seed 0):"
+build/anvil generate "$config" "$@" --max_new_tokens 40 --temperature 0.8 --seed 0 \
+  --prompt "The jury said" --prompt "He looked at the" --prompt "In the first place,"

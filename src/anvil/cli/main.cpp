@@ -1,5 +1,5 @@
-// The `anvil` program: train | estimate | tokenizer | tokenize | report | pipeline-schedule | convert |
-// config-docs | info.
+// The `anvil` program: train | estimate | tokenizer | tokenize | report | plan | pipeline-schedule |
+// generate | convert | config-docs | info.
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -8,6 +8,7 @@
 
 #include "anvil/cli/convert_cmd.h"
 #include "anvil/cli/estimate_cmd.h"
+#include "anvil/cli/generate_cmd.h"
 #include "anvil/cli/pipeline_schedule_cmd.h"
 #include "anvil/cli/plan_cmd.h"
 #include "anvil/cli/report_cmd.h"
@@ -41,7 +42,9 @@ void usage() {
       "  report DUMP_FOLDER [--output PATH]              one HTML page of a run: loss, throughput, memory (--help)\n"
       "  plan CONFIG.toml --hardware H --gpus N          GPU layouts that fit, ranked by predicted tokens/s (--help)\n"
       "  pipeline-schedule --schedule NAME --ranks P --micro-batches M\n"
-      "                                                  a pipeline schedule's actions, in-flight counts, bubble (--help)\n"
+      "                                                  a pipeline schedule's actions, in-flight counts, bubble "
+      "(--help)\n"
+      "  generate SOURCE --prompt TEXT [--prompt ...]    text from a checkpoint or Hugging Face folder (--help)\n"
       "  convert export STEP_DIR OUT_DIR [--dtype D]     checkpoint -> Hugging Face Llama folder (--help)\n"
       "  convert import HF_DIR OUT_DIR --model.flavor F  Hugging Face Llama folder -> model-only checkpoint\n"
       "  config-docs                                     the configuration reference as Markdown\n"
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return anvil::plan_command(rest);
     if (cmd == "pipeline-schedule") return anvil::pipeline_schedule_command(rest);
     if (cmd == "convert") return anvil::convert_command(rest);
+    if (cmd == "generate") return anvil::generate_command(rest);
     if (cmd == "config-docs") {
       std::printf("%s", anvil::config_markdown().c_str());
       return 0;

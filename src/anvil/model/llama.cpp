@@ -181,6 +181,29 @@ CrossEntropyResult Llama::loss(StageSaved& saved, const Tensor& targets) {
   return r;
 }
 
+Tensor Llama::forward_cached(const Tensor& tokens, const std::vector<int64_t>& slots,
+                             const std::vector<int64_t>& positions, KvCache& cache) {
+  ANVIL_ASSERT(stages_.size() == 1 && embedding_ && head_ && style_ == &single_process_,
+               "a key/value cache runs the whole model on one process");
+  ANVIL_ASSERT(
+      tokens.dtype() == DType::i32 && tokens.ndim() == 2 && tokens.size(0) == static_cast<int64_t>(slots.size()),
+      "tokens ", shape_str(tokens.shape()), " for ", slots.size(), " sequences");
+  ANVIL_ASSERT(cache.k.size() == blocks_.size(), "a cache of ", cache.k.size(), " blocks for ", blocks_.size());
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  for (const int64_t p : positions)
+    ANVIL_CHECK(p + T <= rope_.max_positions(), "position ", p + T, " exceeds the model's maximum ",
+                rope_.max_positions());
+  Tensor h = embedding_->forward(tokens);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    h = blocks_[i].forward_cached(h, T, slots, positions, cache.k[i], cache.v[i]);
+  if (T > 1) {  // only each sequence's last row goes through the head
+    Tensor last = new_activation({B, args_.dim}, h.dtype(), "generate.last");
+    for (int64_t b = 0; b < B; ++b) last.slice(b, 1).copy_from(h.slice(b * T + T - 1, 1));
+    h = last;
+  }
+  return head_->logits(h);
+}
+
 Tensor Llama::logits(const StageSaved& saved) {
   ANVIL_ASSERT(head_ && saved.output.defined(), "logits are the head's stage's, after its forward");
   const int g = group_of_module(llama_num_modules(args_) - 1);

@@ -19,6 +19,7 @@
 #include "anvil/core/tensor.h"
 #include "anvil/model/activation_checkpoint.h"
 #include "anvil/model/args.h"
+#include "anvil/model/kv_cache.h"
 #include "anvil/model/output_head.h"
 #include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
@@ -89,6 +90,8 @@ class Llama {
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   DType compute_dtype() const { return params_.compute_dtype(); }
+  // The positions its RoPE table covers: the longest sequence it runs.
+  int64_t max_seq_len() const { return rope_.max_positions(); }
   // The stages this rank holds, numbered 0.. here (the pipeline numbers them globally).
   int num_stages() const { return static_cast<int>(stages_.size()); }
   bool has_embedding() const { return embedding_ != nullptr; }
@@ -146,6 +149,14 @@ class Llama {
                                       const AcPolicy& policy);
   // Loss only (evaluation): keeps no activations beyond the current block.
   CrossEntropyResult forward(const Tensor& tokens, const Tensor& targets);
+  // Inference with a key/value cache (the whole model on one process):
+  // tokens (B, T) i32, T new tokens of each of B sequences, sequence b's at
+  // positions positions[b] .. + T − 1 with its keys and values in cache slot
+  // slots[b]. Returns the logits of each sequence's last new token, (B, vocab)
+  // in the compute dtype. Prefill is T = the prompt's length at position 0;
+  // each decoding step is T = 1 at the sequence's length so far.
+  Tensor forward_cached(const Tensor& tokens, const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
+                        KvCache& cache);
 
   // Not owned; null: no hooks (a single process).
   void set_hooks(ParamGroupHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }

@@ -7,6 +7,7 @@
 #include "anvil/ops/attention.h"
 #include "anvil/ops/matmul.h"
 #include "anvil/ops/rmsnorm.h"
+#include "anvil/ops/rope.h"
 #include "anvil/ops/swiglu.h"
 
 namespace anvil {
@@ -59,12 +60,56 @@ Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T) const {
   return run_forward(s, /*recomputing=*/false);
 }
 
+Tensor TransformerBlock::forward_cached(const Tensor& x, int64_t T, const std::vector<int64_t>& slots,
+                                        const std::vector<int64_t>& positions, Tensor& cache_k, Tensor& cache_v) const {
+  const BlockParams p = compute_params();
+  const DType dt = params_.compute_dtype();
+  const int64_t B = static_cast<int64_t>(slots.size()), M = B * T, D = dim_, hd = head_dim_, Hq = heads_,
+                Hkv = kv_heads_, capacity = cache_k.size(1);
+  ANVIL_ASSERT(style_.residual_rows(M) == M, "a key/value cache runs on a single process");
+  ANVIL_ASSERT(positions.size() == slots.size() && x.size(0) == M, "x ", shape_str(x.shape()), " for ", B,
+               " sequences of ", T, " tokens");
+  BlockSaved s;
+  s.B = B, s.T = T;
+  s.x = x;
+  {
+    const ScopedPhase phase(SpanCategory::forward, "attention.cached", layer_);
+    Tensor h1 = new_activation({M, D}, dt, "block.h1"), rstd1 = new_activation({M}, DType::f32, "block.rstd1");
+    rmsnorm_forward(x, p.attention_norm, eps_, h1, rstd1);
+    Tensor q = new_activation({B, T, Hq, hd}, dt, "block.q"), k = new_activation({B, T, Hkv, hd}, dt, "block.k"),
+           v = new_activation({B, T, Hkv, hd}, dt, "block.v");
+    Tensor q2 = q.view({M, Hq * hd}), k2 = k.view({M, Hkv * hd}), v2 = v.view({M, Hkv * hd});
+    linear_forward(h1, p.wq, q2);
+    linear_forward(h1, p.wk, k2);
+    linear_forward(h1, p.wv, v2);
+    Tensor o = new_activation({B, T, Hq, hd}, dt, "block.o");
+    Tensor lse = new_activation({1, Hq, T}, DType::f32, "block.lse");
+    // Each sequence at its own position: its new keys and values join its
+    // cache slot, and its queries attend to the slot's first pos + T rows.
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t pos = positions[static_cast<size_t>(b)];
+      ANVIL_ASSERT(pos >= 0 && pos + T <= capacity, "position ", pos, " + ", T, " beyond the cache's ", capacity);
+      Tensor qb = q.slice(b, 1), kb = k.slice(b, 1), vb = v.slice(b, 1), ob = o.slice(b, 1);
+      rope_forward(qb, rope_, pos, qb);
+      rope_forward(kb, rope_, pos, kb);
+      Tensor slot_k = cache_k.slice(slots[static_cast<size_t>(b)], 1).view({capacity, Hkv, hd});
+      Tensor slot_v = cache_v.slice(slots[static_cast<size_t>(b)], 1).view({capacity, Hkv, hd});
+      slot_k.slice(pos, T).view({1, T, Hkv, hd}).copy_from(kb);
+      slot_v.slice(pos, T).view({1, T, Hkv, hd}).copy_from(vb);
+      attention_forward(qb, slot_k.slice(0, pos + T).view({1, pos + T, Hkv, hd}),
+                        slot_v.slice(0, pos + T).view({1, pos + T, Hkv, hd}), ob, lse, 0.0f, {}, {pos, 0});
+    }
+    s.x2 = style_.row_parallel_out(x, o.view({M, Hq * hd}), p.wo, "block.x2");
+  }
+  return run_feed_forward(s, /*recomputing=*/false);
+}
+
 Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   const BlockParams p = compute_params();
   const DType dt = params_.compute_dtype();
-  // Hq, Hkv, F: the heads and feed-forward columns this block's parameters hold.
+  // Hq, Hkv: the heads this block's parameters hold.
   const int64_t B = s.B, T = s.T, M = B * T, Ml = style_.residual_rows(M), D = dim_, hd = head_dim_, Hq = heads_,
-                Hkv = kv_heads_, F = ffn_;
+                Hkv = kv_heads_;
 
   const SpanCategory cat = recomputing ? SpanCategory::recompute : SpanCategory::forward;
   // Attention: h1 = norm(x); q, k, v = h1·W{q,k,v}ᵀ; RoPE; o = attention; x2 = x + o·Woᵀ
@@ -87,10 +132,17 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   s.lse = new_activation({B, Hq, T}, DType::f32, "block.lse");
   style_.attention_forward(s.q, s.k, s.v, s.o, s.lse);
   s.x2 = style_.row_parallel_out(s.x, s.o.view({M, Hq * hd}), p.wo, "block.x2");
-
-  // Feed-forward: h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
   phase.reset();
-  phase.emplace(cat, recomputing ? "feed_forward.recompute" : "feed_forward.forward", layer_);
+  return run_feed_forward(s, recomputing);
+}
+
+// Feed-forward: h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
+Tensor TransformerBlock::run_feed_forward(BlockSaved& s, bool recomputing) const {
+  const BlockParams p = compute_params();
+  const DType dt = params_.compute_dtype();
+  const int64_t M = s.B * s.T, Ml = style_.residual_rows(M), D = dim_, F = ffn_;
+  const ScopedPhase phase(recomputing ? SpanCategory::recompute : SpanCategory::forward,
+                          recomputing ? "feed_forward.recompute" : "feed_forward.forward", layer_);
   s.h2 = new_activation({Ml, D}, dt, "block.h2");
   s.rstd2 = new_activation({Ml}, DType::f32, "block.rstd2");
   rmsnorm_forward(s.x2, p.ffn_norm, eps_, s.h2, s.rstd2);

@@ -61,6 +61,14 @@ class TransformerBlock {
   Tensor forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy, BlockSaved& saved) const;
   // Evaluation: keeps nothing.
   Tensor forward(const Tensor& x, int64_t B, int64_t T) const;
+  // Inference with a key/value cache (a single process): x (B·T, D) holds T
+  // new tokens of each of B sequences; sequence b's sit at positions
+  // positions[b] .. + T − 1 and its keys and values live in slot slots[b] of
+  // cache_k and cache_v (slots, capacity, Hkv, head_dim). The new tokens' keys
+  // and values are written there and their queries attend to the slot's rows
+  // up to their own position. Returns the block output (B·T, D); keeps nothing.
+  Tensor forward_cached(const Tensor& x, int64_t T, const std::vector<int64_t>& slots,
+                        const std::vector<int64_t>& positions, Tensor& cache_k, Tensor& cache_v) const;
 
   // dout: the gradient of the block output; returns the gradient of its input
   // (in dout's buffer) and accumulates the parameter gradients. saved is
@@ -76,6 +84,8 @@ class TransformerBlock {
   BlockParams grad_params() const;
   // Runs the block on saved.x, filling every other field; returns its output.
   Tensor run_forward(BlockSaved& s, bool recomputing) const;
+  // Its second half, from s.x2: the feed-forward and the residual.
+  Tensor run_feed_forward(BlockSaved& s, bool recomputing) const;
   void drop_unkept(BlockSaved& s, const AcPolicy& policy) const;
   void recompute(BlockSaved& s) const;  // brings back what drop_unkept removed
   // work null: weight gradients at once (the fused backward).

@@ -27,6 +27,7 @@
 #include "anvil/train/console.h"
 #include "anvil/train/forward_backward.h"
 #include "anvil/train/lr_schedule.h"
+#include "anvil/train/model_source.h"
 #include "anvil/train/parallel_dims.h"
 #include "anvil/train/parallelize.h"
 #include "anvil/train/preflight.h"
@@ -44,23 +45,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::string model_description(const ModelArgs& args) { return detail::concat(args.name, "/", args.flavor); }
-
-// checkpoint.initial_load_path: the weights of an Anvil checkpoint folder or a
-// Hugging Face one.
-void load_initial_weights(const std::string& path, const ModelArgs& args, ParamStore& ps) {
-  namespace fs = std::filesystem;
-  ANVIL_CHECK(fs::is_directory(path), "checkpoint.initial_load_path '", path,
-              "' is not a folder; give an Anvil checkpoint folder (step-N, holding state.json) or a Hugging Face "
-              "folder (config.json and model.safetensors)");
-  if (fs::exists(fs::path(path) / "state.json")) return load_checkpoint_model(path, ps);
-  if (fs::exists(fs::path(path) / "config.json")) {
-    import_hf(path, args, ps);
-    return;
-  }
-  throw Error(detail::concat("checkpoint.initial_load_path '", path,
-                             "' holds neither state.json (an Anvil checkpoint) nor config.json (a Hugging Face "
-                             "model)"));
-}
 
 // Resumes from the newest checkpoint in the folder (or checkpoint.load_step);
 // failing that, starts from checkpoint.initial_load_path's weights. Returns
@@ -83,8 +67,15 @@ int64_t restore(const JobConfig& cfg, const ModelArgs& args, ParallelizedModel& 
   }
   if (first_step == 1 && !cfg.checkpoint.initial_load_path.empty()) {
     const auto t_load = Clock::now();
-    layout.load_global_weights(
-        [&](ParamStore& store) { load_initial_weights(cfg.checkpoint.initial_load_path, args, store); });
+    layout.load_global_weights([&](ParamStore& store) {
+      try {
+        load_model_weights(cfg.checkpoint.initial_load_path, args, store);
+      } catch (const OutOfMemoryError&) {
+        throw;
+      } catch (const Error& e) {
+        throw Error(detail::concat("checkpoint.initial_load_path: ", e.what()));
+      }
+    });
     std::printf("anvil: model weights from %s (%.2fs); optimizer, step and data start afresh\n",
                 cfg.checkpoint.initial_load_path.c_str(), seconds_since(t_load));
   }

@@ -1,0 +1,140 @@
+#include "anvil/train/model_source.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "anvil/core/error.h"
+#include "anvil/data/bpe_tokenizer.h"
+#include "anvil/model/hf_format.h"
+#include "anvil/train/checkpoint.h"
+#include "anvil/train/config.h"
+#include "anvil/train/train_data.h"
+
+namespace fs = std::filesystem;
+
+namespace anvil {
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  ANVIL_CHECK(in.good(), "cannot read '", p.string(), "'");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  try {
+    return nlohmann::json::parse(read_text(p));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat("'", p.string(), "' is not valid JSON: ", e.what()));
+  }
+}
+
+// The newest step-N inside a checkpoint folder that holds a state.json.
+fs::path newest_step(const fs::path& folder) {
+  int64_t best = -1;
+  for (const fs::directory_entry& e : fs::directory_iterator(folder)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("step-", 0) != 0 || !fs::exists(e.path() / "state.json")) continue;
+    try {
+      best = std::max<int64_t>(best, std::stoll(name.substr(5)));
+    } catch (const std::exception&) {
+    }
+  }
+  ANVIL_CHECK(best >= 0, "'", folder.string(), "' holds no complete checkpoint (a step-N folder with state.json), ",
+              "config.json (a Hugging Face model) or state.json (a step folder)");
+  return folder / ("step-" + std::to_string(best));
+}
+
+}  // namespace
+
+ModelSource find_model_source(const std::string& path, const std::string& flavor) {
+  ANVIL_CHECK(fs::exists(path), "'", path, "' does not exist; give an Anvil checkpoint (a step-N folder, or the ",
+              "checkpoint folder holding them) or a Hugging Face Llama folder");
+  ANVIL_CHECK(fs::is_directory(path), "'", path, "' is a file; give an Anvil checkpoint folder or a Hugging Face ",
+              "Llama folder");
+  ModelSource src;
+  if (fs::exists(fs::path(path) / "config.json") && !fs::exists(fs::path(path) / "state.json")) {
+    src.kind = ModelSource::Kind::hugging_face;
+    src.path = path;
+    const fs::path cfg_file = fs::path(path) / "config.json";
+    const nlohmann::json cfg = read_json(cfg_file);
+    if (!flavor.empty()) {
+      const size_t slash = flavor.find('/');
+      ANVIL_CHECK(slash != std::string::npos, "--model '", flavor, "' is not <name>/<flavor> (\"llama3/8B\")");
+      src.args = model_flavor(flavor.substr(0, slash), flavor.substr(slash + 1));
+      check_hf_config_matches(cfg, src.args, cfg_file.string());
+      return src;
+    }
+    std::vector<std::string> matches;
+    for (const std::string& name : known_flavors()) {
+      const size_t slash = name.find('/');
+      const ModelArgs a = model_flavor(name.substr(0, slash), name.substr(slash + 1));
+      try {
+        check_hf_config_matches(cfg, a, cfg_file.string());
+        if (matches.empty()) src.args = a;
+        matches.push_back(name);
+      } catch (const Error&) {
+      }
+    }
+    std::string known;
+    for (const std::string& k : known_flavors()) known += (known.empty() ? "" : ", ") + k;
+    ANVIL_CHECK(!matches.empty(), "'", cfg_file.string(), "' matches none of Anvil's flavours (", known,
+                "), so its model cannot be built");
+    return src;
+  }
+  src.path = fs::exists(fs::path(path) / "state.json") ? fs::path(path).string() : newest_step(path).string();
+  const nlohmann::json state = read_json(fs::path(src.path) / "state.json");
+  const std::string model = checkpoint_model(state);
+  const size_t slash = model.find('/');
+  ANVIL_CHECK(slash != std::string::npos && slash > 0 && slash + 1 < model.size(), "'", src.path,
+              "/state.json' records no model (\"model\": \"<name>/<flavor>\")");
+  src.args = model_flavor(model.substr(0, slash), model.substr(slash + 1));
+  if (fs::exists(fs::path(src.path) / "config.toml")) src.config_toml = read_text(fs::path(src.path) / "config.toml");
+  return src;
+}
+
+void load_model_weights(const ModelSource& source, ParamStore& params) {
+  if (source.kind == ModelSource::Kind::hugging_face)
+    import_hf(source.path, source.args, params);
+  else
+    load_checkpoint_model(source.path, params);
+}
+
+void load_model_weights(const std::string& path, const ModelArgs& args, ParamStore& params) {
+  ANVIL_CHECK(fs::is_directory(path), "'", path, "' is not a folder; give an Anvil checkpoint folder (step-N, ",
+              "holding state.json) or a Hugging Face folder (config.json and model.safetensors)");
+  if (fs::exists(fs::path(path) / "state.json")) return load_checkpoint_model(path, params);
+  ANVIL_CHECK(fs::exists(fs::path(path) / "config.json"), "'", path, "' holds neither state.json (an Anvil ",
+              "checkpoint) nor config.json (a Hugging Face model)");
+  import_hf(path, args, params);
+}
+
+std::unique_ptr<Tokenizer> model_source_tokenizer(const ModelSource& source, const std::string& override_path) {
+  std::string path = override_path;
+  if (path.empty() && source.kind == ModelSource::Kind::hugging_face) {
+    path = (fs::path(source.path) / "tokenizer.json").string();
+    ANVIL_CHECK(fs::exists(path), "'", source.path, "' has no tokenizer.json; pass --tokenizer PATH (a ",
+                "tokenizer.json, a tiktoken file or 'bytes')");
+  }
+  if (path.empty()) {
+    ANVIL_CHECK(!source.config_toml.empty(), "'", source.path, "' holds no config.toml naming its tokenizer; pass ",
+                "--tokenizer PATH");
+    const JobConfig cfg = parse_config_text(source.config_toml, source.path + "/config.toml");
+    path = cfg.model.tokenizer_path.empty() ? "bytes" : cfg.model.tokenizer_path;
+    ANVIL_CHECK(
+        path == "bytes" || fs::exists(path), "the checkpoint was trained with the tokenizer '", path,
+        "' (its config.toml), which is not here; run from the folder it was trained in or pass --tokenizer PATH");
+  }
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
+  ANVIL_CHECK(tok->vocab_size() <= source.args.vocab_size, "the tokenizer '", path, "' has ", tok->vocab_size(),
+              " tokens but ", source.args.name, "/", source.args.flavor, "'s vocabulary is ", source.args.vocab_size,
+              ": it is not this model's tokenizer; pass the one it was trained with (--tokenizer PATH)");
+  return tok;
+}
+
+}  // namespace anvil

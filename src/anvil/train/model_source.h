@@ -1,0 +1,44 @@
+// Where a model's weights come from outside the run that made them: an Anvil
+// checkpoint step folder (step-N, holding state.json), a checkpoint folder
+// (its newest complete step), or a Hugging Face Llama folder (config.json and
+// model.safetensors). Training's checkpoint.initial_load_path and `anvil
+// generate` read them the same way.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "anvil/data/tokenizer.h"
+#include "anvil/model/args.h"
+#include "anvil/model/params.h"
+
+namespace anvil {
+
+struct ModelSource {
+  enum class Kind { anvil_checkpoint, hugging_face };
+  Kind kind = Kind::anvil_checkpoint;
+  std::string path;         // the step folder, or the Hugging Face folder
+  ModelArgs args;           // the model it holds
+  std::string config_toml;  // an Anvil checkpoint's job configuration ("" for Hugging Face)
+};
+
+// Resolves `path`. An Anvil checkpoint names its model in state.json; for a
+// Hugging Face folder `flavor` ("llama3/8B") names it, or, when empty, the
+// one flavour whose shapes config.json matches. Throws anvil::Error saying
+// what the folder lacks (no state.json, no config.json, no step-N inside, no
+// matching flavour).
+ModelSource find_model_source(const std::string& path, const std::string& flavor = "");
+
+// The source's weights into the master weights and their compute copy,
+// checksums (Anvil) and shapes (both) checked.
+void load_model_weights(const ModelSource& source, ParamStore& params);
+// A folder known to hold `args`' model (training's initial_load_path).
+void load_model_weights(const std::string& path, const ModelArgs& args, ParamStore& params);
+
+// The tokenizer the model was trained with: `override_path` when given, else
+// an Anvil checkpoint's job tokenizer (model.tokenizer_path of its saved
+// configuration) or a Hugging Face folder's tokenizer.json; checked against
+// the model's vocabulary. Throws anvil::Error naming the file and suggesting
+// --tokenizer when it is missing.
+std::unique_ptr<Tokenizer> model_source_tokenizer(const ModelSource& source, const std::string& override_path = "");
+
+}  // namespace anvil

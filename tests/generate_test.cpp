@@ -1,0 +1,289 @@
+// anvil generate: decoding with the key/value cache against recomputing the
+// whole sequence, greedy decoding against the PyTorch oracle
+// (scripts/torch_llama.py --hf-generate), sampling's cuts and
+// reproducibility, batches, and the command's errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "anvil/cli/generate_cmd.h"
+#include "anvil/generate/generator.h"
+#include "anvil/generate/sampler.h"
+#include "anvil/model/hf_format.h"
+#include "anvil/model/llama.h"
+#include "anvil/train/checkpoint.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace anvil {
+namespace {
+
+using testing::error_of;
+using testing::run_anvil;
+using testing::scratch_root;
+
+// Token ids spread over the vocabulary (a fixed pseudo-random sequence).
+std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back(static_cast<int32_t>(uniform01(name_key("generate_test") + seed, static_cast<uint64_t>(i)) *
+                                       static_cast<float>(vocab)));
+  return out;
+}
+
+Tensor tokens_tensor(const std::vector<int32_t>& ids, int64_t first, int64_t n) {
+  Tensor t = Tensor::empty({1, n}, DType::i32, MemCategory::activations, "tokens");
+  std::copy(ids.begin() + first, ids.begin() + first + n, t.data<int32_t>());
+  return t;
+}
+
+// max |a − b| / max |b| over row `row` of b (M, V) against a (1, V).
+double row_error(const Tensor& a, const Tensor& b, int64_t row) {
+  const int64_t V = b.size(1);
+  double diff = 0, scale = 0;
+  for (int64_t j = 0; j < V; ++j) {
+    diff = std::max(diff, std::abs(static_cast<double>(a.item_f32(j)) - b.item_f32(row * V + j)));
+    scale = std::max(scale, std::abs(static_cast<double>(b.item_f32(row * V + j))));
+  }
+  return diff / scale;
+}
+
+// For a flavour without GQA (debugmodel: 16 query and 16 KV heads) and one
+// with it (25M: 8 and 4): the prompt's pass and every decoding step give the
+// logits the training forward computes over the whole sequence, in fp32 to
+// 1e-5 of the largest logit; two sequences in one batch, at different
+// positions, give what each gives alone.
+TEST(Generate, CachedDecodingGivesTheLogitsOfRecomputingTheWholeSequence) {
+  for (const char* flavor : {"debugmodel", "25M"}) {
+    const ModelArgs args = model_flavor("llama3", flavor);
+    const int64_t P = 7, N = 9, L = P + N;
+    Llama model(args, DType::f32, L);
+    model.params().init(3);
+    const std::vector<int32_t> ids = some_tokens(L, args.vocab_size, 1);
+    StageSaved saved;
+    model.forward(tokens_tensor(ids, 0, L), 1, L, AcPolicy{}, saved);
+    const Tensor full = model.logits(saved);  // (L, V) f32
+    KvCache cache(args, 2, L, DType::f32);
+    double worst = row_error(model.forward_cached(tokens_tensor(ids, 0, P), {0}, {0}, cache), full, P - 1);
+    for (int64_t i = P; i < L; ++i)
+      worst = std::max(worst, row_error(model.forward_cached(tokens_tensor(ids, i, 1), {0}, {i}, cache), full, i));
+    std::printf("%s (%lld query, %lld KV heads): cached decoding within %.2e of recomputing\n", flavor,
+                static_cast<long long>(args.n_heads), static_cast<long long>(args.n_kv_heads), worst);
+    EXPECT_LE(worst, 1e-5) << flavor;
+
+    // Slot 1 holds a shorter prompt; one step decodes both sequences together.
+    const std::vector<int32_t> other = some_tokens(4, args.vocab_size, 2);
+    KvCache both(args, 2, L, DType::f32);
+    model.forward_cached(tokens_tensor(ids, 0, P), {0}, {0}, both);
+    model.forward_cached(tokens_tensor(other, 0, 3), {1}, {0}, both);
+    Tensor step = Tensor::empty({2, 1}, DType::i32, MemCategory::activations, "tokens");
+    step.data<int32_t>()[0] = ids[static_cast<size_t>(P)];
+    step.data<int32_t>()[1] = other[3];
+    const Tensor batched = model.forward_cached(step, {0, 1}, {P, 3}, both);
+    KvCache alone(args, 1, L, DType::f32);
+    model.forward_cached(tokens_tensor(other, 0, 3), {0}, {0}, alone);
+    const Tensor single = model.forward_cached(tokens_tensor(other, 3, 1), {0}, {3}, alone);
+    EXPECT_LE(row_error(batched.slice(0, 1), full, P), 1e-5) << flavor;
+    EXPECT_LE(row_error(batched.slice(1, 1), single, 0), 1e-6) << flavor;
+  }
+}
+
+GenerateOptions greedy(int64_t n) {
+  GenerateOptions o;
+  o.max_new_tokens = n;
+  o.sampling.temperature = 0;
+  return o;
+}
+
+// Greedy decoding of a small model, token for token against PyTorch
+// recomputing the whole sequence every step (fp32, the weights through a
+// Hugging Face export), GQA and not.
+TEST(Generate, GreedyDecodingMatchesPyTorchTokenForToken) {
+  const fs::path dir = scratch_root() / "generate_oracle";
+  fs::create_directories(dir);
+  for (const char* flavor : {"debugmodel", "25M"}) {
+    const ModelArgs args = model_flavor("llama3", flavor);
+    const int64_t n = 24;
+    Llama model(args, DType::f32, 64);
+    model.params().init(11);
+    const std::vector<int32_t> prompt = some_tokens(6, args.vocab_size, 3);
+    const Generation g = generate(model, {prompt}, greedy(n));
+    ASSERT_EQ(static_cast<int64_t>(g.tokens[0].size()), n);
+
+    const fs::path hf = dir / flavor;
+    HfExportOptions opts;
+    opts.dtype = DType::f32;
+    export_hf(model.params(), args, hf.string(), opts);
+    std::string ids;
+    for (const int32_t t : prompt) {
+      if (!ids.empty()) ids += ',';
+      ids += std::to_string(t);
+    }
+    const fs::path out = dir / (std::string(flavor) + "_torch.json");
+    const std::string cmd = std::string("/usr/bin/python3 ") + ANVIL_SOURCE_DIR +
+                            "/scripts/torch_llama.py --hf-generate " + hf.string() + " --prompt-ids " + ids +
+                            " --max-new-tokens " + std::to_string(n) + " --out " + out.string() +
+                            " --threads 2 > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed; scripts/setup.sh installs python3-torch";
+    const nlohmann::json torch = nlohmann::json::parse(std::ifstream(out));
+    const std::vector<int32_t> want = torch.at("tokens").get<std::vector<int32_t>>();
+    const std::vector<double> margins = torch.at("margins").get<std::vector<double>>();
+    std::printf("%s: %lld greedy tokens; PyTorch's smallest top-two margin %.3g\n", flavor, static_cast<long long>(n),
+                *std::min_element(margins.begin(), margins.end()));
+    EXPECT_EQ(g.tokens[0], want) << flavor;
+  }
+}
+
+// Sampling: a seed gives the same tokens twice and another seed others;
+// top_k 1 is greedy; a batch decodes each prompt as it would alone.
+TEST(Generate, ASeedRepeatsItsTextAndTopKOneIsGreedy) {
+  const ModelArgs args = model_flavor("llama3", "debugmodel");
+  Llama model(args, DType::f32, 64);
+  model.params().init(5);
+  const std::vector<int32_t> p1 = some_tokens(5, args.vocab_size, 4), p2 = some_tokens(9, args.vocab_size, 5);
+  GenerateOptions o;
+  o.max_new_tokens = 20;
+  o.sampling = {0.9f, 0, 0.95f, 42};
+  const Generation a = generate(model, {p1}, o), b = generate(model, {p1}, o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  o.sampling.seed = 43;
+  EXPECT_NE(generate(model, {p1}, o).tokens, a.tokens);
+  o.sampling = {0.9f, 1, 1.0f, 7};
+  EXPECT_EQ(generate(model, {p1}, o).tokens, generate(model, {p1}, greedy(20)).tokens);
+  // A batch of two, sampled: each sequence as it decodes alone (its draws are keyed by its place and step).
+  o.sampling = {0.9f, 50, 0.9f, 3};
+  const Generation batch = generate(model, {p1, p2}, o);
+  EXPECT_EQ(batch.tokens[0], generate(model, {p1}, o).tokens[0]);
+  const Generation greedy_batch = generate(model, {p1, p2}, greedy(12));
+  EXPECT_EQ(greedy_batch.tokens[1], generate(model, {p2}, greedy(12)).tokens[0]);
+}
+
+// The sampler against its definition on four logits.
+TEST(Generate, SamplerDrawsFromTheCutSoftmax) {
+  const float logits[] = {2.0f, 1.0f, 0.0f, -1.0f};
+  SamplingOptions o{1.0f, 0, 1.0f, 0};
+  EXPECT_EQ(sample_token(logits, 4, {0.0f, 0, 1.0f, 0}, 0.99f), 0);  // greedy ignores the draw
+  // Full softmax: the draw u picks by cumulative probability.
+  double z = 0;
+  for (const float l : logits) z += std::exp(l);
+  const double p0 = std::exp(2.0) / z, p1 = std::exp(1.0) / z;
+  EXPECT_EQ(sample_token(logits, 4, o, static_cast<float>(p0 - 1e-4)), 0);
+  EXPECT_EQ(sample_token(logits, 4, o, static_cast<float>(p0 + 1e-4)), 1);
+  EXPECT_EQ(sample_token(logits, 4, o, static_cast<float>(p0 + p1 + 1e-4)), 2);
+  // top_k 2: only the two highest, renormalised.
+  o.top_k = 2;
+  EXPECT_EQ(sample_token(logits, 4, o, 0.999f), 1);
+  EXPECT_EQ(sample_token(logits, 4, o, static_cast<float>(p0 / (p0 + p1) - 1e-4)), 0);
+  // top_p below the top token's probability keeps it alone.
+  o = {1.0f, 0, static_cast<float>(p0 - 0.01), 0};
+  EXPECT_EQ(sample_token(logits, 4, o, 0.999f), 0);
+  EXPECT_NE(error_of([&] {
+              sample_token(logits, 4, {-1.0f, 0, 1.0f, 0}, 0.5f);
+            }).find("temperature"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { sample_token(logits, 4, {1.0f, 0, 0.0f, 0}, 0.5f); }).find("top_p"), std::string::npos);
+}
+
+TEST(Generate, APromptAsLongAsTheContextIsRefused) {
+  const ModelArgs args = model_flavor("llama3", "debugmodel");
+  Llama model(args, DType::f32, 16);
+  model.params().init(1);
+  const std::string e = error_of([&] { generate(model, {some_tokens(16, args.vocab_size, 6)}, greedy(4)); });
+  EXPECT_NE(e.find("prompt 1 is 16 tokens, but the model's context is 16"), std::string::npos) << e;
+  // One token short of the context: the prompt's pass gives a token, which
+  // takes the last position and gives one more; then the context is full.
+  const Generation g = generate(model, {some_tokens(15, args.vocab_size, 6)}, greedy(4));
+  EXPECT_EQ(g.tokens[0].size(), 2u);
+  EXPECT_TRUE(g.stats.context_full);
+}
+
+TEST(Generate, StreamedTextWaitsForWholeUtf8Characters) {
+  EXPECT_EQ(complete_utf8_prefix("abc"), 3u);
+  EXPECT_EQ(complete_utf8_prefix("a\xC3"), 1u);             // é's first byte
+  EXPECT_EQ(complete_utf8_prefix("a\xC3\xA9"), 3u);         // é
+  EXPECT_EQ(complete_utf8_prefix("a\xE2\x82"), 1u);         // € cut after two of three bytes
+  EXPECT_EQ(complete_utf8_prefix("\xF0\x9F\x98\x80"), 4u);  // an emoji
+  EXPECT_EQ(complete_utf8_prefix(""), 0u);
+}
+
+// The command: a model-only checkpoint of the debug model, the byte tokenizer.
+fs::path debug_checkpoint(const fs::path& dir) {
+  const ModelArgs args = model_flavor("llama3", "debugmodel");
+  Llama model(args, DType::f32, 64);
+  model.params().init(2);
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (size_t i = 0; i < model.params().specs().size(); ++i)
+    weights.emplace_back(model.params().specs()[i].name, model.params().master(static_cast<int>(i)));
+  save_model_only_checkpoint(dir.string(), 3, weights, "llama3/debugmodel");
+  return dir / "step-3";
+}
+
+TEST(GenerateCommand, ContinuesAPromptAndExplainsBadInput) {
+  const fs::path dir = scratch_root() / "generate_cmd";
+  fs::remove_all(dir);
+  const fs::path step = debug_checkpoint(dir / "checkpoint");
+  // The checkpoint folder stands for its newest step; the same seed twice gives the same text.
+  const std::string common = " --tokenizer bytes --max_new_tokens 12 --seed 9 --dtype fp32 --prompt 'Once upon'";
+  const testing::CommandOutput a = run_anvil("generate " + (dir / "checkpoint").string() + common);
+  const testing::CommandOutput b = run_anvil("generate " + step.string() + common);
+  ASSERT_EQ(a.exit_code, 0) << a.text;
+  EXPECT_EQ(a.text.rfind("anvil: llama3/debugmodel from " + step.string(), 0), 0u) << a.text;
+  EXPECT_NE(a.text.find("\nOnce upon"), std::string::npos) << a.text;
+  EXPECT_NE(a.text.find("tokens/s"), std::string::npos) << a.text;
+  // The text: what lies between the banner's line and the speed line.
+  auto text_of = [](const std::string& out) {
+    const size_t from = out.find('\n') + 1;
+    return out.substr(from, out.find("anvil: prompt") - from);
+  };
+  EXPECT_EQ(text_of(a.text), text_of(b.text));
+  EXPECT_EQ(text_of(a.text).rfind("Once upon", 0), 0u) << a.text;
+  // A batch prints each continuation after its prompt.
+  const testing::CommandOutput batch =
+      run_anvil("generate " + step.string() + common + " --prompt 'The' --temperature 0");
+  ASSERT_EQ(batch.exit_code, 0) << batch.text;
+  EXPECT_NE(batch.text.find("[1] Once upon"), std::string::npos) << batch.text;
+  EXPECT_NE(batch.text.find("[2] The"), std::string::npos) << batch.text;
+
+  // Bad input: one clear line each.
+  auto fails_with = [&](const std::string& args, const std::string& want) {
+    const testing::CommandOutput out = run_anvil("generate " + args);
+    EXPECT_NE(out.exit_code, 0) << args;
+    EXPECT_NE(out.text.find(want), std::string::npos) << args << "\n" << out.text;
+  };
+  fails_with((dir / "nowhere").string() + " --prompt x --tokenizer bytes", "does not exist");
+  fails_with(step.string() + " --tokenizer bytes", "needs at least one --prompt");
+  fails_with(step.string() + " --prompt x", "holds no config.toml naming its tokenizer");
+  // A tokenizer larger than the model's vocabulary is not its tokenizer: a
+  // 3000-token BPE learned from made-up words.
+  {
+    std::ofstream text(dir / "words.txt");
+    uint64_t x = 12345;
+    for (int w = 0; w < 40000; ++w) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const int len = 3 + static_cast<int>((x >> 60) % 6);
+      for (int c = 0; c < len; ++c) text << static_cast<char>('a' + ((x >> (8 + 5 * c)) % 26));
+      text << (w % 12 == 11 ? ".\n" : " ");
+    }
+  }
+  const testing::CommandOutput trained =
+      run_anvil("tokenizer train --vocab-size 3000 --input " + (dir / "words.txt").string() + " --output " +
+                (dir / "big.json").string());
+  ASSERT_EQ(trained.exit_code, 0) << trained.text;
+  fails_with(step.string() + " --prompt x --tokenizer " + (dir / "big.json").string(),
+             "has 3000 tokens but llama3/debugmodel's vocabulary is 2048");
+  // A corrupt checkpoint: its weights no longer match the checksum state.json recorded.
+  {
+    std::fstream f(step / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-16, std::ios::end);
+    f.write("corrupted bytes!", 16);
+  }
+  fails_with(step.string() + " --prompt x --tokenizer bytes", "model.safetensors");
+}
+
+}  // namespace
+}  // namespace anvil
