@@ -15,6 +15,7 @@
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
 #include "anvil/train/checkpoint.h"
+#include "anvil/train/model_source.h"
 
 namespace fs = std::filesystem;
 
@@ -74,15 +75,6 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// The model a checkpoint was trained as, "<name>/<flavor>" in its state.json.
-ModelArgs model_of_checkpoint(const nlohmann::json& state, const std::string& step_dir) {
-  const std::string summary = checkpoint_model(state);
-  const size_t slash = summary.find('/');
-  ANVIL_CHECK(slash != std::string::npos && slash > 0 && slash + 1 < summary.size(), "'", step_dir,
-              "/state.json' records no model (\"model\": \"<name>/<flavor>\"), so the export cannot say what it is");
-  return model_flavor(summary.substr(0, slash), summary.substr(slash + 1));
-}
-
 // The tokenizer's files for the export and its BOS/EOS ids for config.json.
 void add_tokenizer(const std::string& path, const ModelArgs& args, HfExportOptions& opts) {
   const std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
@@ -126,7 +118,7 @@ int export_command(const std::vector<std::string>& words) {
   const auto t0 = std::chrono::steady_clock::now();
 
   const CheckpointWeights ck = load_checkpoint_weights(step_dir);
-  const ModelArgs args = model_of_checkpoint(ck.state, step_dir);
+  const ModelArgs args = find_model_source(step_dir).args;
   HfExportOptions opts;
   opts.dtype = dtype == "bfloat16" ? DType::bf16 : DType::f32;
   const std::string tokenizer = option(p, "--tokenizer", "");
