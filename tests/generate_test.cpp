@@ -258,6 +258,7 @@ TEST(GenerateCommand, ContinuesAPromptAndExplainsBadInput) {
   fails_with((dir / "nowhere").string() + " --prompt x --tokenizer bytes", "does not exist");
   fails_with(step.string() + " --tokenizer bytes", "needs at least one --prompt");
   fails_with(step.string() + " --prompt x", "holds no config.toml naming its tokenizer");
+  fails_with(step.string() + " --prompt x --tokenizer bytes --top_p 0", "--top_p 0 is outside (0, 1]");
   // A tokenizer larger than the model's vocabulary is not its tokenizer: a
   // 3000-token BPE learned from made-up words.
   {

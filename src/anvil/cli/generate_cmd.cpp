@@ -115,6 +115,7 @@ int generate_command(const std::vector<std::string>& args) {
               "CONFIG.toml)\n", kUsage);
   ANVIL_CHECK(!prompts.empty(), "anvil generate needs at least one --prompt\n", kUsage);
   ANVIL_CHECK(dtype == "bf16" || dtype == "fp32", "anvil generate: --dtype ", dtype, " is not bf16 or fp32");
+  check_sampling_options(opts.sampling);  // before anything is loaded or printed
   // A job's configuration stands for the checkpoints it saved.
   std::string path = source_arg;
   if (source_arg.size() > 5 && source_arg.substr(source_arg.size() - 5) == ".toml") {

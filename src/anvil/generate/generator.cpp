@@ -19,6 +19,7 @@ Generation generate(Llama& model, const std::vector<std::vector<int32_t>>& promp
   const int64_t context = model_context(model), V = model.args().vocab_size;
   ANVIL_CHECK(!prompts.empty(), "no prompt to continue");
   ANVIL_CHECK(options.max_new_tokens >= 1, "--max_new_tokens ", options.max_new_tokens, " must be at least 1");
+  check_sampling_options(options.sampling);
   int64_t longest = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
     const int64_t n = static_cast<int64_t>(prompts[b].size());

@@ -10,10 +10,14 @@
 
 namespace anvil {
 
-int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& o, float u) {
+void check_sampling_options(const SamplingOptions& o) {
   ANVIL_CHECK(o.temperature >= 0, "--temperature ", o.temperature, " is negative; 0 is greedy");
   ANVIL_CHECK(o.top_k >= 0, "--top_k ", o.top_k, " is negative; 0 keeps every token");
   ANVIL_CHECK(o.top_p > 0 && o.top_p <= 1, "--top_p ", o.top_p, " is outside (0, 1]; 1 keeps every token");
+}
+
+int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& o, float u) {
+  check_sampling_options(o);
   ANVIL_ASSERT(V > 0, "no logits");
   if (o.temperature == 0 || o.top_k == 1)
     return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);  // the first maximum

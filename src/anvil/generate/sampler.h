@@ -16,11 +16,14 @@ struct SamplingOptions {
   uint64_t seed = 0;
 };
 
+// Throws anvil::Error for a negative temperature or top_k, or top_p outside
+// (0, 1], naming the flag.
+void check_sampling_options(const SamplingOptions& options);
+
 // The token of logits[0 .. V) to emit. Greedy (the highest logit, the lowest
 // id on a tie) when temperature is 0 or top_k is 1; otherwise the draw `u`
 // in [0, 1) picks from softmax(logits / temperature) over the tokens left
-// after the top-k and top-p cuts, renormalised. Throws anvil::Error for a
-// negative temperature or top_k, or top_p outside (0, 1].
+// after the top-k and top-p cuts, renormalised. Checks the options first.
 int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& options, float u);
 
 // The uniform number sample_token draws with for sequence `sequence` at step
