@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/estimate/memory.h"
@@ -65,14 +66,6 @@ std::string option(const ParsedArgs& p, const std::string& key, const std::strin
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ANVIL_CHECK(in.good(), "cannot read '", path, "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // The tokenizer's files for the export and its BOS/EOS ids for config.json.

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 #include "anvil/data/bpe_trainer.h"
 #include "anvil/data/brown.h"
@@ -33,14 +34,6 @@ void print_usage() {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  ANVIL_CHECK(in.good(), "cannot read '", p.string(), "'; check that it exists and is readable");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // The files an --input names: the file itself, or a folder's .txt files (recursively, sorted).

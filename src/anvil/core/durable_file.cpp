@@ -6,10 +6,19 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "anvil/core/error.h"
 
 namespace anvil {
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  ANVIL_CHECK(in.good(), "cannot read '", path.string(), "'; check that it exists and is readable");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 void fsync_path(const std::filesystem::path& p, bool directory) {
   const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);

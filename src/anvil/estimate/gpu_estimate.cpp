@@ -141,8 +141,8 @@ struct Rates {
                     mem(kBf16 * (M * K + K * N + M * N)));
   }
   double mem(double bytes) const { return bytes / (hw->hbm_bandwidth * hw->hbm_efficiency); }
-  // FlashAttention-2: the forward's FLOPs and the backward's 2.5 times as many, each at its own efficiency.
   double tensor_core_flops() const { return hw->peak_bf16_flops * hw->sustained_clock_ratio; }
+  // FlashAttention-2: the forward's FLOPs and the backward's 2.5 times as many, each at its own efficiency.
   double attention_fwd(double flops) const { return flops / (tensor_core_flops() * hw->flash_forward_efficiency); }
   double attention_bwd(double fwd_flops) const {
     return 2.5 * fwd_flops / (tensor_core_flops() * hw->flash_backward_efficiency);
@@ -153,10 +153,11 @@ struct Rates {
 // the backward's two (dX: T x out times out x in; dW: out x T times T x in),
 // each with its own output shape and so its own wave quantization.
 struct LinearTime {
-  double fwd, bwd;
+  double fwd, dx, dw;
+  double bwd() const { return dx + dw; }
 };
 LinearTime linear_time(const Rates& rt, double T, double in, double out) {
-  return {rt.gemm(T, in, out), rt.gemm(T, out, in) + rt.gemm(out, T, in)};
+  return {rt.gemm(T, in, out), rt.gemm(T, out, in), rt.gemm(out, T, in)};
 }
 
 // A collective's group: its ring bus bandwidth and the time a small collective takes.
@@ -537,10 +538,8 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
                    wo = linear_time(rt, T, d.Dq / t, d.D), w13 = linear_time(rt, T, d.D, d.F / t),
                    w2 = linear_time(rt, T, d.F / t, d.D);
   const double gemm_fwd = wq.fwd + 2 * wkv.fwd + wo.fwd + 2 * w13.fwd + w2.fwd;
-  const double gemm_bwd = wq.bwd + 2 * wkv.bwd + wo.bwd + 2 * w13.bwd + w2.bwd;
-  // The dW halves: (out x T) times (T x in).
-  const double gemm_dw = rt.gemm(d.Dq / t, T, d.D) + 2 * rt.gemm(d.Dkv / t, T, d.D) + rt.gemm(d.D, T, d.Dq / t) +
-                         2 * rt.gemm(d.F / t, T, d.D) + rt.gemm(d.D, T, d.F / t);
+  const double gemm_bwd = wq.bwd() + 2 * wkv.bwd() + wo.bwd() + 2 * w13.bwd() + w2.bwd();
+  const double gemm_dw = wq.dw + 2 * wkv.dw + wo.dw + 2 * w13.dw + w2.dw;
   for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
     out.fwd += gemm_fwd + attn + ew_fwd;
     out.bwd += gemm_bwd + attn_bwd + 2 * ew_fwd;  // each op's backward moves about twice its forward's bytes
@@ -579,8 +578,8 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     const double logits = T * r.Vt;
     const LinearTime out_proj = linear_time(rt, T, d.D, r.Vt);
     out.fwd += out_proj.fwd + rt.mem(2 * kBf16 * T * d.D / t);
-    out.bwd += out_proj.bwd + rt.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
-    out.bwd_weight += rt.gemm(r.Vt, T, d.D);
+    out.bwd += out_proj.bwd() + rt.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
+    out.bwd_weight += out_proj.dw;
   }
   // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter copy-in.
   const double gathers = sp.pp > 1 ? 1 : 2;

@@ -12,11 +12,9 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
-int64_t model_context(const Llama& model) { return model.max_seq_len(); }
-
 Generation generate(Llama& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& options,
                     const std::function<void(size_t, int32_t)>& on_token) {
-  const int64_t context = model_context(model), V = model.args().vocab_size;
+  const int64_t context = model.max_seq_len(), V = model.args().vocab_size;
   ANVIL_CHECK(!prompts.empty(), "no prompt to continue");
   ANVIL_CHECK(options.max_new_tokens >= 1, "--max_new_tokens ", options.max_new_tokens, " must be at least 1");
   check_sampling_options(options.sampling);

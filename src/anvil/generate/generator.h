@@ -39,7 +39,4 @@ struct Generation {
 Generation generate(Llama& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& options,
                     const std::function<void(size_t, int32_t)>& on_token = {});
 
-// The model's context: the positions its RoPE table covers.
-int64_t model_context(const Llama& model);
-
 }  // namespace anvil

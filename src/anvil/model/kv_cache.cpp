@@ -7,9 +7,9 @@ namespace anvil {
 KvCache::KvCache(const ModelArgs& args, int64_t slots_, int64_t capacity_, DType dtype)
     : slots(slots_), capacity(capacity_) {
   for (int64_t l = 0; l < args.n_layers; ++l) {
-    k.push_back(Tensor::zeros({slots, capacity, args.n_kv_heads, args.head_dim()}, dtype, MemCategory::activations,
+    k.push_back(Tensor::empty({slots, capacity, args.n_kv_heads, args.head_dim()}, dtype, MemCategory::activations,
                               "kv_cache.k"));
-    v.push_back(Tensor::zeros({slots, capacity, args.n_kv_heads, args.head_dim()}, dtype, MemCategory::activations,
+    v.push_back(Tensor::empty({slots, capacity, args.n_kv_heads, args.head_dim()}, dtype, MemCategory::activations,
                               "kv_cache.v"));
   }
 }

@@ -14,8 +14,9 @@
 namespace anvil {
 
 struct KvCache {
-  // Zero-filled (slots, capacity, n_kv_heads, head_dim) K and V per block, in
-  // `dtype`, category activations.
+  // (slots, capacity, n_kv_heads, head_dim) K and V per block, in `dtype`,
+  // category activations, uninitialised: a row is written before any query
+  // reads it (a query attends to the rows up to its own position).
   KvCache(const ModelArgs& args, int64_t slots, int64_t capacity, DType dtype);
   int64_t slots = 0, capacity = 0;
   std::vector<Tensor> k, v;  // one per block

@@ -1,16 +1,14 @@
 #include "anvil/train/model_source.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/model/hf_format.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
-#include "anvil/train/train_data.h"
 
 namespace fs = std::filesystem;
 
@@ -18,17 +16,9 @@ namespace anvil {
 
 namespace {
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  ANVIL_CHECK(in.good(), "cannot read '", p.string(), "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 nlohmann::json read_json(const fs::path& p) {
   try {
-    return nlohmann::json::parse(read_text(p));
+    return nlohmann::json::parse(read_file(p));
   } catch (const nlohmann::json::exception& e) {
     throw Error(detail::concat("'", p.string(), "' is not valid JSON: ", e.what()));
   }
@@ -53,8 +43,8 @@ fs::path newest_step(const fs::path& folder) {
 }  // namespace
 
 ModelSource find_model_source(const std::string& path, const std::string& flavor) {
-  ANVIL_CHECK(fs::exists(path), "'", path, "' does not exist; give an Anvil checkpoint (a step-N folder, or the ",
-              "checkpoint folder holding them) or a Hugging Face Llama folder");
+  ANVIL_CHECK(fs::exists(path), "'", path, "' is not a folder (it does not exist); give an Anvil checkpoint (a ",
+              "step-N folder, or the checkpoint folder holding them) or a Hugging Face Llama folder");
   ANVIL_CHECK(fs::is_directory(path), "'", path, "' is a file; give an Anvil checkpoint folder or a Hugging Face ",
               "Llama folder");
   ModelSource src;
@@ -94,7 +84,7 @@ ModelSource find_model_source(const std::string& path, const std::string& flavor
   ANVIL_CHECK(slash != std::string::npos && slash > 0 && slash + 1 < model.size(), "'", src.path,
               "/state.json' records no model (\"model\": \"<name>/<flavor>\")");
   src.args = model_flavor(model.substr(0, slash), model.substr(slash + 1));
-  if (fs::exists(fs::path(src.path) / "config.toml")) src.config_toml = read_text(fs::path(src.path) / "config.toml");
+  if (fs::exists(fs::path(src.path) / "config.toml")) src.config_toml = read_file(fs::path(src.path) / "config.toml");
   return src;
 }
 
@@ -106,12 +96,10 @@ void load_model_weights(const ModelSource& source, ParamStore& params) {
 }
 
 void load_model_weights(const std::string& path, const ModelArgs& args, ParamStore& params) {
-  ANVIL_CHECK(fs::is_directory(path), "'", path, "' is not a folder; give an Anvil checkpoint folder (step-N, ",
-              "holding state.json) or a Hugging Face folder (config.json and model.safetensors)");
-  if (fs::exists(fs::path(path) / "state.json")) return load_checkpoint_model(path, params);
-  ANVIL_CHECK(fs::exists(fs::path(path) / "config.json"), "'", path, "' holds neither state.json (an Anvil ",
-              "checkpoint) nor config.json (a Hugging Face model)");
-  import_hf(path, args, params);
+  const ModelSource source = find_model_source(path, args.name + "/" + args.flavor);
+  ANVIL_CHECK(source.args.name == args.name && source.args.flavor == args.flavor, "'", source.path, "' holds a ",
+              source.args.name, "/", source.args.flavor, " model, not ", args.name, "/", args.flavor);
+  load_model_weights(source, params);
 }
 
 std::unique_ptr<Tokenizer> model_source_tokenizer(const ModelSource& source, const std::string& override_path) {

@@ -31,7 +31,8 @@ ModelSource find_model_source(const std::string& path, const std::string& flavor
 // The source's weights into the master weights and their compute copy,
 // checksums (Anvil) and shapes (both) checked.
 void load_model_weights(const ModelSource& source, ParamStore& params);
-// A folder known to hold `args`' model (training's initial_load_path).
+// A source that must hold `args`' model (training's initial_load_path):
+// find_model_source, then the model checked, then the weights.
 void load_model_weights(const std::string& path, const ModelArgs& args, ParamStore& params);
 
 // The tokenizer the model was trained with: `override_path` when given, else
