@@ -18,6 +18,9 @@
 #include "anvil/core/cpu_peak.h"
 #include "anvil/core/error.h"
 #include "anvil/core/parallel_for.h"
+#ifdef ANVIL_CUDA
+#include "anvil/cuda/device.h"
+#endif
 #include "anvil/distributed/deadline.h"
 #include "anvil/distributed/mesh.h"
 #include "anvil/estimate/flops.h"
@@ -48,7 +51,7 @@ void usage() {
       "  convert export STEP_DIR OUT_DIR [--dtype D]     checkpoint -> Hugging Face Llama folder (--help)\n"
       "  convert import HF_DIR OUT_DIR --model.flavor F  Hugging Face Llama folder -> model-only checkpoint\n"
       "  config-docs                                     the configuration reference as Markdown\n"
-      "  info                                            threads, matrix-product kernels and peak FLOP/s\n");
+      "  info                                            threads, matrix-product kernels, peak FLOP/s, CUDA\n");
 }
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -119,6 +122,11 @@ int main(int argc, char** argv) {
       std::printf("bf16 matmul kernel: %s\n", anvil::matmul_impl_name(anvil::DType::bf16).c_str());
       std::printf("f32 matmul kernel:  %s\n", anvil::matmul_impl_name(anvil::DType::f32).c_str());
       std::printf("%s", anvil::cpu_peak_report(anvil::num_threads()).c_str());
+#ifdef ANVIL_CUDA
+      std::printf("%s", anvil::cuda_report().c_str());
+#else
+      std::printf("CUDA: not in this build (configure with -DANVIL_CUDA=ON where nvcc is installed)\n");
+#endif
       return 0;
     }
     std::fprintf(stderr, "anvil: unknown command '%s'; run 'anvil help' for the list\n", cmd.c_str());
