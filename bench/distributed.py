@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Data-parallel layouts of the 25M flavour at 1, 2 and 4 ranks under mpirun.
 
-For each layout it trains a few steps on the Brown corpus and prints, from
+For each layout it trains a few steps on Shakespeare's train works (the config's
+text dataset, data/shakespeare/train, byte tokenizer) and prints, from
 rank 0's metrics.jsonl (steps after the first two, medians):
   step time, tokens/s per rank and in total, the data-parallel bytes each rank
   sent per step (measured by the communication layer) against the closed form,

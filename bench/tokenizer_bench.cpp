@@ -1,14 +1,15 @@
 // Encode throughput of the Llama 3 BPE tokenizer, one thread, in MB/s of
-// UTF-8 input: on the Brown corpus and on a mixed text (code, numbers,
-// whitespace runs, emoji, CJK, accented Latin). "cold" starts every pass with
-// an empty piece cache (a freshly loaded tokenizer); "warm" reuses it, as a
-// long tokenize run does. Needs data/tokenizers/llama3/tokenizer.json
-// (scripts/prepare_llama3_tokenizer.sh) and data/brown (scripts/prepare_data.sh).
+// UTF-8 input: on Shakespeare's train works (data/shakespeare/train, one
+// document per work) and on a mixed text (code, numbers, whitespace runs,
+// emoji, CJK, accented Latin). "cold" starts every pass with an empty piece
+// cache (a freshly loaded tokenizer); "warm" reuses it, as a long tokenize run
+// does. Needs data/tokenizers/llama3/tokenizer.json
+// (scripts/prepare_llama3_tokenizer.sh) and data/shakespeare (scripts/prepare_data.sh).
 #include <filesystem>
 #include <memory>
 
 #include "anvil/data/bpe_tokenizer.h"
-#include "anvil/data/brown.h"
+#include "anvil/data/text_source.h"
 #include "ceilings.h"
 
 namespace {
@@ -16,10 +17,14 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path();
 const std::string kTokenizer = (kRoot / "data/tokenizers/llama3/tokenizer.json").string();
+const fs::path kShakespeare = kRoot / "data/shakespeare/train";
 
-std::vector<std::string> brown_text() {
+// The works as the text dataset reads them: every file, sorted, one document each.
+std::vector<std::string> shakespeare_text() {
   std::vector<std::string> docs;
-  for (auto& d : anvil::read_brown_corpus((kRoot / "data/brown").string())) docs.push_back(std::move(d.text));
+  anvil::DocumentSource source({kShakespeare.string()}, anvil::SourceOptions{});
+  std::string text;
+  while (source.next(text)) docs.push_back(text);
   return docs;
 }
 
@@ -46,12 +51,12 @@ std::vector<std::string> mixed_text() {
   return docs;
 }
 
-void BM_TokenizerEncode(benchmark::State& state, bool brown, bool warm) {
-  if (!fs::exists(kTokenizer) || (brown && !fs::exists(kRoot / "data/brown/ca01"))) {
+void BM_TokenizerEncode(benchmark::State& state, bool shakespeare, bool warm) {
+  if (!fs::exists(kTokenizer) || (shakespeare && !fs::is_directory(kShakespeare))) {
     state.SkipWithError("run scripts/prepare_llama3_tokenizer.sh and scripts/prepare_data.sh first");
     return;
   }
-  const std::vector<std::string> docs = brown ? brown_text() : mixed_text();
+  const std::vector<std::string> docs = shakespeare ? shakespeare_text() : mixed_text();
   double bytes = 0;
   for (const auto& d : docs) bytes += static_cast<double>(d.size());
   std::unique_ptr<anvil::BpeTokenizer> tok = anvil::BpeTokenizer::load(kTokenizer);
@@ -80,8 +85,8 @@ void BM_TokenizerEncode(benchmark::State& state, bool brown, bool warm) {
   state.counters["bytes/token"] = bytes * static_cast<double>(passes) / static_cast<double>(tokens);
 }
 
-BENCHMARK_CAPTURE(BM_TokenizerEncode, brown_cold, true, false)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_TokenizerEncode, brown_warm, true, true)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_TokenizerEncode, shakespeare_cold, true, false)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_TokenizerEncode, shakespeare_warm, true, true)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_TokenizerEncode, mixed_cold, false, false)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_TokenizerEncode, mixed_warm, false, true)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 

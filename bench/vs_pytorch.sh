@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Anvil against the PyTorch reference (scripts/torch_llama.py, Debian's torch)
-# training the same model on the same Brown-corpus tokens, 2 threads each.
+# training the same model on the same tokens, 2 threads each: Shakespeare's
+# train works (data/shakespeare/train) as Anvil's text dataset reads them with
+# the byte tokenizer, a stream scripts/torch_llama.py rebuilds in Python. Both
+# sides are given the folder, so they read the same text whatever the defaults.
 # The two sides run interleaved, round by round, because this host's speed
 # drifts by up to 3x between minutes; each ratio compares neighbouring runs.
 # A 2048^3 bf16 GEMM is timed in every round too.
@@ -11,6 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-6}
+DATA=data/shakespeare/train  # scripts/prepare_data.sh writes it
 export OMP_NUM_THREADS=2
 [ -x build/anvil ] && [ -x build/anvil_bench ] || { echo "build first: scripts/test.sh or scripts/train.sh" >&2; exit 1; }
 scripts/prepare_data.sh >/dev/null
@@ -28,7 +32,8 @@ anvil_run() {  # flavor seq batch dtype ac
   build/anvil train --model.flavor "$1" --training.seq_len "$2" --training.local_batch_size "$3" \
     --training.mixed_precision_param $dtype --activation_checkpoint.mode $mode \
     --activation_checkpoint.selective_ac_option $opt --training.steps $((STEPS + 2)) --metrics.log_freq 2 \
-    --lr_scheduler.warmup_steps 1 --validation.enable false --job.dump_folder "$out/run" > "$out/anvil.log" 2>&1
+    --lr_scheduler.warmup_steps 1 --validation.enable false --training.dataset text --training.dataset_path "$DATA" \
+    --job.dump_folder "$out/run" > "$out/anvil.log" 2>&1
   # The last log line covers steps STEPS+1..STEPS+2 only; use all lines after the first.
   python3 - "$out/run/metrics.jsonl" "$out/anvil.log" <<'PY'
 import json, re, sys
@@ -43,7 +48,7 @@ PY
 
 torch_run() {  # flavor seq batch dtype
   OPENBLAS_CORETYPE=SkylakeX /usr/bin/python3 scripts/torch_llama.py --bench --flavor "$1" --seq-len "$2" \
-    --batch "$3" --dtype "$4" --steps "$STEPS" --warmup 2 --threads 2
+    --batch "$3" --dtype "$4" --steps "$STEPS" --warmup 2 --threads 2 --data "$DATA"
 }
 
 gemm_tflops() {

@@ -62,8 +62,12 @@ if [ -n "$inner" ]; then
   status=0
   run() {  # run NAME COMMAND: in the root, as root, with a clean login-like environment
     local name=$1 cmd=$2 env=(HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-                              LANG=C.UTF-8 TERM="${TERM:-dumb}" NODE_EXTRA_CA_CERTS=/etc/fresh-check/host-cas.pem)
+                              LANG=C.UTF-8 TERM="${TERM:-dumb}")
     [ -n "${CI:-}" ] && env+=(CI="$CI")
+    # The network's settings for pip (index, proxy, certificates), as the
+    # outer part found them on the host.
+    local v
+    for v in ${PASS_ENV:-}; do env+=("$v=${!v}"); done
     echo "fresh_debian_check: [$name] $cmd"
     local t0=$SECONDS rc=0
     chroot "$root" /usr/bin/env -i "${env[@]}" /bin/bash -c "cd /root/anvil && $cmd" || rc=$?
@@ -142,8 +146,9 @@ chmod 755 "$root"  # / as on any Debian system (a cache made by an earlier versi
 
 # This machine's access to the network, not an install step of Anvil: its
 # resolver and host names, its APT sources and APT settings (e.g. a snapshot mirror, which
-# needs Valid-Until checks off), and the certificate authorities of the
-# TLS-intercepting proxy through which this network reaches the registries.
+# needs Valid-Until checks off), pip's index and proxy settings, and the
+# certificate authorities of the TLS-intercepting proxy through which this
+# network reaches the registries.
 # A user on an ordinary network needs none of this.
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
 # debootstrap writes no /etc/hosts (an installed system has one): without it
@@ -162,15 +167,28 @@ for f in /etc/apt/apt.conf.d/*; do
   fi
 done
 # Extra CAs go where Debian keeps local ones: ca-certificates' postinst
-# (pulled in by npm) adds them to the system store. Node also gets them at
-# once through NODE_EXTRA_CA_CERTS (the inner part sets it).
-mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/fresh-check"
-: >"$root/etc/fresh-check/host-cas.pem"
+# (scripts/setup.sh installs it) adds them to the system store, which pip
+# reads through /etc/pip.conf or PIP_CERT below.
+mkdir -p "$root/usr/local/share/ca-certificates"
 for crt in /usr/local/share/ca-certificates/*.crt; do
   [ -f "$crt" ] || continue
   cp "$crt" "$root/usr/local/share/ca-certificates/"
-  cat "$crt" >>"$root/etc/fresh-check/host-cas.pem"
 done
+# pip's settings for this network: its site-wide configuration file, where
+# the host has one that no package installed, and the environment variables
+# that say where the index is and how to reach it (the inner part passes them).
+for f in /etc/pip.conf /etc/xdg/pip/pip.conf; do
+  if [ -f "$f" ] && ! dpkg -S "$f" >/dev/null 2>&1; then
+    mkdir -p "$root$(dirname "$f")"
+    cp "$f" "$root$f"
+  fi
+done
+pass_env=
+for v in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_CERT PIP_CLIENT_CERT PIP_PROXY PIP_DEFAULT_TIMEOUT \
+         PIP_RETRIES http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+  if [ -n "${!v:-}" ]; then pass_env+=" $v"; fi
+done
+export PASS_ENV=$pass_env
 
 # What is committed, not the working tree.
 git clone -q --no-hardlinks "$repo" "$root/root/anvil"

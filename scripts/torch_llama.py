@@ -22,6 +22,10 @@ HF-generate mode (--hf-generate FOLDER --prompt-ids 1,2,3 --max-new-tokens N)
 continues the prompt greedily in fp32, recomputing the whole sequence every
 step, and prints the new ids and each step's top-two logit margin as JSON.
 
+Bench mode (--bench) times training steps of a flavour on the byte-tokenizer
+stream of --data (default data/shakespeare/train): the tokens `anvil train`
+reads from that folder with the `text` dataset and no tokenizer_path.
+
 RoPE rotates halves (Hugging Face's rotate_half), as Anvil does.
 """
 import argparse
@@ -279,28 +283,35 @@ FLAVORS = {  # name: (dim, n_layers, n_heads, n_kv_heads, vocab, ffn_hidden, rop
 }
 
 
-def brown_byte_stream(folder):
-    """The Brown corpus as Anvil's loader sees it: tags stripped, bytes, BOS=256 … EOS=257 per file."""
+def text_byte_stream(folder):
+    """The byte-tokenizer stream of Anvil's `text` dataset at `folder` (data/text_source.cpp,
+    DocumentTokenSource): the file itself, or every regular file below the folder, sorted by
+    path as bytes (std::string's order); each file one document, BOS=256, its raw bytes,
+    EOS=257. Only plain text is mirrored: JSON Lines names (several documents a file) and
+    gzip data are refused, and an empty file is an error, as in Anvil."""
     import os
-    names = sorted(n for n in os.listdir(folder) if len(n) == 4 and n[0] == "c")
-    stream = []
-    for i, name in enumerate(names):
-        if i % 20 == 19:  # Anvil's validation split
-            continue
-        out_lines = []
-        for line in open(os.path.join(folder, name), encoding="utf-8", errors="replace"):
-            words = []
-            for tok in line.split():
-                cut = tok.rfind("/")
-                words.append(tok[:cut] if cut > 0 else tok)
-            if words:
-                out_lines.append(" ".join(words))
-        stream += [256] + list(("\n".join(out_lines) + "\n").encode()) + [257]
-    return torch.tensor(stream, dtype=torch.int32)
+    root = os.fsencode(folder)  # bytes paths sort as Anvil's do, whatever the file names
+    paths = [root] if os.path.isfile(root) else sorted(
+        os.path.join(d, n) for d, _, names in os.walk(root, followlinks=True) for n in names
+        if os.path.isfile(os.path.join(d, n)))
+    if not paths:
+        raise SystemExit(f"no files in {folder}; run scripts/prepare_data.sh")
+    docs = []
+    for path in paths:
+        name = os.fsdecode(path)
+        if name.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")):
+            raise SystemExit(f"{name}: JSON Lines input is not mirrored here; give a folder of plain text files")
+        data = open(path, "rb").read()
+        if not data:
+            raise SystemExit(f"{name}: the file is empty")
+        if data[:2] == b"\x1f\x8b":  # Anvil's gzread would decompress it
+            raise SystemExit(f"{name}: gzip input is not mirrored here; give plain text files")
+        docs += [np.array([256], np.int32), np.frombuffer(data, np.uint8).astype(np.int32), np.array([257], np.int32)]
+    return torch.from_numpy(np.concatenate(docs))
 
 
 def bench(args):
-    """Times training steps of a flavour on the Brown corpus; prints one JSON line."""
+    """Times training steps of a flavour on --data (Shakespeare's train works by default); prints one JSON line."""
     import resource
     import time
     torch.set_num_threads(args.threads)
@@ -321,7 +332,7 @@ def bench(args):
            "tie_embeddings": False}
     model = Llama(cfg, weights)
     opt = torch.optim.AdamW([p for _, p in model.named()], lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    stream = brown_byte_stream(args.data)
+    stream = text_byte_stream(args.data)
     B, T = args.batch, args.seq_len
     pos = 0
     times = []
@@ -358,7 +369,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--data", default="data/brown")
+    ap.add_argument("--data", default="data/shakespeare/train",
+                    help="--bench's corpus: a folder of plain text files, read as Anvil's text dataset reads it")
     ap.add_argument("--hf-eval", metavar="FOLDER", help="mean cross-entropy of a Hugging Face Llama folder (fp32)")
     ap.add_argument("--tokens", metavar="FILE", help="--hf-eval's tokens and targets (safetensors, I32)")
     ap.add_argument("--out", metavar="FILE", help="--hf-eval and --hf-generate also write their JSON result here")

@@ -226,19 +226,25 @@ TEST(Observability, AProfiledStepShowsEveryPhaseAndTheMemoryStory) {
 
 TEST(Observability, RunningOutOfMemoryDumpsASnapshotOfWhatWasLive) {
 #if defined(__SANITIZE_ADDRESS__)
-  // AddressSanitizer reserves terabytes of shadow address space at start,
-  // which a ulimit -v makes impossible; the release build (scripts/test.sh) runs this.
-  GTEST_SKIP() << "ulimit -v and AddressSanitizer's shadow memory cannot coexist";
+  // AddressSanitizer maps terabytes of writable shadow memory at start, which
+  // a ulimit -d makes impossible; the release build (scripts/test.sh) runs this.
+  GTEST_SKIP() << "ulimit -d and AddressSanitizer's shadow memory cannot coexist";
 #endif
-  // The address space is capped (ulimit -v) below what the 125M model needs
-  // once AdamW's state is created, so a real allocation fails mid-run.
+  // The process's data (ulimit -d: its heap and private writable mappings,
+  // not the code of the libraries it maps) is capped below what the 125M model
+  // needs once AdamW's state is created, so a real allocation fails mid-run.
+  // Parameters and gradients hold 1.16 GiB, each AdamW moment 0.46 GiB more;
+  // the rest of the process (threads' stacks, oneDNN, MPI) about 0.25 GiB. The
+  // cap, 2.10 GiB, lets the first moment in and not the second, with about a
+  // quarter GiB to spare either way. (An address-space cap, ulimit -v, would
+  // also count the code of cuBLASLt, 0.5 GiB, in a build with the CUDA backend.)
   const fs::path dir = workdir("oom");
   const fs::path dump = dir / "run";
   const auto out = anvil::testing::run_anvil(
       "train --model.flavor 125M --training.dataset text --training.dataset_path " + (dir / "text.txt").string() +
           " --training.seq_len 32 --training.local_batch_size 1 --training.steps 2 --metrics.enable_tensorboard false"
           " --job.dump_folder " + dump.string(),
-      "ulimit -v 2000000; ");
+      "ulimit -d 2200000; ");
   EXPECT_EQ(out.exit_code, 1) << out.text;
   EXPECT_NE(out.text.find("out of memory allocating"), std::string::npos) << out.text;
   const fs::path snap_path = dump / "memory_snapshot" / "step-1.oom.snapshot.json";

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include "anvil/data/brown.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -17,7 +18,7 @@ namespace {
 using Output = anvil::testing::CommandOutput;
 Output run(const std::string& args, const std::string& prefix = "") { return anvil::testing::run_anvil(args, prefix); }
 
-// A small English text from the Brown corpus if it is there, else a generated one.
+// A small, repetitive English text, generated.
 fs::path make_dataset() {
   const fs::path dir = anvil::testing::scratch_root() / "anvil_train_test";
   fs::create_directories(dir);
@@ -83,7 +84,7 @@ TEST(Train, BadInputGetsOneClearLine) {
   EXPECT_EQ(out.exit_code, 1);
   EXPECT_EQ(out.text, "anvil: error: cannot read config file '/nonexistent/job.toml': No such file or directory; "
                       "pass an existing .toml (see configs/)\n");
-  out = run("train --training.dataset_path /nonexistent/brown --training.steps 1");
+  out = run("train --training.dataset brown --training.dataset_path /nonexistent/brown --training.steps 1");
   EXPECT_EQ(out.exit_code, 1);
   EXPECT_NE(out.text.find("anvil: error: Brown corpus folder '/nonexistent/brown' not found"), std::string::npos)
       << out.text;
@@ -127,4 +128,41 @@ TEST(Train, ReadsTokenShardsAndJsonLines) {
             " --model.tokenizer_path " + (dir / "tok.json").string() + common);
   EXPECT_EQ(out.exit_code, 1) << out.text;
   EXPECT_NE(out.text.find("tokenizer"), std::string::npos) << out.text;
+}
+
+// The brown dataset kind, for those who have the corpus: a folder of files in
+// its tagged format (made here; the corpus itself is not fetched any more).
+// The tags come off, every 20th file is held out, and training and validation
+// run on the two splits; `tokenizer train --brown` reads the same folder.
+TEST(Train, ReadsABrownCorpusFolder) {
+  const fs::path dir = anvil::testing::scratch_root() / "anvil_train_test_brown";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "brown");
+  for (int i = 0; i < 20; ++i) {
+    char name[8];
+    std::snprintf(name, sizeof name, "ca%02d", i + 1);
+    std::ofstream f(dir / "brown" / name);
+    for (int line = 0; line < 30; ++line)
+      f << "\n\n\tThe/at jury/nn said/vbd ``/`` no/at ''/'' ,/, and/cc the/at city/nn-tl " << i
+        << "/cd thanked/vbd them/ppo ./.\n";
+  }
+  std::ofstream(dir / "brown" / "README") << "not a corpus file: skipped\n";
+  EXPECT_EQ(anvil::strip_brown_tags("\tThe/at jury/nn said/vbd ``/`` no/at ''/'' ,/, and/cc ./.\n"),
+            "The jury said \"no\", and.\n");
+  const std::string common = " --training.dataset brown --training.dataset_path " + (dir / "brown").string() +
+                             " --training.seq_len 32 --training.local_batch_size 2 --training.steps 4"
+                             " --metrics.log_freq 1 --validation.enable --validation.freq 2 --validation.steps 1"
+                             " --job.dump_folder " + (dir / "out").string();
+  Output out = run("train" + common);
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("dataset brown at " + (dir / "brown").string() + ": 19 train documents ("),
+            std::string::npos)
+      << out.text;
+  EXPECT_NE(out.text.find("), 1 validation"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("step     4 | validation loss"), std::string::npos) << out.text;
+  // The tagged text has 39 merges to learn (the tags would give more).
+  out = run("tokenizer train --vocab-size 297 --brown " + (dir / "brown").string() + " --output " +
+            (dir / "tok.json").string());
+  EXPECT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("vocab 297 = 256 bytes + 39 merges + 2 special"), std::string::npos) << out.text;
 }

@@ -25,7 +25,7 @@ void print_usage() {
       "Learns a byte-level BPE vocabulary and writes it as a Hugging Face tokenizer.json.\n\n"
       "  --vocab-size N    total vocabulary, bytes + merges + special tokens (default 2048)\n"
       "  --input PATH ...  text files, or folders searched for .txt files (several allowed)\n"
-      "  --brown DIR       the Brown corpus folder (data/brown); its tags are stripped\n"
+      "  --brown DIR       a Brown corpus folder (its 500 tagged files); the tags are stripped\n"
       "  --output PATH     where to write tokenizer.json (written to a temporary file, then renamed)\n"
       "  --special TOKEN   a special token; repeat for several. They take the top ids in the order\n"
       "                    given; the default is <|begin_of_text|> (BOS) then <|end_of_text|> (EOS)\n"

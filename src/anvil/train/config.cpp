@@ -47,10 +47,11 @@ std::vector<Key> key_table(JobConfig& c) {
       {"training",
        "dataset",
        &c.training.dataset,
-       "brown: the Brown corpus folder (tags stripped, every 20th file held out for validation); text: text "
-       "or JSON Lines files ({\"text\": ...}, optionally .gz), a folder or a glob; shards: a folder written by "
-       "anvil tokenize",
-       {"brown", "text", "shards"}},
+       "text: text or JSON Lines files ({\"text\": ...}, optionally .gz), a folder or a glob (a plain text "
+       "file is one document; the default is Shakespeare's works from scripts/prepare_data.sh); shards: a "
+       "folder written by anvil tokenize; brown: the Brown corpus folder (tags stripped, every 20th file held "
+       "out for validation)",
+       {"text", "shards", "brown"}},
       {"training", "dataset_path", &c.training.dataset_path, "folder, file or glob the dataset is read from"},
       {"training", "steps", &c.training.steps, "optimizer steps to train", {}, 1, kInf},
       {"training",

@@ -24,8 +24,8 @@ struct JobConfig {
     std::string tokenizer_path = "";
   } model;
   struct Training {
-    std::string dataset = "brown";
-    std::string dataset_path = "data/brown";
+    std::string dataset = "text";
+    std::string dataset_path = "data/shakespeare/train";
     int64_t steps = 100;
     int64_t local_batch_size = 8;
     int64_t global_batch_size = -1;  // -1: local_batch_size · data-parallel degree (no accumulation)
