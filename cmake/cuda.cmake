@@ -34,7 +34,6 @@ set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION -std=c++20)
 set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION -std=c++20)
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-set(ANVIL_CUDA_FLAGS --expt-relaxed-constexpr)
 find_package(CUDAToolkit REQUIRED)
 if(CUDAToolkit_VERSION_MAJOR LESS 13)
   message(FATAL_ERROR "the CUDA backend needs CUDA 13 (found ${CUDAToolkit_VERSION}); configure with -DANVIL_CUDA=OFF "
