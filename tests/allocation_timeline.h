@@ -32,9 +32,14 @@ inline std::string event_str(const MemEvent& e) {
 }
 
 // Returns the number of events compared; a difference fails the test with the
-// first event where the two part and a few around it.
+// first event where the two part and a few around it, and so does a step with
+// no events at all (two empty logs would agree on nothing).
 inline size_t expect_same_allocations(const std::vector<MemEvent>& real, const std::vector<MemEvent>& dry,
                                       const std::string& what) {
+  if (real.empty()) {
+    ADD_FAILURE() << what << ": the real run logged no allocation events for the step (dry run: " << dry.size() << ")";
+    return 0;
+  }
   const size_t n = std::min(real.size(), dry.size());
   size_t first = n;
   for (size_t i = 0; i < n && first == n; ++i) {

@@ -258,7 +258,16 @@ TEST(GenerateCommand, ContinuesAPromptAndExplainsBadInput) {
   fails_with((dir / "nowhere").string() + " --prompt x --tokenizer bytes", "does not exist");
   fails_with(step.string() + " --tokenizer bytes", "needs at least one --prompt");
   fails_with(step.string() + " --prompt x", "holds no config.toml naming its tokenizer");
-  fails_with(step.string() + " --prompt x --tokenizer bytes --top_p 0", "--top_p 0 is outside (0, 1]");
+  // A bad sampling option is refused before the model loads: the error is the
+  // first and only thing printed (no banner, no prompt echoed).
+  {
+    const testing::CommandOutput out =
+        run_anvil("generate " + step.string() + " --prompt Xyzzy --tokenizer bytes --top_p 0");
+    EXPECT_NE(out.exit_code, 0);
+    EXPECT_EQ(out.text.rfind("anvil: error: --top_p 0 is outside (0, 1]", 0), 0u) << out.text;
+    EXPECT_EQ(out.text.find("Xyzzy"), std::string::npos) << out.text;
+    EXPECT_EQ(out.text.find("llama3/debugmodel from"), std::string::npos) << out.text;
+  }
   // A tokenizer larger than the model's vocabulary is not its tokenizer: a
   // 3000-token BPE learned from made-up words.
   {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "anvil/cli/plan_cmd.h"
@@ -91,6 +92,59 @@ GpuRunSpec llama3_8b_fsdp(int64_t shard) {
   s.ac.mode = AcMode::selective_op;
   s.dp_shard = shard;
   return s;
+}
+
+// Llama 3.2 1B and 3B tie the head to the embedding: the planner counts the
+// matrix once (the parameter counts Hugging Face's checkpoints hold, also
+// measured in PyTorch: 1,235,814,400 and 3,212,749,824), while MFU still
+// counts the head's product.
+TEST(GpuPlan, TiedEmbeddingsAreCountedOnceAndTheirProductStill) {
+  for (const auto& [flavor, want] : {std::pair{"1B", 1235814400.0}, std::pair{"3B", 3212749824.0}}) {
+    GpuRunSpec s;
+    s.model = model_flavor("llama3", flavor);
+    s.seq_len = 2048;
+    s.dp_shard = 1;
+    s.fsdp_single_rank = true;
+    const GpuStepEstimate e = estimate_gpu_run(s, gpu_hardware("h200"));
+    EXPECT_EQ(e.parameters_per_gpu, want) << flavor;
+    EXPECT_EQ(e.stages[0].parameters, 4 * want) << flavor;  // fp32, one shard of one
+    EXPECT_EQ(e.stages[0].optimizer, 8 * want) << flavor;
+    const ModelArgs& a = s.model;
+    const double layers = static_cast<double>(a.n_layers * a.params_per_layer());
+    EXPECT_DOUBLE_EQ(e.flops_per_token, 6 * (layers + static_cast<double>(a.dim + a.vocab_size * a.dim)) +
+                                            12.0 * static_cast<double>(a.n_layers * a.n_heads * a.head_dim() * 2048))
+        << flavor;
+  }
+}
+
+// One GPU, two ways: torchtitan's default (no FSDP at shard degree 1: bf16
+// autocast over fp32 weights, gradients and AdamW state, every weight's bf16
+// copy kept for its backward, one pool, no collectives) and FSDP2 applied
+// over one rank (16 bytes per parameter, a block's bf16 weights gathered at
+// a time, the all-gather and reduce-scatter streams' pools).
+TEST(GpuPlan, OneGpuTrainsUnderAutocastOrFsdpOverOneRank) {
+  GpuRunSpec s;
+  s.model = model_flavor("llama3", "1B");
+  s.seq_len = 2048;
+  s.dp_shard = 1;
+  const GpuHardware& hw = gpu_hardware("h200");
+  const GpuStepEstimate amp = estimate_gpu_run(s, hw);
+  s.fsdp_single_rank = true;
+  const GpuStepEstimate fsdp = estimate_gpu_run(s, hw);
+  const double P = 1235814400.0;
+  for (const GpuStepEstimate* e : {&amp, &fsdp}) {
+    EXPECT_EQ(e->stages[0].parameters + e->stages[0].optimizer + e->stages[0].gradients, 16 * P);
+    EXPECT_EQ(e->fsdp_comm_seconds, 0);  // one rank: nothing to send
+  }
+  EXPECT_EQ(amp.stages[0].allgather_pool, 0);
+  EXPECT_GT(fsdp.stages[0].allgather_pool, 0);
+  // Autocast holds every weight's bf16 copy at the loss's backward; FSDP one block's and the root's.
+  std::printf(
+      "1B, seq 2048, one H200: autocast %.2f GiB reserved, %.0f tok/s; FSDP over one rank %.2f GiB, %.0f tok/s\n",
+      amp.max_reserved / (1 << 30), amp.tokens_per_second_per_gpu, fsdp.max_reserved / (1 << 30),
+      fsdp.tokens_per_second_per_gpu);
+  EXPECT_GT(amp.stages[0].peak_allocated, 16 * P + 2 * P);
+  EXPECT_LT(fsdp.stages[0].gathered_params, 2 * P / 2);
 }
 
 TEST(GpuPlan, ShardedStatesFallAsOneOverTheShardCount) {
@@ -183,6 +237,10 @@ TEST(GpuPlan, UnknownHardwareAndUnmodelledLayoutsAreRefusedByName) {
     for (const std::string& n : known_gpu_hardware()) EXPECT_NE(msg.find(n), std::string::npos) << n;
   }
   GpuRunSpec s = llama3_8b_fsdp(1);
+  s.tp = 2;  // TP without FSDP: torchtitan trains in fp32
+  EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
+  s = llama3_8b_fsdp(2);
+  s.fsdp_single_rank = true;  // with two shards
   EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
   s = seed000_rows()[0].spec;
   s.pp_schedule = "Zigzag";
@@ -319,8 +377,13 @@ TEST(GpuPlan, InterleavedAndZeroBubbleSchedulesShrinkTheBubble) {
   EXPECT_NEAR(gpipe, one, 0.05 * one);  // the same idle time, more memory
   // ZBVZeroBubble is estimated (its list scheduler plans with these costs)
   // but not ranked here: with full recomputation its I is several times its
-  // W, and the V puts the head's stage on rank 0 beside the embedding's.
-  bubble("ZBVZeroBubble");
+  // W, and the V puts the head's stage on rank 0 beside the embedding's. Its
+  // simulation gives a real bubble: idle time, less than the whole step.
+  s.pp_schedule = "ZBVZeroBubble";
+  const GpuStepEstimate zbv = estimate_gpu_run(s, hw);
+  EXPECT_GT(zbv.bubble_seconds, 0);
+  EXPECT_LT(zbv.bubble_seconds, 0.5 * zbv.step_seconds);
+  EXPECT_GT(zbv.bubble_fraction, 0);
 }
 
 // A schedule CSV is estimated as the schedule it writes down.
@@ -422,14 +485,61 @@ TEST(GpuPlanSearch, SeventyBillionOn256H100sListsTensorAndPipelineLayouts) {
     EXPECT_GE(layouts[i - 1].estimate.tokens_per_second_per_gpu, layouts[i].estimate.tokens_per_second_per_gpu);
 }
 
-TEST(GpuPlanCommand, EstimateAndPlanRun) {
+// `anvil estimate --hardware` prints what the planner estimates for the
+// configuration's layout, as text and as JSON; `anvil plan` prints the rows
+// it was asked for, fastest first.
+TEST(GpuPlanCommand, EstimateAndPlanPrintTheEstimates) {
   const std::string cfg = std::string(ANVIL_SOURCE_DIR) + "/configs/llama3_8b.toml";
   const JobConfig c = parse_config({cfg, "--activation_checkpoint.mode", "full"});
-  EXPECT_EQ(gpu_estimate_command(c, "h100-80g", 16, false), 0);
-  EXPECT_EQ(gpu_estimate_command(c, "h100-80g", 16, true), 0);
-  EXPECT_EQ(plan_command({cfg, "--hardware", "a100-80g", "--gpus", "64", "--top", "3"}), 0);
-  EXPECT_THROW(gpu_estimate_command(c, "h100-80g", 0, false), Error);
-  EXPECT_THROW(plan_command({cfg, "--gpus", "8"}), Error);
+  GpuRunSpec want;  // the configuration's run, written out: FSDP over all 16 GPUs
+  want.model = model_flavor("llama3", "8B");
+  want.seq_len = 8192;
+  want.local_batch = 1;
+  want.ac = {AcMode::full, 2};
+  want.dp_shard = 16;
+  const GpuStepEstimate e = estimate_gpu_run(want, gpu_hardware("h100-80g"));
+
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(gpu_estimate_command(c, "h100-80g", 16, true), 0);
+  const nlohmann::json j = nlohmann::json::parse(testing::internal::GetCapturedStdout());
+  EXPECT_EQ(j.at("model").get<std::string>(), "llama3/8B");
+  EXPECT_EQ(j.at("gpus").get<int>(), 16);
+  EXPECT_DOUBLE_EQ(j.at("tokens_per_second_per_gpu").get<double>(), e.tokens_per_second_per_gpu);
+  EXPECT_DOUBLE_EQ(j.at("max_reserved_bytes").get<double>(), e.max_reserved);
+  EXPECT_DOUBLE_EQ(j.at("step_seconds").get<double>(), e.step_seconds);
+  ASSERT_EQ(j.at("stages").size(), 1u);
+
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(gpu_estimate_command(c, "h100-80g", 16, false), 0);
+  const std::string text = testing::internal::GetCapturedStdout();
+  char line[128];
+  std::snprintf(line, sizeof line, "tokens/s per GPU: %.0f ", e.tokens_per_second_per_gpu);
+  EXPECT_NE(text.find(line), std::string::npos) << line << " not in:\n" << text;
+  EXPECT_NE(text.find("llama3/8B on 16 x h100-80g"), std::string::npos) << text;
+  EXPECT_NE(text.find(", AC full, local batch 1 x seq 8192"), std::string::npos) << text;
+
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(plan_command({cfg, "--hardware", "a100-80g", "--gpus", "64", "--top", "3", "--json"}), 0);
+  const nlohmann::json rows = nlohmann::json::parse(testing::internal::GetCapturedStdout());
+  ASSERT_EQ(rows.size(), 3u);
+  for (size_t i = 1; i < rows.size(); ++i)
+    EXPECT_GE(rows[i - 1].at("tokens_per_second_per_gpu").get<double>(),
+              rows[i].at("tokens_per_second_per_gpu").get<double>());
+  for (const nlohmann::json& r : rows) EXPECT_LE(r.at("max_reserved_bytes").get<double>(), 80e9);
+
+  try {
+    gpu_estimate_command(c, "h100-80g", 0, false);
+    ADD_FAILURE() << "--gpus 0 was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("--gpus 0: the planner needs at least one GPU"), std::string::npos)
+        << err.what();
+  }
+  try {
+    plan_command({cfg, "--gpus", "8"});
+    ADD_FAILURE() << "a plan without --hardware was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("--hardware and --gpus are needed"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace

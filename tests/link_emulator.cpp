@@ -5,11 +5,16 @@
 // that find more than 4 MiB queued ahead of them are dropped, like a switch's
 // buffer (TCP then resends them).
 //
-//   link_emulator TAP_A TAP_B RATE_BITS_PER_S DELAY_US READY_FILE
+//   link_emulator TAP_A TAP_B RATE_BITS_PER_S DELAY_US READY_FILE [STATS_FILE]
 //
 // The TAP devices must exist (ip tuntap add mode tap name ...); once attached
 // to both it creates READY_FILE, after which they may be moved into network
 // namespaces (the attachment moves with them). Runs until SIGTERM or SIGKILL.
+// With STATS_FILE it keeps there, rewritten whole within 20 ms of any change,
+// what it did to each direction's traffic: the frames and bytes it carried
+// and dropped, how long it held each frame (serialisation wait + delay) and
+// the wire time it charged for them, so a test can see that its traffic went
+// through a slow link without timing anything itself.
 #include <fcntl.h>
 #include <linux/if.h>
 #include <linux/if_tun.h>
@@ -60,19 +65,41 @@ struct Frame {
   double due_us;
 };
 
+struct Counters {
+  unsigned long long frames = 0, bytes = 0, dropped_frames = 0, dropped_bytes = 0;
+  double held_us_min = 0, held_us_sum = 0, wire_us = 0;  // over delivered frames
+};
+
 // One direction of the link.
 struct Direction {
   int from, to;
   std::deque<Frame> queue;
   size_t queued = 0;
   double wire_free_us = 0;  // when the last frame taken has been serialised
+  Counters counters;
 };
+
+// One line per direction, written to a temporary file and renamed over STATS_FILE.
+void write_stats(const std::string& path, const Direction (&dirs)[2]) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    const char* names[2] = {"a_to_b", "b_to_a"};
+    for (int i = 0; i < 2; ++i) {
+      const Counters& c = dirs[i].counters;
+      out << names[i] << " frames " << c.frames << " bytes " << c.bytes << " dropped_frames " << c.dropped_frames
+          << " dropped_bytes " << c.dropped_bytes << " held_us_min " << c.held_us_min << " held_us_mean "
+          << (c.frames > 0 ? c.held_us_sum / static_cast<double>(c.frames) : 0.0) << " wire_us " << c.wire_us << "\n";
+    }
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: link_emulator TAP_A TAP_B RATE_BITS_PER_S DELAY_US READY_FILE\n");
+  if (argc != 6 && argc != 7) {
+    std::fprintf(stderr, "usage: link_emulator TAP_A TAP_B RATE_BITS_PER_S DELAY_US READY_FILE [STATS_FILE]\n");
     return 2;
   }
   const double rate = std::strtod(argv[3], nullptr), delay_us = std::strtod(argv[4], nullptr);
@@ -82,7 +109,11 @@ int main(int argc, char** argv) {
   }
   const int a = open_tap(argv[1]), b = open_tap(argv[2]);
   std::ofstream(argv[5]) << "ready\n";
-  Direction dirs[2] = {{a, b, {}, 0, 0}, {b, a, {}, 0, 0}};
+  const std::string stats = argc == 7 ? argv[6] : "";
+  Direction dirs[2] = {{a, b, {}, 0, 0, {}}, {b, a, {}, 0, 0, {}}};
+  if (!stats.empty()) write_stats(stats, dirs);
+  bool changed = false;
+  double written_us = now_us();
   std::vector<unsigned char> buf(1 << 16);
   for (;;) {
     // Sleep until a frame is due or one arrives.
@@ -90,6 +121,7 @@ int main(int argc, char** argv) {
     const double t = now_us();
     for (const Direction& d : dirs)
       if (!d.queue.empty()) wait_us = std::min(wait_us, std::max(0.0, d.queue.front().due_us - t));
+    if (changed && !stats.empty()) wait_us = std::min(wait_us, std::max(0.0, written_us + 20e3 - t));
     pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
     timespec timeout{static_cast<time_t>(wait_us / 1e6), static_cast<long>(std::fmod(wait_us, 1e6) * 1e3)};
     if (ppoll(fds, 2, &timeout, nullptr) < 0 && errno != EINTR) {
@@ -104,10 +136,23 @@ int main(int argc, char** argv) {
         const ssize_t n = read(d.from, buf.data(), buf.size());
         if (n <= 0) break;
         const double arrived = now_us();
-        if (d.queued + static_cast<size_t>(n) > kQueueBytes) continue;  // tail drop
-        const double start = std::max(arrived, d.wire_free_us);
-        d.wire_free_us = start + static_cast<double>(n) * 8.0 / rate * 1e6;
+        if (d.queued + static_cast<size_t>(n) > kQueueBytes) {  // tail drop
+          ++d.counters.dropped_frames;
+          d.counters.dropped_bytes += static_cast<unsigned long long>(n);
+          changed = true;
+          continue;
+        }
+        const double start = std::max(arrived, d.wire_free_us), wire = static_cast<double>(n) * 8.0 / rate * 1e6;
+        d.wire_free_us = start + wire;
         d.queue.push_back({std::vector<unsigned char>(buf.begin(), buf.begin() + n), d.wire_free_us + delay_us});
+        Counters& c = d.counters;
+        const double held = d.wire_free_us + delay_us - arrived;
+        c.held_us_min = c.frames == 0 ? held : std::min(c.held_us_min, held);
+        c.held_us_sum += held;
+        c.wire_us += wire;
+        ++c.frames;
+        c.bytes += static_cast<unsigned long long>(n);
+        changed = true;
         d.queued += static_cast<size_t>(n);
       }
     }
@@ -119,5 +164,10 @@ int main(int argc, char** argv) {
         d.queued -= f.bytes.size();
         d.queue.pop_front();
       }
+    if (changed && !stats.empty() && now - written_us >= 20e3) {
+      write_stats(stats, dirs);
+      written_us = now;
+      changed = false;
+    }
   }
 }

@@ -405,8 +405,9 @@ double track_total_us(const fs::path& trace_file, const std::string& track) {
 }
 
 struct SlowLinkRun {
-  double step_s = 0, hidden_pct = 0;                     // means over steps 3-10
-  double traced_hidden_pct = 0, printed_hidden_pct = 0;  // step 4's, from its trace and from its metrics line
+  double step_s = 0, hidden_pct = 0;  // means over steps 3-10
+  double traced_hidden_pct = 0;       // step 4's, from its trace
+  double comm_bytes = 0;              // what rank 0 sent in collectives over the 10 steps (its metrics lines)
 };
 
 SlowLinkRun measure_link(const Cluster& cluster, const std::string& dump, const std::string& flags) {
@@ -416,16 +417,18 @@ SlowLinkRun measure_link(const Cluster& cluster, const std::string& dump, const 
   SlowLinkRun r;
   std::ifstream metrics(runs().dir() / dump / "metrics.jsonl");
   double elapsed_2 = 0, elapsed_10 = 0;
-  int n = 0;
+  int n = 0, logged = 0;
   for (std::string line; std::getline(metrics, line);) {
     const nlohmann::json j = nlohmann::json::parse(line);
     if (!j.contains("loss")) continue;
     const int step = j.at("step").get<int>();
+    ++logged;  // every step is logged (log_freq 1), so a line's per-step bytes are its step's
+    r.comm_bytes += j.at("comm_bytes_per_step").get<double>();
     if (step == 2) elapsed_2 = j.at("elapsed_s").get<double>();
     if (step == 10) elapsed_10 = j.at("elapsed_s").get<double>();
-    if (step == 4) r.printed_hidden_pct = j.at("comm_hidden_pct").get<double>();
     if (step >= 3) r.hidden_pct += j.at("comm_hidden_pct").get<double>(), ++n;
   }
+  EXPECT_EQ(logged, 10) << out.text;
   EXPECT_EQ(n, 8) << out.text;
   r.hidden_pct /= std::max(n, 1);
   r.step_s = (elapsed_10 - elapsed_2) / 8;
@@ -433,36 +436,71 @@ SlowLinkRun measure_link(const Cluster& cluster, const std::string& dump, const 
   const double in_flight = track_total_us(trace, "collectives in flight");
   const double blocked = track_total_us(trace, "blocked on collectives");
   EXPECT_GT(in_flight, 0) << trace;
-  EXPECT_GT(blocked, 0) << trace;
   r.traced_hidden_pct = 100.0 * std::max(0.0, 1.0 - blocked / in_flight);
   return r;
+}
+
+// What the link emulator did to one direction's traffic, by its own counters
+// (netns_cluster.sh link-stats): a line "a_to_b frames F bytes B ..." each.
+std::map<std::string, std::map<std::string, double>> link_stats(const Cluster& cluster) {
+  const fs::path file = anvil::testing::scratch_root() / (cluster.name() + ".link-stats");
+  EXPECT_EQ(shell(cluster.command("link-stats") + " > " + file.string() + " 2>&1"), 0) << read_text(file);
+  std::map<std::string, std::map<std::string, double>> out;
+  std::istringstream in(read_text(file));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string direction, key;
+    words >> direction;
+    for (double v; words >> key >> v;) out[direction][key] = v;
+  }
+  return out;
 }
 
 // FSDP 2 with one rank on each host, so every gather and reduction crosses
 // the link: once over the veth link at full speed, once through a link of
 // 1 Gbit/s with 1 ms each way (the link emulator: this kernel's tc has no
-// netem). Training goes on to the same losses, and each run's printed share
-// of communication hidden behind compute is what its trace of step 4 shows.
-TEST(MultiHostSlowLink, TrainingGoesOnAndTheHiddenShareMatchesTheTraces) {
+// netem). The emulator's own counters show that the second run's traffic
+// went through the slow link: at least the bytes rank 0 sent in collectives
+// crossed from host a to host b, every frame was held at least the 1 ms
+// delay, and the wire time charged covers those bytes at 1 Gbit/s. Training
+// goes on to the same losses. What the slow link costs is printed, not
+// asserted (tests never hold time).
+TEST(MultiHostSlowLink, TrainingCrossesAOneGigabitOneMillisecondLinkToTheSameLosses) {
   const Cluster fast;
   REQUIRE_CLUSTER(fast);
   const std::string flags = flags_of({"fsdp2", 1}) + " --profiling.enable_profiling true --profiling.profile_freq 4";
   const SlowLinkRun full = measure_link(fast, "link_full_speed", flags);
 
+  constexpr double kRate = 1e9, kDelayUs = 1000;
   const Cluster slow("1000000000 1000");
   REQUIRE_CLUSTER(slow);
   const SlowLinkRun slowed = measure_link(slow, "link_1gbit_1ms", flags);
+  ::usleep(100000);  // the emulator rewrites its counters within 20 ms of a change
+  const auto link = link_stats(slow);
   std::printf(
       "FSDP 2 across two hosts (llama3/debugmodel, 2 x 32 tokens per rank, fp32), steps 3-10:\n"
-      "| link | step s | comm hidden (printed) | step 4: printed | step 4: from its trace |\n"
-      "|---|---|---|---|---|\n");
+      "| link | step s | comm hidden (printed) | step 4: from its trace |\n"
+      "|---|---|---|---|\n");
   for (const auto& [name, r] :
        {std::pair<const char*, const SlowLinkRun&>{"veth, full speed", full}, {"1 Gbit/s, 1 ms each way", slowed}})
-    std::printf("| %s | %.3f | %.1f%% | %.1f%% | %.1f%% |\n", name, r.step_s, r.hidden_pct, r.printed_hidden_pct,
-                r.traced_hidden_pct);
-  for (const SlowLinkRun* r : {&full, &slowed}) EXPECT_NEAR(r->traced_hidden_pct, r->printed_hidden_pct, 0.5);
-  // The same training comes out of the slow link (its cost is printed above, not asserted: tests never
-  // hold time).
+    std::printf("| %s | %.3f | %.1f%% | %.1f%% |\n", name, r.step_s, r.hidden_pct, r.traced_hidden_pct);
+  std::printf("rank 0 sent %.0f bytes in collectives; the emulator:\n", slowed.comm_bytes);
+  for (const auto& [direction, c] : link) {
+    std::printf("  %s:", direction.c_str());
+    for (const auto& [k, v] : c) std::printf(" %s %.0f", k.c_str(), v);
+    std::printf("\n");
+  }
+  ASSERT_EQ(link.size(), 2u);
+  const auto& ab = link.at("a_to_b");
+  ASSERT_GT(slowed.comm_bytes, 0);
+  EXPECT_GE(ab.at("bytes"), slowed.comm_bytes);
+  EXPECT_LE(ab.at("bytes"), 2 * slowed.comm_bytes);  // that traffic with its headers and acknowledgements, no other
+  EXPECT_GE(ab.at("wire_us"), slowed.comm_bytes * 8 / kRate * 1e6);
+  for (const auto& [direction, c] : link) {
+    EXPECT_GT(c.at("frames"), 0) << direction;
+    EXPECT_GE(c.at("held_us_min"), kDelayUs) << direction;
+  }
+  // The same training comes out of the slow link.
   const auto want = runs().losses("link_full_speed"), got = runs().losses("link_1gbit_1ms");
   ASSERT_EQ(got.size(), 10u);
   for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step;

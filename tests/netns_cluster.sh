@@ -10,22 +10,23 @@
 #                                       the same, joined instead through TAP devices by the user-space
 #                                       link EMULATOR (tests/link_emulator.cpp): a slow link on kernels
 #                                       whose tc lacks netem
+#   netns_cluster.sh link-stats NAME    what the emulator did to each direction's traffic (frames, bytes,
+#                                       drops, how long it held frames, the wire time it charged)
 #   netns_cluster.sh down NAME          remove them, ending every process still in them (and the emulator)
 #   netns_cluster.sh run NAME CMD...    run CMD on host a (mpirun goes here)
 #   netns_cluster.sh agent NAME HOST CMD...
 #                                       Open MPI's rsh agent: run CMD (one shell string) on HOST
 #   netns_cluster.sh cut NAME           take the link down (both ends)
 #   netns_cluster.sh heal NAME          bring it back up
-#   netns_cluster.sh slow NAME RATE DELAY
-#                                       shape both ends with tc netem (slow x 1gbit 1ms); RATE "off" removes it
 #   netns_cluster.sh pids NAME          the pids of every process on either host, one per line
 set -euo pipefail
 
-cmd=${1:?usage: netns_cluster.sh up|down|run|agent|cut|heal|slow|pids NAME ...}
+cmd=${1:?usage: netns_cluster.sh up|up-emulated|down|run|agent|cut|heal|link-stats|pids NAME ...}
 name=${2:?netns_cluster.sh: a cluster name is needed}
 shift 2
 a=${name}a b=${name}b
 emulator_pid=${TMPDIR:-/tmp}/anvil-netns-$name.emulator.pid
+emulator_stats=${TMPDIR:-/tmp}/anvil-netns-$name.link-stats
 
 # Addresses on each host's end of the link, and every interface up.
 configure_ends() {
@@ -57,7 +58,7 @@ case $cmd in
     ip tuntap add mode tap name "${b}v"
     ready=${TMPDIR:-/tmp}/anvil-netns-$name.ready
     rm -f "$ready"
-    setsid "$emulator" "${a}v" "${b}v" "$rate" "$delay" "$ready" </dev/null >/dev/null 2>&1 &
+    setsid "$emulator" "${a}v" "${b}v" "$rate" "$delay" "$ready" "$emulator_stats" </dev/null >/dev/null 2>&1 &
     echo $! >"$emulator_pid"
     for _ in $(seq 100); do [ -e "$ready" ] && break; sleep 0.05; done
     [ -e "$ready" ] || { echo "netns_cluster: the link emulator did not start" >&2; exit 1; }
@@ -77,6 +78,7 @@ case $cmd in
       kill -KILL "$(cat "$emulator_pid")" 2>/dev/null || true
       rm -f "$emulator_pid"
     fi
+    rm -f "$emulator_stats" "$emulator_stats.tmp"
     ;;
   run)
     exec ip netns exec "$a" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$a" "$@"
@@ -97,13 +99,9 @@ case $cmd in
     ip -n "$a" link set "${a}v" "$state"
     ip -n "$b" link set "${b}v" "$state"
     ;;
-  slow)
-    rate=${1:?netns_cluster.sh slow: a rate (1gbit) or off is needed}
-    delay=${2:-0ms}
-    for ns in "$a" "$b"; do
-      tc -n "$ns" qdisc del dev "${ns}v" root 2>/dev/null || true
-      [ "$rate" = off ] || tc -n "$ns" qdisc add dev "${ns}v" root netem rate "$rate" delay "$delay"
-    done
+  link-stats)
+    [ -e "$emulator_stats" ] || { echo "netns_cluster: $name has no emulated link" >&2; exit 1; }
+    cat "$emulator_stats"
     ;;
   pids)
     { ip netns pids "$a" 2>/dev/null; ip netns pids "$b" 2>/dev/null; } || true

@@ -52,6 +52,7 @@ GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus) {
   s.tp = p.tensor_parallel_degree;
   s.cp = p.context_parallel_degree;
   s.pp = p.pipeline_parallel_degree;
+  ANVIL_CHECK(gpus >= 1, "--gpus ", gpus, ": the planner needs at least one GPU");
   const int64_t others = s.dp_replicate * s.cp * s.tp * s.pp;
   ANVIL_CHECK(others >= 1 && gpus % others == 0, "--gpus ", gpus, " is not a multiple of data_parallel_replicate ",
               s.dp_replicate, " x context_parallel ", s.cp, " x tensor_parallel ", s.tp, " x pipeline_parallel ", s.pp);
@@ -75,6 +76,7 @@ GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus) {
   }
   s.microbatch_size = p.pipeline_parallel_microbatch_size;
   s.keep_pp_outputs = p.pipeline_parallel_keep_outputs;
+  s.fsdp_single_rank = p.fsdp_single_rank;
   return s;
 }
 
@@ -147,6 +149,8 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     j["hardware"] = hw.name;
     j["gpus"] = gpus;
     j["model"] = spec.model.name + "/" + spec.model.flavor;
+    j["data_parallel"] = spec.autocast() ? "bf16 autocast, no FSDP" : "FSDP2";
+    j["parameters_per_gpu"] = e.parameters_per_gpu;
     j["stages"] = nlohmann::json::array();
     for (const GpuStageMemory& m : e.stages) j["stages"].push_back(stage_json(m));
     j["max_reserved_bytes"] = e.max_reserved;
@@ -167,9 +171,13 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s/%s on %lld x %s (%s): FSDP %lld", spec.model.name.c_str(), spec.model.flavor.c_str(),
-              static_cast<long long>(gpus), hw.name.c_str(), hw.description.c_str(),
-              static_cast<long long>(spec.dp_shard));
+  std::printf("%s/%s on %lld x %s (%s): ", spec.model.name.c_str(), spec.model.flavor.c_str(),
+              static_cast<long long>(gpus), hw.name.c_str(), hw.description.c_str());
+  if (spec.autocast())
+    std::printf("one GPU, bf16 autocast (torchtitan applies no FSDP at shard degree 1)");
+  else
+    std::printf("FSDP %lld%s", static_cast<long long>(spec.dp_shard),
+                spec.fsdp_single_rank ? " (FSDP2 over one rank)" : "");
   if (spec.dp_replicate > 1) std::printf(" x replicate %lld", static_cast<long long>(spec.dp_replicate));
   if (spec.cp > 1) std::printf(" x CP %lld", static_cast<long long>(spec.cp));
   if (spec.tp > 1) std::printf(" x TP %lld", static_cast<long long>(spec.tp));
@@ -180,6 +188,8 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   if (spec.grad_accum > 1) std::printf(", %lld accumulation steps", static_cast<long long>(spec.grad_accum));
   std::printf(", AC %s, local batch %lld x seq %lld\n\n", ac_mode_name(spec.ac.mode),
               static_cast<long long>(spec.local_batch), static_cast<long long>(spec.seq_len));
+  std::printf("parameters: %.0f per GPU, %lld in the model\n", e.parameters_per_gpu,
+              static_cast<long long>(spec.model.num_params()));
   std::printf("per GPU, GiB       ");
   for (const GpuStageMemory& m : e.stages) std::printf(" | stage %-3d", m.stage);
   std::printf("\n");

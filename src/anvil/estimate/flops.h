@@ -11,6 +11,9 @@ namespace anvil {
 // 6·(parameters − embedding parameters) + 6·n_layers·n_heads·2·head_dim·seq_len:
 // the matrix products of forward and backward (3 × 2 FLOPs per weight per
 // token) plus attention's scores and weighted sum, causal mask not discounted.
+// Where the flavour ties the head to the embedding (Llama 3.2 1B, 3B) the
+// head's vocab × dim product still counts: the parameters are shared, the
+// work is not.
 double flops_per_token(const ModelArgs& args, int64_t seq_len);
 
 }  // namespace anvil

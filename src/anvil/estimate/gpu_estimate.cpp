@@ -206,10 +206,16 @@ void check_gpu_run(const GpuRunSpec& sp) {
   const ModelArgs& a = sp.model;
   ANVIL_CHECK(sp.dp_replicate >= 1 && sp.dp_shard >= 1 && sp.cp >= 1 && sp.tp >= 1 && sp.pp >= 1,
               "parallel degrees must be positive");
-  ANVIL_CHECK(sp.dp_shard * sp.cp >= 2, "parallelism.data_parallel_shard_degree x context_parallel_degree is ",
-              sp.dp_shard * sp.cp,
-              ": the GPU planner models FSDP2 with bf16 compute, and torchtitan without FSDP trains in fp32; "
-              "use a shard degree of 2 or more");
+  ANVIL_CHECK(!sp.autocast() || (sp.tp == 1 && sp.pp == 1 && sp.dp_replicate == 1),
+              "parallelism.data_parallel_shard_degree x context_parallel_degree is 1 with ",
+              sp.tp > 1   ? "tensor"
+              : sp.pp > 1 ? "pipeline"
+                          : "replicated data",
+              " parallelism: torchtitan then trains in fp32 (TP, PP) or under DDP, which the GPU planner does not "
+              "model; use a shard degree of 2 or more, or one GPU (bf16 autocast), or "
+              "--parallelism.fsdp_single_rank true");
+  ANVIL_CHECK(!sp.fsdp_single_rank || sp.dp_shard * sp.cp == 1,
+              "parallelism.fsdp_single_rank is for a shard degree of 1, not ", sp.dp_shard * sp.cp);
   ANVIL_CHECK(sp.cp == 1 || sp.seq_len % (2 * sp.cp) == 0, "context parallelism cuts every sequence into 2 x ", sp.cp,
               " chunks, which must divide training.seq_len ", sp.seq_len);
   ANVIL_CHECK(a.n_heads % sp.tp == 0 && a.n_kv_heads % sp.tp == 0, "parallelism.tensor_parallel_degree ", sp.tp,
@@ -276,7 +282,8 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
       // Parameters per GPU (after TP): the block's matrices are split, its norms replicated.
       static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D,
       d.D * (d.V / t),
-      d.D * (d.V / t) + d.D,
+      // The head's matrix is the embedding's when the flavour ties them (Llama 3.2 1B, 3B): counted once.
+      (a.tie_embeddings ? 0 : d.D * (d.V / t)) + d.D,
       Rates{&hw},
       ring_link(hw, sp.dp_shard * sp.cp, sp.tp),
       ring_link(hw, sp.dp_replicate, sp.tp * sp.cp * sp.dp_shard),
@@ -333,14 +340,18 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   if (root > 0) groups.push_back(root);
   std::sort(groups.rbegin(), groups.rend());
   const double largest_group = groups.empty() ? 0 : groups[0];
-  mem.allgather_pool = kBf16 * (largest_group + (groups.size() > 1 ? groups[1] : 0));
-  mem.reduce_pool_extra = r.v010 ? 0 : kF32 * largest_group;
+  // Autocast has no collectives: one stream, one pool, the gradients in it.
+  mem.allgather_pool = sp.autocast() ? 0 : kBf16 * (largest_group + (groups.size() > 1 ? groups[1] : 0));
+  mem.reduce_pool_extra = r.v010 || sp.autocast() ? 0 : kF32 * largest_group;
+  const double own_pool_grads = sp.autocast() ? mem.gradients : 0;  // gradients on the compute stream
 
   // Activations of one micro-batch on this stage, and the largest block transient.
   double acts = 0, block_transient = 0;
   for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
     const BlockAc ac = block_ac(sp.ac, l - st.first_layer);
-    acts += saved_per_token(d, ac) * T;
+    // Under autocast the residual stream stays fp32 (the embedding and the adds are not autocast), so
+    // each block's saved norm inputs take 4 bytes an element, not 2 (AC full keeps the block's input: one).
+    acts += (saved_per_token(d, ac) + (sp.autocast() ? (ac == BlockAc::full ? 1 : 2) * (kF32 - kBf16) * d.D : 0)) * T;
     const double recomputed = (saved_per_token(d, BlockAc::none) - saved_per_token(d, ac)) * T;
     double transient = recomputed + backward_temps_per_token(d) * T + kBf16 * r.layer_params + cp_kv_bytes(r);
     if (sp.pp == 1 && r.v010)  // the block's bf16 gradients and the fp32 reduce-scatter input it copies them into
@@ -357,7 +368,14 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   const double kept_all = keep ? out_elem * logits * m : 0;
 
   double gathered = 0, accum = 0, root_grads = 0;
-  if (sp.pp > 1) {
+  if (sp.autocast()) {
+    // Autocast's bf16 copy of every weight: made in the forward, kept by the
+    // product for its backward (the cast cache lives until the forward ends,
+    // the saved copy until the weight's gradient is made). At the loss's
+    // backward all of them are alive.
+    gathered = kBf16 * psi;
+    root_grads = 0;
+  } else if (sp.pp > 1) {
     // Under PP torchtitan keeps every group gathered (reshard_after_forward
     // False) and PyTorch's stage runs backward with gradient sync off, so
     // FSDP accumulates unsharded fp32 gradients until the last micro-batch.
@@ -424,7 +442,7 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
     c.parts.working = kF32 * psi / N;
     c.parts.kept_outputs = kept_all;
     c.parts.peak_at = "optimizer step";
-    c.total = mem.parameters + mem.optimizer + mem.pp_buffers + c.parts.working + kept_all;
+    c.total = mem.parameters + mem.optimizer + mem.pp_buffers + c.parts.working + kept_all + own_pool_grads;
     cands.push_back(c);
   }
   const auto best = std::max_element(cands.begin(), cands.end(),
@@ -457,8 +475,8 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   // Gradients (the reduce-scatter outputs) are allocated on the
   // reduce-scatter stream; in the previous step's optimizer they were alive
   // and their blocks stay cached in that pool.
-  mem.peak_allocated = best->total + (mem.peak_at == "optimizer step" ? mem.gradients : 0);
-  mem.reserved = compute_reserved + mem.gradients + mem.reduce_pool_extra + mem.allgather_pool;
+  mem.peak_allocated = best->total + (mem.peak_at == "optimizer step" ? mem.gradients - own_pool_grads : 0);
+  mem.reserved = compute_reserved + mem.gradients - own_pool_grads + mem.reduce_pool_extra + mem.allgather_pool;
   return {mem, base + inflight_acts + kept_all, compute_reserved};
 }
 
@@ -581,11 +599,16 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     out.bwd += out_proj.bwd() + rt.mem(kLossBytesPerLogit * logits + 4 * kBf16 * T * d.D / t);
     out.bwd_weight += out_proj.dw;
   }
-  // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter copy-in.
+  // FSDP's copies: all-gather copy-out (read and write bf16), reduce-scatter
+  // copy-in. Under autocast instead: each weight cast to bf16 in the forward
+  // (read fp32, write bf16) and its bf16 gradient cast to fp32 in the backward.
   const double gathers = sp.pp > 1 ? 1 : 2;
-  out.fsdp_mem = rt.mem(
-      gathers * 2 * kBf16 * psi +
-      (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi : (kBf16 + kF32) * psi));
+  if (sp.autocast())
+    out.fsdp_mem = rt.mem(2 * (kF32 + kBf16) * psi);
+  else
+    out.fsdp_mem = rt.mem(gathers * 2 * kBf16 * psi +
+                          (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi
+                                     : (kBf16 + kF32) * psi));
   out.optimizer = rt.mem(kOptimizerBytesPerParam * psi / N);
   // FSDP traffic per step: gathers of bf16 weights (forward, and again in
   // backward after resharding, except the root and the last block), a
@@ -799,6 +822,8 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
     const int rank = sp.pp > 1 ? schedule.placement.rank_of(static_cast<int>(si)) : 0;
     held[static_cast<size_t>(rank)].push_back(stage_memory(r, shapes[si], static_cast<int>(si), in_flight[si]));
   }
+  for (size_t si = 0; si < shapes.size(); ++si)
+    out.parameters_per_gpu = std::max(out.parameters_per_gpu, stage_params(r, shapes[si]).psi);
   for (int rank = 0; rank < P; ++rank) {
     out.stages.push_back(rank_memory(rank, held[static_cast<size_t>(rank)]));
     out.max_reserved = std::max(out.max_reserved, out.stages.back().reserved);

@@ -34,7 +34,11 @@ struct GpuRunSpec {
   int64_t seq_len = 2048;
   int64_t local_batch = 1;  // sequences per data-parallel rank per step
   AcPolicy ac;
-  int64_t dp_shard = 2;      // FSDP shard degree (>= 2: torchtitan trains without FSDP in fp32 below that)
+  // FSDP shard degree. At dp_shard x cp = 1 torchtitan applies no FSDP and
+  // trains under bf16 autocast (maybe_enable_amp) on one GPU, unless
+  // fsdp_single_rank asks for FSDP2 over that one rank (fully_shard on a mesh of one).
+  int64_t dp_shard = 2;
+  bool fsdp_single_rank = false;
   int64_t dp_replicate = 1;  // HSDP replicas
   int64_t tp = 1;            // tensor parallel, with sequence parallel and loss parallel
   // Context parallel: every sequence in 2·cp chunks, head-tail balanced; the
@@ -59,6 +63,9 @@ struct GpuRunSpec {
   TorchtitanEra era = TorchtitanEra::v0_1_0;
 
   int64_t gpus() const { return dp_shard * dp_replicate * cp * tp * pp; }
+  // One GPU without FSDP: fp32 parameters, gradients and AdamW state, each
+  // weight cast to bf16 by autocast in the forward and kept for its backward.
+  bool autocast() const { return dp_shard * cp == 1 && !fsdp_single_rank; }
   int64_t micro_batches() const { return pp > 1 ? local_batch / grad_accum / microbatch_size : 1; }
 };
 
@@ -97,6 +104,7 @@ struct GpuStageMemory {
 // dispatch where it is slower than the GPU, the optimizer step).
 struct GpuStepEstimate {
   std::vector<GpuStageMemory> stages;  // one per pipeline rank (one when pp == 1), with every stage it holds
+  double parameters_per_gpu = 0;  // the parameters whose shards the busiest-held GPU keeps (all of them on one GPU)
   double max_reserved = 0;
   bool fits = false;                // every stage's reserved <= the GPU's memory
   double compute_seconds = 0;       // the GPU's kernels on the critical path (under PP: the busiest rank's)

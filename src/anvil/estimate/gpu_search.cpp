@@ -39,7 +39,8 @@ GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, 
       for (int64_t pp = 1; pp <= gpus / tp / cp && pp <= L / 2; pp *= 2) {
         if ((gpus / tp / cp) % pp || (pp > 1 && base.model.tie_embeddings)) continue;
         const int64_t dp = gpus / tp / cp / pp;
-        for (int64_t rep = 1; rep <= dp && (dp / rep) * cp >= 2; rep *= 2) {
+        // One GPU trains under bf16 autocast (no FSDP); more shard with FSDP.
+        for (int64_t rep = 1; rep <= dp && ((dp / rep) * cp >= 2 || gpus == 1); rep *= 2) {
           if (dp % rep) continue;
           for (const AcPolicy& ac : acs)
             for (int64_t lb = 1; lb <= 16; lb *= 2)

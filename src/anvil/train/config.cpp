@@ -273,6 +273,10 @@ std::vector<Key> key_table(JobConfig& c) {
        "FSDP: free a group's gathered weights after its forward (always), keep them until the backward "
        "(never: faster, more memory), or all but the last block's (default)",
        {"default", "always", "never"}},
+      {"parallelism", "fsdp_single_rank", &c.parallelism.fsdp_single_rank,
+       "GPU planner (anvil estimate --hardware): at data_parallel_shard_degree 1, model FSDP2 applied over "
+       "one rank (bf16 weights gathered per block, 16 bytes per parameter) instead of torchtitan's bf16 "
+       "autocast; Anvil's trainer does not shard over one rank and refuses it"},
       {"parallelism", "disable_loss_parallel", &c.parallelism.disable_loss_parallel,
        "tensor parallel: gather the logits instead of computing the loss over vocabulary shards"},
       {"parallelism", "enable_sequence_parallel", &c.parallelism.enable_sequence_parallel,

@@ -97,6 +97,7 @@ struct JobConfig {
     int64_t pipeline_parallel_first_stage_less_layers = 1;
     int64_t pipeline_parallel_last_stage_less_layers = 1;
     std::string fsdp_reshard_after_forward = "default";
+    bool fsdp_single_rank = false;  // the GPU planner: FSDP2 over one rank at shard degree 1 (else bf16 autocast)
     bool disable_loss_parallel = false;
     bool enable_sequence_parallel = true;
   } parallelism;

@@ -121,6 +121,9 @@ void setup_pipeline(const JobConfig& cfg, const ModelArgs& args, int P, Parallel
 
 void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayout& layout) {
   const auto& p = cfg.parallelism;
+  ANVIL_CHECK(!p.fsdp_single_rank,
+              "parallelism.fsdp_single_rank = true models FSDP2 over one GPU in the GPU planner (anvil estimate "
+              "--hardware ...); Anvil's trainer does not shard over one rank: set it false (or remove it) to train");
   ANVIL_CHECK(cfg.training.seq_len <= args.max_seq_len, "training.seq_len ", cfg.training.seq_len, " exceeds ",
               args.name, "/", args.flavor, "'s max_seq_len ", args.max_seq_len);
   // The rows a micro-batch runs with: the local batch, or under pipeline
