@@ -17,6 +17,7 @@ struct EstimateOptions {
   bool json = false;
   std::string hardware;                  // a GPU planner run when set
   int64_t gpus = 0;
+  std::string calibration;               // the GPU planner's rates measured on the user's GPU (gpu_calibration.h)
 };
 
 // Parses the words after `anvil estimate`; throws anvil::Error on bad usage.

@@ -44,6 +44,8 @@ void usage() {
       "  tokenize --input PATH... --output-dir DIR       text or JSON Lines (.gz) -> token shards (--help)\n"
       "  report DUMP_FOLDER [--output PATH]              one HTML page of a run: loss, throughput, memory (--help)\n"
       "  plan CONFIG.toml --hardware H --gpus N          GPU layouts that fit, ranked by predicted tokens/s (--help)\n"
+      "  calibrate CONFIG.toml --hardware H --gpus N --shapes FILE\n"
+      "                                                  the shapes a GPU calibration file should time (--help)\n"
       "  pipeline-schedule --schedule NAME --ranks P --micro-batches M\n"
       "                                                  a pipeline schedule's actions, in-flight counts, bubble "
       "(--help)\n"
@@ -78,8 +80,9 @@ int main(int argc, char** argv) {
                       "  every rank's predicted peak memory per category under the configured layout, FLOPs per\n"
                       "  token and communication per step; --ranks: the world size (default: the product of the\n"
                       "  degrees, data_parallel_shard_degree -1 counting as 1)\n"
-                      "anvil estimate CONFIG.toml --hardware H --gpus N [--json]\n"
-                      "  the GPU-cluster planner's per-GPU memory, step time, tokens/s and MFU\n\n"
+                      "anvil estimate CONFIG.toml --hardware H --gpus N [--json] [--calibration FILE]\n"
+                      "  the GPU-cluster planner's per-GPU memory, step time, tokens/s and MFU; --calibration:\n"
+                      "  rates measured on your GPU (anvil calibrate --help)\n\n"
                       "configuration keys:\n");
         std::printf("%s", anvil::config_help().c_str());
         return 0;
@@ -110,6 +113,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return anvil::tokenize_command(rest);
     if (cmd == "report") return anvil::report_command(rest);
     if (cmd == "plan") return anvil::plan_command(rest);
+    if (cmd == "calibrate") return anvil::calibrate_command(rest);
     if (cmd == "pipeline-schedule") return anvil::pipeline_schedule_command(rest);
     if (cmd == "convert") return anvil::convert_command(rest);
     if (cmd == "generate") return anvil::generate_command(rest);

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "anvil/cli/count_arg.h"
 #include "anvil/core/error.h"
@@ -19,6 +20,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 constexpr const char* kUsage =
     "usage: anvil plan CONFIG.toml [--section.key value ...] --hardware H --gpus N [--json] [--top K]\n"
+    "                  [--calibration FILE]\n"
     "       anvil plan --seeds\n"
     "  Searches torchtitan-style layouts (FSDP/HSDP, CP, TP, PP degrees whose product is N, activation\n"
     "  checkpointing, local and micro-batch size) for the configuration's model and sequence length on N\n"
@@ -31,6 +33,7 @@ constexpr const char* kUsage =
     "  --gpus      how many GPUs\n"
     "  --top       rows to print (default 10)\n"
     "  --json      print the rows as JSON\n"
+    "  --calibration  rates measured on your GPU (anvil calibrate --help) instead of the published ones\n"
     "  --seeds     the predictions against seeds 000 and 001, as markdown tables with each row's error\n";
 
 // The model, sequence, batch and AC mode of the configuration; the layout is left at its defaults.
@@ -140,10 +143,13 @@ std::string layout_flags(const GpuRunSpec& s) {
 
 }  // namespace
 
-int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json) {
+int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json,
+                         const std::string& calibration) {
   const GpuHardware& hw = gpu_hardware(hardware);
   const GpuRunSpec spec = spec_from_config(cfg, gpus);
-  const GpuStepEstimate e = estimate_gpu_run(spec, hw);
+  std::optional<GpuCalibration> cal;
+  if (!calibration.empty()) cal = GpuCalibration::load(calibration);
+  const GpuStepEstimate e = estimate_gpu_run(spec, hw, cal ? &*cal : nullptr);
   if (json) {
     nlohmann::json j;
     j["hardware"] = hw.name;
@@ -168,6 +174,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     j["tokens_per_second_per_gpu"] = e.tokens_per_second_per_gpu;
     j["flops_per_token"] = e.flops_per_token;
     j["mfu"] = e.mfu;
+    j["rates"] = e.rate_sources;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -226,6 +233,50 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   std::printf("tokens/s per GPU: %.0f   MFU: %.1f%% (%.4g FLOPs per token, %.0f TFLOP/s peak)\n",
               e.tokens_per_second_per_gpu, 100 * e.mfu, e.flops_per_token, hw.peak_bf16_flops / 1e12);
   std::printf("(from measured kernel rates and published link speeds, not peaks; docs/estimator.md)\n");
+  std::printf("rates: %s\n", e.rate_sources.c_str());
+  return 0;
+}
+
+int calibrate_command(const std::vector<std::string>& args) {
+  static constexpr const char* kCalibrateUsage =
+      "usage: anvil calibrate CONFIG.toml [--section.key value ...] --hardware H --gpus N --shapes FILE\n"
+      "  Writes to FILE (JSON) every matrix-product and attention shape the GPU planner prices for the\n"
+      "  configuration's run on N GPUs of H. On the GPU, time them with\n"
+      "    python3 bench/gpu/calibrate.py --shapes FILE --output calibration.json\n"
+      "  and estimate with them: anvil estimate CONFIG.toml --hardware H --gpus N --calibration calibration.json\n"
+      "  (anvil plan takes --calibration too). docs/estimator.md describes the file.\n";
+  std::string hardware, shapes;
+  int64_t gpus = 0;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kCalibrateUsage);
+      return 0;
+    }
+    auto value = [&]() -> const std::string& {
+      ANVIL_CHECK(i + 1 < args.size(), "anvil calibrate: ", a, " needs a value\n", kCalibrateUsage);
+      return args[++i];
+    };
+    if (a == "--hardware") hardware = value();
+    else if (a == "--gpus") gpus = parse_count_arg("anvil calibrate", a, value());
+    else if (a == "--shapes") shapes = value();
+    else rest.push_back(a);
+  }
+  ANVIL_CHECK(!hardware.empty() && gpus > 0 && !shapes.empty(),
+              "anvil calibrate: --hardware, --gpus and --shapes are needed\n", kCalibrateUsage);
+  const JobConfig cfg = parse_config(rest);
+  const GpuRunSpec spec = spec_from_config(cfg, gpus);
+  PricedShapes priced;
+  estimate_gpu_run(spec, gpu_hardware(hardware), nullptr, &priced);
+  std::FILE* f = std::fopen(shapes.c_str(), "w");
+  ANVIL_CHECK(f != nullptr, "anvil calibrate: cannot write '", shapes, "'");
+  const std::string text = priced.json();
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ANVIL_CHECK(std::fclose(f) == 0 && ok, "anvil calibrate: writing '", shapes, "' failed");
+  std::printf("anvil: %zu matrix-product and %zu attention shapes written to %s; time them on the GPU with\n"
+              "  python3 bench/gpu/calibrate.py --shapes %s --output calibration.json\n",
+              priced.gemms.size(), priced.attention.size(), shapes.c_str(), shapes.c_str());
   return 0;
 }
 
@@ -233,6 +284,7 @@ int plan_command(const std::vector<std::string>& args) {
   std::string hardware;
   int64_t gpus = 0, top = 10;
   bool json = false, seeds = false;
+  std::string calibration;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -249,6 +301,7 @@ int plan_command(const std::vector<std::string>& args) {
     else if (a == "--top") top = parse_count_arg("anvil plan", a, value());
     else if (a == "--json") json = true;
     else if (a == "--seeds") seeds = true;
+    else if (a == "--calibration") calibration = value();
     else rest.push_back(a);
   }
   if (seeds) {
@@ -260,7 +313,9 @@ int plan_command(const std::vector<std::string>& args) {
   const JobConfig cfg = parse_config(rest);
   const GpuRunSpec base = model_spec(cfg);
 
-  const GpuPlanResult found = search_gpu_layouts(base, hw, gpus);
+  std::optional<GpuCalibration> cal;
+  if (!calibration.empty()) cal = GpuCalibration::load(calibration);
+  const GpuPlanResult found = search_gpu_layouts(base, hw, gpus, cal ? &*cal : nullptr);
   std::vector<GpuPlanRow> rows = distinct_layouts(found.rows);
   const size_t distinct = rows.size();
   if (static_cast<int64_t>(rows.size()) > top) rows.resize(static_cast<size_t>(top));

@@ -13,8 +13,15 @@ namespace anvil {
 
 // The configuration's layout as torchtitan would run it on `gpus` GPUs of
 // `hardware`: per-stage memory per GPU and step time, tokens/s per GPU, MFU;
-// a table, or JSON with `json`. Returns the exit code.
-int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json);
+// a table, or JSON with `json`; priced with the calibration file's rates when
+// `calibration` names one. Returns the exit code.
+int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json,
+                         const std::string& calibration = "");
+
+// anvil calibrate CFG [--section.key value ...] --hardware H --gpus N --shapes FILE
+// writes the matrix-product and attention shapes the estimate of that run
+// prices, for bench/gpu/calibrate.py to time on the GPU.
+int calibrate_command(const std::vector<std::string>& args);
 
 // anvil plan CFG [--section.key value ...] --hardware H --gpus N [--json] [--top K]
 // anvil plan --seeds

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <tuple>
 
 #include "anvil/core/error.h"
 #include "anvil/estimate/flops.h"
+#include "anvil/estimate/gpu_calibration.h"
 #include "anvil/pipeline/schedule.h"
 #include "anvil/pipeline/split.h"
 
@@ -117,11 +120,25 @@ double elementwise_fwd_bytes_per_token(const Dims& d, bool gqa) {
 // write 2).
 constexpr double kLossBytesPerLogit = 6 + 8 + 4 + 12 + 6;
 
+// Which rates priced an estimate: the calibration file's or the table's.
+struct RateUse {
+  std::set<std::tuple<double, double, double>> gemm_measured, gemm_modelled;
+  std::set<std::tuple<double, double, double, double, double>> attention_measured;
+  int attention_modelled = 0;  // calls (CP's chunks have no shape to time)
+};
+
 // What each kind of kernel achieves on the GPU: the measured rates of
 // estimate/gpu_hardware.h, not the datasheet's peaks; tensor-core work at the
-// clock the GPU sustains at its power limit.
+// clock the GPU sustains at its power limit. A calibration file
+// (estimate/gpu_calibration.h) replaces them with rates measured on the
+// user's GPU: a product or attention call of a shape it timed takes that
+// time; the others are modelled from its general rates where it has them.
 struct Rates {
   const GpuHardware* hw;
+  const GpuCalibration* cal = nullptr;  // none: the table's rates
+  PricedShapes* priced = nullptr;       // where to note every shape priced (anvil calibrate --shapes)
+  RateUse* use = nullptr;
+  double matmul_flops() const { return cal && cal->matmul_flops ? *cal->matmul_flops : hw->matmul_flops; }
   // Wave quantization: a GEMM's M x N output is cut into tiles (256 x 128, the
   // largest cuBLAS tile on these GPUs, either way round) that run in waves of
   // one tile per SM; the last wave leaves SMs idle. The maximum achievable
@@ -137,15 +154,39 @@ struct Rates {
   }
   // (M x K) times (K x N) in bf16.
   double gemm(double M, double K, double N) const {
-    return std::max(2 * M * K * N / (hw->matmul_flops * hw->sustained_clock_ratio * wave_efficiency(M, N)),
+    const GemmShape shape{M, K, N};
+    if (priced) priced->gemms.emplace(shape.key(), shape);
+    if (cal) {
+      const auto it = cal->gemm_seconds.find(shape.key());
+      if (it != cal->gemm_seconds.end()) {
+        if (use) use->gemm_measured.insert(shape.key());
+        return it->second;
+      }
+    }
+    if (use) use->gemm_modelled.insert(shape.key());
+    return std::max(2 * M * K * N / (matmul_flops() * hw->sustained_clock_ratio * wave_efficiency(M, N)),
                     mem(kBf16 * (M * K + K * N + M * N)));
   }
-  double mem(double bytes) const { return bytes / (hw->hbm_bandwidth * hw->hbm_efficiency); }
+  double mem(double bytes) const {
+    if (cal && cal->hbm_bandwidth) return bytes / *cal->hbm_bandwidth;
+    return bytes / (hw->hbm_bandwidth * hw->hbm_efficiency);
+  }
   double tensor_core_flops() const { return hw->peak_bf16_flops * hw->sustained_clock_ratio; }
-  // FlashAttention-2: the forward's FLOPs and the backward's 2.5 times as many, each at its own efficiency.
-  double attention_fwd(double flops) const { return flops / (tensor_core_flops() * hw->flash_forward_efficiency); }
-  double attention_bwd(double fwd_flops) const {
-    return 2.5 * fwd_flops / (tensor_core_flops() * hw->flash_backward_efficiency);
+  // Causal attention of `shape` with `fwd_flops` in its forward: the time the
+  // calibration measured for that shape, else FlashAttention-2's forward
+  // FLOPs and the backward's 2.5 times as many, each at its own efficiency.
+  std::pair<double, double> attention(const std::optional<AttentionShape>& shape, double fwd_flops) const {
+    if (shape && priced) priced->attention.emplace(shape->key(), *shape);
+    if (shape && cal) {
+      const auto it = cal->attention_seconds.find(shape->key());
+      if (it != cal->attention_seconds.end()) {
+        if (use) use->attention_measured.insert(shape->key());
+        return it->second;
+      }
+    }
+    if (use) ++use->attention_modelled;
+    return {fwd_flops / (tensor_core_flops() * hw->flash_forward_efficiency),
+            2.5 * fwd_flops / (tensor_core_flops() * hw->flash_backward_efficiency)};
   }
 };
 
@@ -250,10 +291,11 @@ struct RunTerms {
   Link shard, rep, tp_link, cp_link;
   double p2p_bandwidth;           // a pipeline boundary's send, bytes/s
   double host_op;                 // eager PyTorch's CPU time per op
+  double host_op_bwd;             // ... per autograd node in the backward
   double collective_sm_fraction;  // of the SMs, what a collective beside compute takes
 };
 
-RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
+RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw, const Rates& rates) {
   const ModelArgs& a = sp.model;
   const double t = static_cast<double>(sp.tp);
   const Dims d{static_cast<double>(a.dim),
@@ -284,14 +326,17 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw) {
       d.D * (d.V / t),
       // The head's matrix is the embedding's when the flavour ties them (Llama 3.2 1B, 3B): counted once.
       (a.tie_embeddings ? 0 : d.D * (d.V / t)) + d.D,
-      Rates{&hw},
+      rates,
       ring_link(hw, sp.dp_shard * sp.cp, sp.tp),
       ring_link(hw, sp.dp_replicate, sp.tp * sp.cp * sp.dp_shard),
       ring_link(hw, sp.tp, 1),
       ring_link(hw, sp.cp, sp.tp),
       pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth * gpu_software().nvlink_efficiency
                                    : hw.internode_bandwidth * gpu_software().internode_efficiency,
-      gpu_software().host_seconds_per_op,
+      rates.cal && rates.cal->host_seconds_per_op ? *rates.cal->host_seconds_per_op
+                                                  : gpu_software().host_seconds_per_op,
+      rates.cal && rates.cal->host_seconds_per_backward_op ? *rates.cal->host_seconds_per_backward_op
+                                                           : gpu_software().host_seconds_per_op,
       static_cast<double>(gpu_software().collective_sms) / static_cast<double>(hw.sms),
   };
 }
@@ -548,7 +593,11 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   // 4·T·s·Dq, halved by the causal mask; under CP T is the rank's share of
   // the queries over the whole sequence's keys (head-tail: an equal share of the work).
   const double attn_fwd_flops = 2 * T * r.s * d.Dq / t;
-  const double attn = rt.attention_fwd(attn_fwd_flops), attn_bwd = rt.attention_bwd(attn_fwd_flops);
+  // Without CP a micro-batch's attention is one call over whole sequences, a
+  // shape a calibration can time; CP's chunks are modelled.
+  std::optional<AttentionShape> attn_shape;
+  if (sp.cp == 1) attn_shape = AttentionShape{T / r.s, r.s, r.s, d.H / t, d.Dq / d.H};
+  const auto [attn, attn_bwd] = rt.attention(attn_shape, attn_fwd_flops);
   const CpLayerTime cp = cp_layer_time(r, attn, attn_bwd);
   const double ew_fwd = rt.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);
   const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, r.tp_link) : 0;
@@ -563,7 +612,7 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     out.bwd += gemm_bwd + attn_bwd + 2 * ew_fwd;  // each op's backward moves about twice its forward's bytes
     out.bwd_weight += gemm_dw;
     out.host_fwd += kOpsPerBlockForward * r.host_op;
-    out.host_bwd += kOpsPerBlockBackward * r.host_op;
+    out.host_bwd += kOpsPerBlockBackward * r.host_op_bwd;
     out.tp_fwd += 4 * tp_coll;  // sequence parallel: all-gather and reduce-scatter around both halves
     out.tp_bwd += 4 * tp_coll;
     out.cp_fwd += cp.fwd;
@@ -784,9 +833,27 @@ GpuStageMemory rank_memory(int rank, const std::vector<StageMemory>& held) {
 
 }  // namespace
 
-GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
+// Where the estimate's rates came from, in words.
+std::string rate_sources(const GpuHardware& hw, const GpuCalibration* cal, const RateUse& use) {
+  auto count = [](size_t measured, size_t modelled, const char* what) {
+    return std::to_string(measured) + " of " + std::to_string(measured + modelled) + " " + what + " priced by its timings";
+  };
+  if (cal == nullptr)
+    return "published rates of " + hw.name + " (estimate/gpu_hardware.cpp); no calibration file";
+  auto from = [](bool measured) { return measured ? "calibration" : "table"; };
+  return "calibration " + cal->source + ": " + count(use.gemm_measured.size(), use.gemm_modelled.size(), "matrix-product shapes") + ", " +
+         count(use.attention_measured.size(), static_cast<size_t>(use.attention_modelled), "attention shapes") + " (the rest modelled); peak matmul " +
+         from(cal->matmul_flops.has_value()) + ", memory bandwidth " + from(cal->hbm_bandwidth.has_value()) +
+         ", host time per op " + from(cal->host_seconds_per_op.has_value()) + " (backward " +
+         from(cal->host_seconds_per_backward_op.has_value()) + "), smallest kernel " +
+         from(cal->kernel_seconds.has_value());
+}
+
+GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw, const GpuCalibration* cal,
+                                 PricedShapes* priced) {
   check_gpu_run(sp);
-  const RunTerms r = run_terms(sp, hw);
+  RateUse use;
+  const RunTerms r = run_terms(sp, hw, Rates{&hw, cal, priced, &use});
   const int P = static_cast<int>(sp.pp), m = static_cast<int>(r.m);
   // A schedule CSV fixes its own placement (and so the stages per rank); a
   // named schedule is built from the stages' costs (ZBVZeroBubble plans with them).
@@ -838,6 +905,7 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw) {
   out.flops_per_token = torchtitan_flops_per_token(sp.model, sp.seq_len, sp.era);
   out.mfu = out.flops_per_token * out.tokens_per_second_per_gpu / hw.peak_bf16_flops;
   out.fits = out.max_reserved <= hw.hbm_bytes;
+  out.rate_sources = rate_sources(hw, cal, use);
   return out;
 }
 

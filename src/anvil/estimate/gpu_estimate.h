@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "anvil/estimate/gpu_calibration.h"
 #include "anvil/estimate/gpu_hardware.h"
 #include "anvil/model/activation_checkpoint.h"
 #include "anvil/model/args.h"
@@ -120,10 +121,14 @@ struct GpuStepEstimate {
   double tokens_per_second_per_gpu = 0;  // torchtitan's definition: local tokens / step / (cp · tp · pp)
   double flops_per_token = 0;            // the numerator MFU uses, per the era's definition
   double mfu = 0;                        // flops_per_token · tokens/s per GPU / peak
+  std::string rate_sources;              // which rates priced it: the table's or a calibration file's
 };
 
-// Throws anvil::Error for a layout it does not model (naming the key).
-GpuStepEstimate estimate_gpu_run(const GpuRunSpec& spec, const GpuHardware& hw);
+// Throws anvil::Error for a layout it does not model (naming the key). With
+// `cal`, shapes it timed are priced by it (estimate/gpu_calibration.h); with
+// `priced`, every shape priced is noted there.
+GpuStepEstimate estimate_gpu_run(const GpuRunSpec& spec, const GpuHardware& hw, const GpuCalibration* cal = nullptr,
+                                 PricedShapes* priced = nullptr);
 
 // The FLOPs per token torchtitan's MFU uses in that era (see TorchtitanEra).
 double torchtitan_flops_per_token(const ModelArgs& args, int64_t seq_len, TorchtitanEra era);

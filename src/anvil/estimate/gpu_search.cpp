@@ -18,7 +18,8 @@ constexpr const char* kSchedules[] = {"GPipe",        "1F1B", "Interleaved1F1B",
                                       "ZBVZeroBubble"};
 }  // namespace
 
-GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus) {
+GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus,
+                                 const GpuCalibration* cal) {
   GpuPlanResult out;
   const std::vector<AcPolicy> acs = {
       {AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2}, {AcMode::full, 2}};
@@ -26,7 +27,7 @@ GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, 
   auto consider = [&](const GpuRunSpec& s) {
     ++out.tried;
     try {
-      const GpuStepEstimate e = estimate_gpu_run(s, hw);
+      const GpuStepEstimate e = estimate_gpu_run(s, hw, cal);
       if (e.fits) out.rows.push_back({s, e});
     } catch (const Error&) {
       // A schedule that cannot run this many micro-batches on these ranks: not a layout.

@@ -30,7 +30,9 @@ struct GpuPlanResult {
 // of two leaving FSDP (dp_shard × cp) at least 2 ranks, AC none, selective op,
 // selective every 2nd block, full, local batch 1 to 16 and gradient
 // accumulation 1, 2, 4 over it.
-GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus);
+// With `cal`, every layout is priced with its rates (estimate_gpu_run).
+GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus,
+                                 const GpuCalibration* cal = nullptr);
 
 // One row per layout (its parallel degrees, CP rotation and pipeline
 // schedule), fastest first: what differs only in batch, AC or accumulation is

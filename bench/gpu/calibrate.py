@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Times, on this machine's GPU, the rates Anvil's GPU planner prices a run with,
+and writes them as a calibration file (src/anvil/estimate/gpu_calibration.h).
+
+    build/anvil calibrate CONFIG.toml --hardware h200 --gpus 1 --shapes shapes.json   # anywhere
+    python3 bench/gpu/calibrate.py --shapes shapes.json --output calibration.json     # on the GPU
+    build/anvil estimate CONFIG.toml --hardware h200 --gpus 1 --calibration calibration.json
+
+It measures with PyTorch (any version with CUDA and scaled_dot_product_attention),
+as the runs the planner models do, until Anvil's own CUDA kernels can:
+  matmul_flops          the best bf16 GEMM rate over square sizes 4096, 8192, 16384 (FLOP/s)
+  hbm_bandwidth         a 2 GiB device-to-device copy, bytes read + written per second
+  host_seconds_per_op   eager PyTorch's host time per op: a chain of small element-wise ops on a tensor
+                        that requires grad (dispatch, autograd recording, launch), the GPU idle-fast
+  host_seconds_per_backward_op
+                        the autograd engine's host time per node in that chain's backward
+  kernel_seconds        the GPU's time per smallest kernel, back to back in a CUDA graph
+  gemms                 each (m, k, n) of the shapes file: torch.mm of bf16 (m x k) and (k x n), seconds
+  attention             each shape: causal scaled_dot_product_attention, bf16, forward and backward seconds
+Every time is the median of several runs after warm-up, by CUDA events.
+--device cpu runs the same code on the CPU with small sizes: a check of this script, not a calibration.
+"""
+import argparse
+import datetime
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def timed(fn, device, runs, warmup=3):
+    """Median seconds of fn() over `runs` runs after `warmup`."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def attention(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # PyTorch before 2.0 (the CPU check only): the same product written out.
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", help="the shapes file of `anvil calibrate` (without it: the general rates only)")
+    ap.add_argument("--output", required=True, help="the calibration file to write")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--runs", type=int, default=10)
+    args = ap.parse_args()
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("calibrate.py: no CUDA GPU is visible to PyTorch (--device cpu checks the script only)")
+    dt = torch.bfloat16
+    shapes = {"gemms": [], "attention": []}
+    if args.shapes:
+        with open(args.shapes) as f:
+            shapes = json.load(f)
+    out = {
+        "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (a check of calibrate.py, not a calibration)",
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
+
+    # The best square GEMM.
+    best = 0.0
+    for n in ([4096, 8192, 16384] if dev == "cuda" else [128, 256]):
+        a, b = torch.randn(n, n, device=dev, dtype=dt), torch.randn(n, n, device=dev, dtype=dt)
+        secs = timed(lambda: torch.mm(a, b), dev, args.runs)
+        best = max(best, 2 * n**3 / secs)
+        print(f"bf16 GEMM {n}^3: {2 * n**3 / secs / 1e12:.1f} TFLOP/s", flush=True)
+        del a, b
+    out["matmul_flops"] = best
+
+    # A large copy: memory-bound kernels' bandwidth.
+    numel = (1 << 30) if dev == "cuda" else (1 << 22)
+    src = torch.empty(numel, device=dev, dtype=dt)
+    dst = torch.empty_like(src)
+    secs = timed(lambda: dst.copy_(src), dev, args.runs)
+    out["hbm_bandwidth"] = 2 * src.numel() * src.element_size() / secs
+    print(f"copy: {out['hbm_bandwidth'] / 1e9:.0f} GB/s (read + write)", flush=True)
+    del src, dst
+
+    # Eager PyTorch's host time per op, forward and backward: 2000 small ops
+    # whose kernels take less time than their dispatch, so the wall time is the host's.
+    chain = 2000
+    x = torch.randn(1024, device=dev, requires_grad=True)
+
+    def forward():
+        y = x
+        for _ in range(chain):
+            y = y * 1.0001
+        return y
+
+    forward()
+    sync(dev)
+    fwd = []
+    bwd = []
+    for _ in range(args.runs):
+        t0 = time.perf_counter()
+        y = forward()
+        sync(dev)
+        t1 = time.perf_counter()
+        y.sum().backward()
+        sync(dev)
+        t2 = time.perf_counter()
+        fwd.append((t1 - t0) / chain)
+        bwd.append((t2 - t1) / chain)
+    out["host_seconds_per_op"] = statistics.median(fwd)
+    out["host_seconds_per_backward_op"] = statistics.median(bwd)
+    print(f"eager host time per op: forward {out['host_seconds_per_op'] * 1e6:.1f} us, "
+          f"backward {out['host_seconds_per_backward_op'] * 1e6:.1f} us", flush=True)
+
+    # The smallest kernel's GPU time, launched back to back from a CUDA graph.
+    if dev == "cuda":
+        t = torch.zeros(1, device=dev)
+        kernels = 1000
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                t.add_(1)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(kernels):
+                t.add_(1)
+        out["kernel_seconds"] = timed(graph.replay, dev, args.runs) / kernels
+        print(f"smallest kernel: {out['kernel_seconds'] * 1e6:.2f} us", flush=True)
+
+    out["gemms"] = []
+    for g in shapes.get("gemms", []):
+        m, k, n = int(g["m"]), int(g["k"]), int(g["n"])
+        a, b = torch.randn(m, k, device=dev, dtype=dt), torch.randn(k, n, device=dev, dtype=dt)
+        secs = timed(lambda: torch.mm(a, b), dev, args.runs)
+        out["gemms"].append({"m": m, "k": k, "n": n, "seconds": secs})
+        print(f"GEMM {m} x {k} x {n}: {secs * 1e6:.1f} us, {2 * m * k * n / secs / 1e12:.1f} TFLOP/s", flush=True)
+        del a, b
+
+    out["attention"] = []
+    for s in shapes.get("attention", []):
+        b, h, q, kv, d = int(s["batch"]), int(s["heads"]), int(s["queries"]), int(s["keys"]), int(s["head_dim"])
+        if q != kv:
+            print(f"attention {s}: queries != keys is not timed (causal alignment differs); modelled", flush=True)
+            continue
+        qt, kt, vt = (torch.randn(b, h, q, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, q, d, device=dev, dtype=dt)
+        fwd_s = timed(lambda: attention(qt, kt, vt), dev, args.runs)
+
+        def both():
+            o = attention(qt, kt, vt)
+            o.backward(grad)
+
+        both_s = timed(both, dev, args.runs)
+        out["attention"].append({"batch": b, "queries": q, "keys": kv, "heads": h, "head_dim": d,
+                                 "forward_seconds": fwd_s, "backward_seconds": max(both_s - fwd_s, 1e-9)})
+        print(f"attention b{b} h{h} s{q} d{d}: forward {fwd_s * 1e3:.3f} ms, backward {(both_s - fwd_s) * 1e3:.3f} ms",
+              flush=True)
+        del qt, kt, vt, grad
+
+    with open(args.output, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"calibrate.py: wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
