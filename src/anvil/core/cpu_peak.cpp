@@ -1,8 +1,11 @@
 #include "anvil/core/cpu_peak.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 namespace anvil {
 
@@ -121,6 +125,80 @@ double time_vec_loop(VecLoop kind, uint64_t iters) {
   return seconds_since(t0);
 }
 
+// AMX: Linux hands out the tile data state (XFEATURE_XTILEDATA, 18) only to
+// a process that asks for it (arch_prctl ARCH_REQ_XCOMP_PERM); without it the
+// first tile instruction faults. oneDNN asks for its own kernels.
+bool amx_permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+  return ok;
+}
+
+// Palette 1: eight tiles of 16 rows x 64 bytes (16 x 32 bf16, or 16 x 16 fp32).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// Six independent TDPBF16PS per iteration into tmm0-5 from zeroed tmm6 and
+// tmm7: enough in flight to cover the instruction's latency (several times its
+// issue interval), values that never become denormal, no memory operand.
+// The mnemonics need only the assembler (binutils 2.36 or later), not -mamx-*.
+double time_tile_loop(uint64_t iters) {
+  const TileConfig cfg;
+  __asm__ volatile("ldtilecfg %0\n\t" ::"m"(cfg));
+  __asm__ volatile(
+      "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3\n\t"
+      "tilezero %%tmm4\n\ttilezero %%tmm5\n\ttilezero %%tmm6\n\ttilezero %%tmm7\n\t" ::
+          : "memory");
+  const auto t0 = std::chrono::steady_clock::now();
+  __asm__ volatile(
+      "1:\n\t"
+      "tdpbf16ps %%tmm7, %%tmm6, %%tmm0\n\t"
+      "tdpbf16ps %%tmm7, %%tmm6, %%tmm1\n\t"
+      "tdpbf16ps %%tmm7, %%tmm6, %%tmm2\n\t"
+      "tdpbf16ps %%tmm7, %%tmm6, %%tmm3\n\t"
+      "tdpbf16ps %%tmm7, %%tmm6, %%tmm4\n\t"
+      "tdpbf16ps %%tmm7, %%tmm6, %%tmm5\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      : [n] "+r"(iters)
+      :
+      : "cc");
+  const double secs = seconds_since(t0);
+  __asm__ volatile("tilerelease\n\t" ::: "memory");
+  return secs;
+}
+constexpr int kTilePerIter = 6;
+
+// TDPBF16PS per second on one core alone, and per hardware thread with every
+// hardware thread of the machine running the loop at once (hyperthreads share
+// a core's tile unit; a loaded chip may clock lower): best of several trials each.
+std::pair<double, double> measure_tile_rates() {
+  constexpr uint64_t kIters = 20000;  // about 2 M cycles a trial at Intel's rate
+  const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  std::barrier start(static_cast<std::ptrdiff_t>(n));
+  // Every thread starts each trial together (trial 0 warms up), so the trials overlap.
+  auto best_rate = [&](bool together) {
+    double best = 0;
+    for (int trial = 0; trial <= kTrials; ++trial) {
+      if (together) start.arrive_and_wait();
+      const double r = kTilePerIter * kIters / time_tile_loop(kIters);
+      if (trial > 0) best = std::max(best, r);
+    }
+    return best;
+  };
+  const double alone = best_rate(false);
+  std::vector<double> rates(n, 0);
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < n; ++i) threads.emplace_back([&, i] { rates[i] = best_rate(true); });
+  for (std::thread& t : threads) t.join();
+  double all = 0;
+  for (double r : rates) all += r;
+  return {alone, all / n};
+}
+
 double reported_clock_hz() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
@@ -170,6 +248,11 @@ CpuMeasurements measure() {
   m.clock_hz = adds_per_s;
   m.fma_per_cycle = fma_per_s / m.clock_hz;
   m.dpbf16_per_cycle = dp_per_s / m.clock_hz;
+  if (f.amx_bf16 && amx_permitted()) {
+    const auto [alone, all] = measure_tile_rates();
+    m.tdpbf16_per_cycle = alone / m.clock_hz;
+    m.tdpbf16_per_cycle_all_threads = all / m.clock_hz;
+  }
   return m;
 }
 
@@ -204,12 +287,25 @@ std::pair<double, std::string> flops_per_cycle(DType dt) {
   const CpuMeasurements& m = cpu_measurements();
   const auto fp32 = fp32_flops_per_cycle();
   if (dt != DType::bf16) return fp32;
-  if (f.amx_bf16)
-    // TDPBF16PS multiplies a 16x32 by a 32x16 bf16 tile into 16x16 fp32
-    // (8192 multiply-adds) and issues once every 16 cycles: 1024 FLOP/cycle.
-    // From Intel's optimisation manual, not measured: using AMX needs tile
-    // permission from the kernel, which oneDNN requests for its own kernels.
-    return {1024.0, "AMX-BF16: TDPBF16PS, 16384 FLOP every 16 cycles"};
+  if (f.amx_bf16) {
+    // TDPBF16PS multiplies a 16x32 by a 32x16 bf16 tile into 16x16 fp32:
+    // 8192 multiply-adds, 16384 FLOP. Its issue rate is measured like the
+    // vector instructions' (Intel's manual says one every 16 cycles), alone
+    // on one core and on every hardware thread at once; the peak takes the
+    // all-at-once rate per thread, since a run uses every thread.
+    if (m.tdpbf16_per_cycle > 0) {
+      const double alone = architectural_rate(m.tdpbf16_per_cycle);
+      const double per_thread = std::min(alone, m.tdpbf16_per_cycle_all_threads);
+      return {per_thread * 16384.0,
+              format("AMX-BF16: TDPBF16PS measured %.4f/cycle alone -> %g, %.4f/cycle per thread with all %u "
+                     "threads at once; %.4f x 16384 FLOP",
+                     m.tdpbf16_per_cycle, alone, m.tdpbf16_per_cycle_all_threads,
+                     std::max(1u, std::thread::hardware_concurrency()), per_thread)};
+    }
+    return {1024.0,
+            "AMX-BF16: TDPBF16PS, 16384 FLOP every 16 cycles (Intel's figure, not measured: the kernel refused "
+            "tile permission)"};
+  }
   // A bf16 product can always run as fp32 FMAs once its inputs are widened, so
   // bf16's peak is the faster of the two routes. vdpbf16ps is not always the
   // faster: on some Intel cores it issues once every two cycles, half the

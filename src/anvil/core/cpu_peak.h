@@ -29,6 +29,8 @@ struct CpuMeasurements {
   double clock_hz = 0;           // a chain of dependent integer adds retires one per cycle
   double fma_per_cycle = 0;      // vfmadd231ps on the widest vectors (zmm, else ymm), independent
   double dpbf16_per_cycle = 0;   // vdpbf16ps zmm, independent (0 without AVX512-BF16)
+  double tdpbf16_per_cycle = 0;  // AMX TDPBF16PS, independent, one thread alone (0 without AMX or its permission)
+  double tdpbf16_per_cycle_all_threads = 0;  // ... per thread, every hardware thread running it at once
   double reported_clock_hz = 0;  // the highest "cpu MHz" in /proc/cpuinfo, for comparison
 };
 // Measured once per process (about 50 ms) and cached.
