@@ -10,10 +10,13 @@ It measures with PyTorch (any version with CUDA and scaled_dot_product_attention
 as the runs the planner models do, until Anvil's own CUDA kernels can:
   matmul_flops          the best bf16 GEMM rate over square sizes 4096, 8192, 16384 (FLOP/s)
   hbm_bandwidth         a 2 GiB device-to-device copy, bytes read + written per second
-  host_seconds_per_op   eager PyTorch's host time per op: a chain of small element-wise ops on a tensor
-                        that requires grad (dispatch, autograd recording, launch), the GPU idle-fast
-  host_seconds_per_backward_op
-                        the autograd engine's host time per node in that chain's backward
+  host_seconds_per_op, host_seconds_per_launch, host_seconds_per_backward_node
+                        eager PyTorch's host time for an op (a chain of views on a tensor that
+                        requires grad), a kernel launch (a chain of multiplies, less the views) and an
+                        autograd node (the views' backward)
+  fsdp_hook_seconds, dtensor_optimizer_seconds_per_tensor, plain_optimizer_seconds_per_tensor,
+  dtensor_op_seconds    FSDP2 over one rank on a model of tiny weights: a group's unshard or reduce,
+                        fused AdamW per DTensor and per plain tensor, clipping per DTensor (CUDA only)
   kernel_seconds        the GPU's time per smallest kernel, back to back in a CUDA graph
   gemms                 each (m, k, n) of the shapes file: torch.mm of bf16 (m x k) and (k x n), seconds
   attention             each shape: causal scaled_dot_product_attention, bf16, forward and backward seconds
@@ -27,6 +30,7 @@ import statistics
 import time
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 
@@ -63,6 +67,80 @@ def attention(q, k, v):
     scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
     return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+def fsdp_host_costs(out, runs):
+    """FSDP2's host costs on one rank, from a model of 16 blocks of nine 16 x 16 weights (a
+    Llama block's parameter tensor count) whose kernels are negligible: one group's unshard or
+    reduce, fused AdamW per DTensor and per plain tensor, clipping per DTensor."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29534")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    mesh = init_device_mesh("cuda", (1,))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.ModuleList(nn.Linear(16, 16, bias=False) for _ in range(9))
+
+        def forward(self, h):
+            for lin in self.w:
+                h = lin(h)
+            return h
+
+    def build(fsdp):
+        model = nn.Sequential(*[Block() for _ in range(16)]).cuda()
+        if fsdp:
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for i, b in enumerate(model):
+                fully_shard(b, mesh=mesh, mp_policy=mp, reshard_after_forward=i < 15)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+
+    inp = torch.randn(4, 16, device="cuda")
+
+    def step_times(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        fb, clip, step = [], [], []
+        for run in range(runs + 2):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model(inp).float().sum().backward()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            if run > 1:
+                fb.append(t1 - t0)
+                clip.append(t2 - t1)
+                step.append(t3 - t2)
+        return statistics.median(fb), statistics.median(clip), statistics.median(step)
+
+    plain_fb, plain_clip, plain_step = step_times(build(False))
+    fsdp_fb, fsdp_clip, fsdp_step = step_times(build(True))
+    tensors = 16 * 9
+    hooks = 17 + 15 + 17  # unshards in the forward (16 blocks, the root), again in the backward (all but the last block), reduces
+    out["fsdp_hook_seconds"] = max(fsdp_fb - plain_fb, 1e-9) / hooks
+    out["dtensor_optimizer_seconds_per_tensor"] = fsdp_step / tensors
+    out["plain_optimizer_seconds_per_tensor"] = plain_step / tensors
+    out["dtensor_op_seconds"] = fsdp_clip / tensors
+    print(f"FSDP2 on one rank: {out['fsdp_hook_seconds'] * 1e3:.3f} ms a group's unshard or reduce; fused AdamW "
+          f"{out['dtensor_optimizer_seconds_per_tensor'] * 1e6:.1f} us a DTensor, "
+          f"{out['plain_optimizer_seconds_per_tensor'] * 1e6:.1f} us a plain tensor; clipping "
+          f"{out['dtensor_op_seconds'] * 1e6:.1f} us a DTensor", flush=True)
+    dist.destroy_process_group()
 
 
 def main():
@@ -105,35 +183,42 @@ def main():
     print(f"copy: {out['hbm_bandwidth'] / 1e9:.0f} GB/s (read + write)", flush=True)
     del src, dst
 
-    # Eager PyTorch's host time per op, forward and backward: 2000 small ops
-    # whose kernels take less time than their dispatch, so the wall time is the host's.
+    # Eager PyTorch's host time (src/anvil/estimate/gpu_hardware.h's GpuSoftware names): chains of
+    # 2000 small ops on a tensor that requires grad, whose kernels take less time than their
+    # dispatch, so the wall time is the host's. Views launch nothing; a multiply launches a kernel.
     chain = 2000
     x = torch.randn(1024, device=dev, requires_grad=True)
 
-    def forward():
-        y = x
-        for _ in range(chain):
-            y = y * 1.0001
-        return y
+    def chain_times(op):
+        fwd, bwd = [], []
+        for run in range(args.runs + 1):
+            sync(dev)
+            t0 = time.perf_counter()
+            y = x
+            for i in range(chain):
+                y = op(y, i)
+            sync(dev)
+            t1 = time.perf_counter()
+            y.sum().backward()
+            sync(dev)
+            t2 = time.perf_counter()
+            if run > 0:  # the first warms up
+                fwd.append((t1 - t0) / chain)
+                bwd.append((t2 - t1) / chain)
+        return statistics.median(fwd), statistics.median(bwd)
 
-    forward()
-    sync(dev)
-    fwd = []
-    bwd = []
-    for _ in range(args.runs):
-        t0 = time.perf_counter()
-        y = forward()
-        sync(dev)
-        t1 = time.perf_counter()
-        y.sum().backward()
-        sync(dev)
-        t2 = time.perf_counter()
-        fwd.append((t1 - t0) / chain)
-        bwd.append((t2 - t1) / chain)
-    out["host_seconds_per_op"] = statistics.median(fwd)
-    out["host_seconds_per_backward_op"] = statistics.median(bwd)
-    print(f"eager host time per op: forward {out['host_seconds_per_op'] * 1e6:.1f} us, "
-          f"backward {out['host_seconds_per_backward_op'] * 1e6:.1f} us", flush=True)
+    view_fwd, view_bwd = chain_times(lambda y, i: y.view(32, 32) if i % 2 == 0 else y.view(1024))
+    mul_fwd, _ = chain_times(lambda y, i: y * 1.0001)
+    out["host_seconds_per_op"] = view_fwd
+    out["host_seconds_per_launch"] = max(mul_fwd - view_fwd, 1e-9)
+    out["host_seconds_per_backward_node"] = view_bwd
+    print(f"eager host time: op {view_fwd * 1e6:.1f} us, launch {out['host_seconds_per_launch'] * 1e6:.1f} us, "
+          f"backward node {view_bwd * 1e6:.1f} us", flush=True)
+    if dev == "cuda":
+        try:
+            fsdp_host_costs(out, args.runs)
+        except Exception as e:  # an older PyTorch without fully_shard: those stay the published figures
+            print(f"FSDP2 host costs not measured ({type(e).__name__}: {e}); the planner keeps the published ones")
 
     # The smallest kernel's GPU time, launched back to back from a CUDA graph.
     if dev == "cuda":

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "anvil/core/error.h"
 
@@ -23,7 +24,29 @@ double required(const nlohmann::json& j, const char* key, const std::string& whe
   return *v;
 }
 
+// The host costs a calibration file may measure, by their names in the file and in GpuSoftware.
+const std::vector<std::pair<const char*, double GpuSoftware::*>>& calibrated_software() {
+  static const std::vector<std::pair<const char*, double GpuSoftware::*>> fields = {
+      {"host_seconds_per_op", &GpuSoftware::host_seconds_per_op},
+      {"host_seconds_per_launch", &GpuSoftware::host_seconds_per_launch},
+      {"host_seconds_per_backward_node", &GpuSoftware::host_seconds_per_backward_node},
+      {"host_seconds_per_accumulate", &GpuSoftware::host_seconds_per_accumulate},
+      {"fsdp_hook_seconds", &GpuSoftware::fsdp_hook_seconds},
+      {"dtensor_optimizer_seconds_per_tensor", &GpuSoftware::dtensor_optimizer_seconds_per_tensor},
+      {"plain_optimizer_seconds_per_tensor", &GpuSoftware::plain_optimizer_seconds_per_tensor},
+      {"dtensor_op_seconds", &GpuSoftware::dtensor_op_seconds},
+  };
+  return fields;
+}
+
 }  // namespace
+
+GpuSoftware GpuCalibration::software_figures() const {
+  GpuSoftware s = gpu_software();
+  for (const auto& [name, field] : calibrated_software())
+    if (const auto it = software.find(name); it != software.end()) s.*field = it->second;
+  return s;
+}
 
 GpuCalibration GpuCalibration::load(const std::string& path) {
   std::ifstream in(path);
@@ -42,9 +65,9 @@ GpuCalibration GpuCalibration::load(const std::string& path) {
     if (j.contains(k) && j.at(k).is_string()) c.source += std::string(c.source == path ? ": " : ", ") + j.at(k).get<std::string>();
   c.matmul_flops = positive(j, "matmul_flops", path);
   c.hbm_bandwidth = positive(j, "hbm_bandwidth", path);
-  c.host_seconds_per_op = positive(j, "host_seconds_per_op", path);
-  c.host_seconds_per_backward_op = positive(j, "host_seconds_per_backward_op", path);
   c.kernel_seconds = positive(j, "kernel_seconds", path);
+  for (const auto& [name, field] : calibrated_software())
+    if (const std::optional<double> v = positive(j, name, path)) c.software[name] = *v;
   if (j.contains("gemms")) {
     ANVIL_CHECK(j.at("gemms").is_array(), path, ": \"gemms\" must be an array");
     for (size_t i = 0; i < j.at("gemms").size(); ++i) {

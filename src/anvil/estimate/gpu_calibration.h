@@ -15,6 +15,8 @@
 #include <string>
 #include <tuple>
 
+#include "anvil/estimate/gpu_hardware.h"
+
 namespace anvil {
 
 // A bf16 product (M x K) times (K x N), fp32 accumulation.
@@ -35,14 +37,18 @@ struct GpuCalibration {
   std::string source;  // the file, and what it says it measured on ("NVIDIA H200, torch 2.11.0, 2026-11-27")
   std::optional<double> matmul_flops;         // the best bf16 GEMM rate over its square sizes, FLOP/s
   std::optional<double> hbm_bandwidth;        // a large device-to-device copy, bytes moved per second (read + write)
-  std::optional<double> host_seconds_per_op;  // eager PyTorch: one op's dispatch and launch, forward with autograd
-  std::optional<double> host_seconds_per_backward_op;  // the autograd engine's host time per node in the backward
-  std::optional<double> kernel_seconds;       // the GPU's time for the smallest kernel, back to back
+  std::optional<double> kernel_seconds;       // the GPU's time for the smallest kernel, back to back (shown, not used)
+  // Eager PyTorch's host costs measured on this machine, by GpuSoftware's
+  // names (host_seconds_per_op, host_seconds_per_launch, ...; gpu_hardware.h):
+  // each replaces the published figure it names.
+  std::map<std::string, double> software;
   std::map<std::tuple<double, double, double>, double> gemm_seconds;
   std::map<std::tuple<double, double, double, double, double>, std::pair<double, double>> attention_seconds;  // fwd, bwd
 
   // Reads a calibration file (bench/gpu/calibrate.py's JSON); throws anvil::Error naming what is wrong.
   static GpuCalibration load(const std::string& path);
+  // The published software figures with this file's in their place.
+  GpuSoftware software_figures() const;
 };
 
 // The shapes one estimate priced, in the order first met (for `anvil calibrate --shapes`).

@@ -18,11 +18,15 @@ namespace {
 constexpr double kBf16 = 2;  // bytes of a bf16 value (parameters as computed, activations, logits in v0_1_0)
 constexpr double kF32 = 4;   // bytes of an fp32 value (master weights, AdamW state, reduced gradients)
 
-// AdamW (torch.optim, foreach) per fp32 parameter shard, bytes of HBM traffic:
-// lerp_(m, g) 12, mul_(v) 8, addcmul_(v, g, g) 12, sqrt(v) 8, div_ 8, add_(eps)
-// 8, addcdiv_(p, m, denom) 16, weight decay mul_(p) 8; gradient clipping reads
-// each gradient for the norm (4) and scales it (8).
-constexpr double kOptimizerBytesPerParam = 80 + 12;
+// AdamW per fp32 parameter shard, bytes of HBM traffic, and gradient
+// clipping's (read each gradient for the norm, 4, and scale it, 8).
+// torch.optim's foreach AdamW (torchtitan in April 2024): lerp_(m, g) 12,
+// mul_(v) 8, addcmul_(v, g, g) 12, sqrt(v) 8, div_ 8, add_(eps) 8,
+// addcdiv_(p, m, denom) 16, weight decay mul_(p) 8. The fused AdamW
+// (optimizer.implementation = "fused", torchtitan's default since) reads p,
+// g, m and v and writes p, m and v once: 28.
+constexpr double kForeachAdamwBytesPerParam = 80 + 12;
+constexpr double kFusedAdamwBytesPerParam = 28 + 12;
 
 // What one pipeline stage holds (pp == 1: the whole model).
 struct StageShape {
@@ -290,8 +294,7 @@ struct RunTerms {
   Rates rt;
   Link shard, rep, tp_link, cp_link;
   double p2p_bandwidth;           // a pipeline boundary's send, bytes/s
-  double host_op;                 // eager PyTorch's CPU time per op
-  double host_op_bwd;             // ... per autograd node in the backward
+  GpuSoftware sw;                 // NCCL's and eager PyTorch's figures (a calibration's where it has them)
   double collective_sm_fraction;  // of the SMs, what a collective beside compute takes
 };
 
@@ -333,10 +336,7 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw, const Rates& rat
       ring_link(hw, sp.cp, sp.tp),
       pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth * gpu_software().nvlink_efficiency
                                    : hw.internode_bandwidth * gpu_software().internode_efficiency,
-      rates.cal && rates.cal->host_seconds_per_op ? *rates.cal->host_seconds_per_op
-                                                  : gpu_software().host_seconds_per_op,
-      rates.cal && rates.cal->host_seconds_per_backward_op ? *rates.cal->host_seconds_per_backward_op
-                                                           : gpu_software().host_seconds_per_op,
+      rates.cal ? rates.cal->software_figures() : gpu_software(),
       static_cast<double>(gpu_software().collective_sms) / static_cast<double>(hw.sms),
   };
 }
@@ -525,12 +525,29 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   return {mem, base + inflight_acts + kept_all, compute_reserved};
 }
 
-// Ops eager PyTorch dispatches per block (read from torchtitan's Llama of
-// the era: two composite RMSNorms of 7 ops, seven linears, RoPE's casts and
-// complex products, repeat_kv's copies, SDPA, the transposes, two residual
-// adds, SwiGLU's three): about 40 in the forward and twice that in the backward.
-constexpr double kOpsPerBlockForward = 40;
-constexpr double kOpsPerBlockBackward = 80;
+// Eager PyTorch's host work per block, counted in torchtitan's Llama 3 block
+// (models/llama3/model/model.py: TransformerBlock, Attention with SDPA,
+// apply_rotary_emb, FeedForward, nn.RMSNorm) and the autograd graph it records
+// (docs/estimator.md, "Short steps"): the forward's 39 Python-level ops, 21
+// of them launching a kernel; the backward's 69 node evaluations, 20 of them
+// launching kernels, 9 AccumulateGrad (one per parameter tensor), 40 others
+// (views, transposes, reshapes). Autocast adds a cast per weight in the
+// forward and its backward node. The embedding, final norm, head and loss
+// add about 10 ops (6 launches) and as many nodes.
+struct HostWork {
+  double ops = 0, launches = 0, nodes = 0, accumulates = 0;
+  double seconds(const GpuSoftware& sw) const {
+    return ops * sw.host_seconds_per_op + launches * sw.host_seconds_per_launch +
+           nodes * sw.host_seconds_per_backward_node + accumulates * sw.host_seconds_per_accumulate;
+  }
+};
+constexpr HostWork kBlockForward{39, 21, 0, 0};
+constexpr HostWork kBlockBackward{0, 20, 60, 9};
+constexpr HostWork kCastForward{7, 7, 0, 0};   // autocast: each of the block's 7 weights cast to bf16
+constexpr HostWork kCastBackward{0, 7, 7, 0};  // ... and its ToCopyBackward
+constexpr HostWork kEndsForward{10, 6, 0, 0};  // embedding, final norm, head, loss
+constexpr HostWork kEndsBackward{0, 6, 10, 0};
+constexpr double kTensorsPerBlock = 9;  // wq, wk, wv, wo, w1, w2, w3 and the two norms
 
 // One micro-batch's time on a stage (compute, tensor-parallel collectives,
 // FSDP's copies) and the step's FSDP traffic and optimizer time.
@@ -538,9 +555,11 @@ struct StageTime {
   double fwd = 0, bwd = 0;            // GPU time of the forward and the whole backward (recomputation included)
   double bwd_weight = 0;              // of bwd, the weight gradients (dW GEMMs): a zero-bubble schedule's W
   double host_fwd = 0, host_bwd = 0;  // eager PyTorch's CPU time to dispatch them
+  double host_fsdp = 0;               // FSDP2's hooks over the step: unshards and reduces, per micro-step
+  double host_optimizer = 0;          // the optimizer's and gradient clipping's host time per step
   double tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0;  // exposed collectives
   double cp_hidden = 0;  // ring CP: transfer time overlapped with attention (it takes SMs from it)
-  double fsdp_mem = 0, optimizer = 0;
+  double fsdp_mem = 0, optimizer = 0;  // GPU time: FSDP's (or autocast's) copies, the optimizer and clipping
   double rs = 0, ar = 0, fsdp_comm = 0, first_group_ag = 0;
   double p2p = 0;  // the boundary tensor sent on, or its gradient back
 };
@@ -611,8 +630,8 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     out.fwd += gemm_fwd + attn + ew_fwd;
     out.bwd += gemm_bwd + attn_bwd + 2 * ew_fwd;  // each op's backward moves about twice its forward's bytes
     out.bwd_weight += gemm_dw;
-    out.host_fwd += kOpsPerBlockForward * r.host_op;
-    out.host_bwd += kOpsPerBlockBackward * r.host_op_bwd;
+    out.host_fwd += kBlockForward.seconds(r.sw) + (sp.autocast() ? kCastForward.seconds(r.sw) : 0);
+    out.host_bwd += kBlockBackward.seconds(r.sw) + (sp.autocast() ? kCastBackward.seconds(r.sw) : 0);
     out.tp_fwd += 4 * tp_coll;  // sequence parallel: all-gather and reduce-scatter around both halves
     out.tp_bwd += 4 * tp_coll;
     out.cp_fwd += cp.fwd;
@@ -623,12 +642,12 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
         break;
       case BlockAc::op:  // every second mm (wk, wo, w3) and the element-wise ops, not attention
         out.bwd += wkv.fwd + wo.fwd + w13.fwd + ew_fwd;
-        out.host_bwd += kOpsPerBlockForward * r.host_op;
+        out.host_bwd += kBlockForward.seconds(r.sw);
         out.tp_bwd += 2 * tp_coll;
         break;
       case BlockAc::full:
         out.bwd += gemm_fwd + attn + ew_fwd;
-        out.host_bwd += kOpsPerBlockForward * r.host_op;
+        out.host_bwd += kBlockForward.seconds(r.sw);
         out.tp_bwd += 4 * tp_coll;
         out.cp_bwd += cp.recompute;
         out.cp_hidden += cp.hidden_fwd;
@@ -640,6 +659,10 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     const double dense_grad = rt.mem(2 * kBf16 * d.V * d.D / t + kBf16 * T * d.D / t);  // a dense gradient of the table
     out.bwd += dense_grad;
     out.bwd_weight += dense_grad;
+  }
+  if (st.embedding || st.head) {
+    out.host_fwd += kEndsForward.seconds(r.sw);
+    out.host_bwd += kEndsBackward.seconds(r.sw);
   }
   if (st.head) {
     const double logits = T * r.Vt;
@@ -658,7 +681,7 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     out.fsdp_mem = rt.mem(gathers * 2 * kBf16 * psi +
                           (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi
                                      : (kBf16 + kF32) * psi));
-  out.optimizer = rt.mem(kOptimizerBytesPerParam * psi / N);
+  out.optimizer = rt.mem((r.v010 ? kFusedAdamwBytesPerParam : kForeachAdamwBytesPerParam) * psi / N);
   // FSDP traffic per step: gathers of bf16 weights (forward, and again in
   // backward after resharding, except the root and the last block), a
   // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards; one
@@ -674,6 +697,15 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   out.ar = 2 * traffic(kF32 * psi / N, sp.dp_replicate, r.rep, groups);
   out.fsdp_comm = traffic(ag_bytes, n, r.shard, gathered_groups) + out.rs + out.ar;
   out.first_group_ag = ring_seconds(kBf16 * (st.embedding && root > 0 ? root : r.layer_params), n, r.shard);
+  // The host's share: FSDP2 walks a group's parameters in every unshard and
+  // reduce (one rank included: it copies instead of gathering); the fused
+  // optimizer and clipping visit every parameter tensor, DTensors under FSDP2.
+  const double tensors = kTensorsPerBlock * static_cast<double>(st.layers) + (st.embedding ? 1 : 0) +
+                         (st.head ? (sp.model.tie_embeddings ? 1 : 2) : 0);
+  if (!sp.autocast()) out.host_fsdp = (gathered_groups + groups) * r.sw.fsdp_hook_seconds;
+  out.host_optimizer =
+      tensors * (sp.autocast() ? r.sw.plain_optimizer_seconds_per_tensor + r.sw.host_seconds_per_op
+                               : r.sw.dtensor_optimizer_seconds_per_tensor + r.sw.dtensor_op_seconds);
   out.p2p = kBf16 * T * d.D / t / r.p2p_bandwidth;
   return out;
 }
@@ -697,16 +729,21 @@ void single_stage_step(const RunTerms& r, const StageShape& st, const StageTime&
   const double hidden = std::max(0.0, time.fsdp_comm - edges);
   const double base = compute + tp_comm + cp_comm;
   const double contention = r.collective_sm_fraction * (std::min(hidden, base) + time.cp_hidden);
-  const double gpu = base + contention, host = time.host_fwd + time.host_bwd;
-  const double host_excess = std::max(0.0, host - gpu);
+  const double gpu = base + contention, host = time.host_fwd + time.host_bwd + time.host_fsdp;
   const double comm_excess = std::max(0.0, hidden - std::max(gpu, host));
+  // Nothing waits for the GPU inside a step, so the host runs ahead: the
+  // optimizer's and clipping's host work overlaps the backward's last kernels,
+  // and their kernels start once both are done. The host paces the step when
+  // its forward, backward and optimizer dispatch outlast the GPU's forward and backward.
+  const double host_excess = std::max(0.0, a * host + time.host_optimizer - a * gpu);
   out.compute_seconds = a * compute;
   out.fsdp_comm_seconds = a * time.fsdp_comm;
   out.tp_comm_seconds = a * tp_comm;
   out.cp_comm_seconds = a * cp_comm;
   out.exposed_comm_seconds = a * (edges + tp_comm + cp_comm + comm_excess);
   out.optimizer_seconds = time.optimizer;
-  out.overhead_seconds = a * (contention + host_excess) + time.optimizer;
+  out.host_seconds = a * host + time.host_optimizer;
+  out.overhead_seconds = a * contention + host_excess + time.optimizer;
   out.step_seconds = out.compute_seconds + out.exposed_comm_seconds + out.overhead_seconds;
 }
 
@@ -725,9 +762,11 @@ StageCosts pipeline_stage_costs(const RunTerms& r, const StageShape& st, const S
   const double f_exp = time.tp_fwd + time.cp_fwd + (st.head ? 0 : time.p2p);
   const double b_exp = time.tp_bwd + time.cp_bwd + (st.embedding ? 0 : time.p2p);
   const double w_gpu = time.bwd_weight, i_gpu = b_gpu - w_gpu;
-  const double f = std::max(f_gpu + f_exp, time.host_fwd);
-  const double i = std::max(i_gpu + b_exp, time.host_bwd * i_gpu / b_gpu);
-  const double w = std::max(w_gpu, time.host_bwd * w_gpu / b_gpu);
+  // FSDP's hooks run once a step under PP (the groups stay gathered): their host time spread over the micro-batches.
+  const double m_hooks = time.host_fsdp / (2 * m);
+  const double f = std::max(f_gpu + f_exp, time.host_fwd + m_hooks);
+  const double i = std::max(i_gpu + b_exp, (time.host_bwd + m_hooks) * i_gpu / b_gpu);
+  const double w = std::max(w_gpu, (time.host_bwd + m_hooks) * w_gpu / b_gpu);
   StageCosts c;
   c.costs = PipeCosts{f, i, w};
   c.gpu = time.fwd + time.bwd + 2 * copies;
@@ -755,7 +794,7 @@ void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, con
     const size_t rk = static_cast<size_t>(schedule.placement.rank_of(static_cast<int>(si)));
     const StageTime& time = times[si];
     tail[rk] += time.rs + time.ar;
-    optimizer[rk] += time.optimizer;
+    optimizer[rk] += std::max(time.optimizer, time.host_optimizer);  // no backward left to hide it behind
     first[rk] = std::max(first[rk], time.first_group_ag);
     gpu[rk] += costs[si].gpu * m;
     exposed[rk] += costs[si].exposed * m;
@@ -844,9 +883,7 @@ std::string rate_sources(const GpuHardware& hw, const GpuCalibration* cal, const
   return "calibration " + cal->source + ": " + count(use.gemm_measured.size(), use.gemm_modelled.size(), "matrix-product shapes") + ", " +
          count(use.attention_measured.size(), static_cast<size_t>(use.attention_modelled), "attention shapes") + " (the rest modelled); peak matmul " +
          from(cal->matmul_flops.has_value()) + ", memory bandwidth " + from(cal->hbm_bandwidth.has_value()) +
-         ", host time per op " + from(cal->host_seconds_per_op.has_value()) + " (backward " +
-         from(cal->host_seconds_per_backward_op.has_value()) + "), smallest kernel " +
-         from(cal->kernel_seconds.has_value());
+         ", eager host costs " + std::to_string(cal->software.size()) + " of 8 from the calibration";
 }
 
 GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw, const GpuCalibration* cal,

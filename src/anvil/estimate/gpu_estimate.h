@@ -117,6 +117,7 @@ struct GpuStepEstimate {
   double bubble_fraction = 0;       // PP: idle / makespan of the busiest rank under the schedule's simulation
   double bubble_seconds = 0;
   double overhead_seconds = 0;
+  double host_seconds = 0;          // eager PyTorch's host time over the step (ops, autograd, FSDP2's hooks, optimizer)
   double step_seconds = 0;
   double tokens_per_second_per_gpu = 0;  // torchtitan's definition: local tokens / step / (cp · tp · pp)
   double flops_per_token = 0;            // the numerator MFU uses, per the era's definition

@@ -64,10 +64,37 @@ const std::vector<GpuHardware>& table() {
 //         all-gather kernel launching 24 blocks, one per SM, for as long as it runs:
 //         forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-performance-
 //         degradation-because-of-tail-effect/337991.
+// Eager PyTorch's host time (docs/estimator.md, "Short steps", derives the per-step counts):
+// [BRRR]  H. He, "Making Deep Learning Go Brrrr From First Principles" (horace.io/brrr_intro.html):
+//         "with PyTorch, we can only get 280 thousand operations per second": 3.6 us an op.
 // [HTA]   Meta's Holistic Trace Analysis docs, "CUDA kernel launch stats": "Usually, the launch time on
-//         the CPU side is between 5-20 microseconds": the middle, 10 us per op.
+//         the CPU side is between 5-20 microseconds": the middle, 12.5 us a launch.
+// [NODE]  A torch.profiler table of an FSDP training step (github.com/huggingface/blog issue 1649):
+//         "autograd::engine::evaluate_function: ViewBackward0 ... 13.902us" per node and
+//         "torch::autograd::AccumulateGrad ... 7.717us".
+// [FSDP2] github.com/pytorch/pytorch issue 173680 (torch 2.10): "FSDP::pre_forward calls take 50% of the
+//         step time ... 1 ms launches": 1 ms a group's unshard; the post-backward reduce, which walks the
+//         group's parameters as the unshard does, is taken at the same.
+// [OPT]   github.com/microsoft/dion pull 63: "With ~150 AdamW params ... torch.optim.AdamW(fused=True)
+//         dropped the same work to ~43 ms of CPU" (DTensor parameters): 0.287 ms a tensor; and
+//         github.com/pytorch/pytorch issue 134191: "uncompiled AdamW + FSDP1 ... 6 ms on CPU / uncompiled
+//         AdamW + FSDP2 ... 187 ms on CPU": plain tensors at 6/187 of the DTensor cost.
+// [DT]    github.com/pytorch/pytorch pull 166371: "reduce DTensor dispatch time for detach() from 36-40
+//         usec to 24-26 usec": 25 us a DTensor op.
 const GpuSoftware& gpu_software() {
-  static const GpuSoftware s{365.6 / 450, 376.71 / 400, 18e-6, 98e-6, 24, 10e-6};
+  static const GpuSoftware s{.nvlink_efficiency = 365.6 / 450,
+                             .internode_efficiency = 376.71 / 400,
+                             .intranode_latency = 18e-6,
+                             .internode_latency = 98e-6,
+                             .collective_sms = 24,
+                             .host_seconds_per_op = 3.6e-6,
+                             .host_seconds_per_launch = 12.5e-6,
+                             .host_seconds_per_backward_node = 13.9e-6,
+                             .host_seconds_per_accumulate = 7.7e-6,
+                             .fsdp_hook_seconds = 1e-3,
+                             .dtensor_optimizer_seconds_per_tensor = 43e-3 / 150,
+                             .plain_optimizer_seconds_per_tensor = 43e-3 / 150 * 6.0 / 187.0,
+                             .dtensor_op_seconds = 25e-6};
   return s;
 }
 

@@ -39,7 +39,16 @@ struct GpuSoftware {
   double intranode_latency;     // seconds a small collective takes inside a node
   double internode_latency;     // ... across nodes
   int collective_sms;           // SMs one NCCL collective kernel occupies while it runs
-  double host_seconds_per_op;   // eager PyTorch's CPU time to dispatch one op and launch its kernel
+  // Eager PyTorch's host (CPU) time, which paces a step whose kernels are
+  // shorter than their dispatch (docs/estimator.md, "Short steps"):
+  double host_seconds_per_op;            // one op through Python and the dispatcher, not counting a launch
+  double host_seconds_per_launch;        // the CPU side of one kernel launch
+  double host_seconds_per_backward_node; // the autograd engine evaluating one node, not counting a launch
+  double host_seconds_per_accumulate;    // AccumulateGrad, one per parameter tensor in the backward
+  double fsdp_hook_seconds;              // FSDP2: one group's unshard (pre-forward, pre-backward) or reduce (post-backward)
+  double dtensor_optimizer_seconds_per_tensor;  // fused AdamW's step on FSDP2's DTensor parameters, per tensor
+  double plain_optimizer_seconds_per_tensor;    // ... on plain tensors (no FSDP)
+  double dtensor_op_seconds;             // one DTensor op (gradient clipping's per-tensor work under FSDP2)
 };
 const GpuSoftware& gpu_software();
 
