@@ -137,7 +137,8 @@ class Llama(nn.Module):
         if tied:
             self.output.weight = self.tok_embeddings.weight
         # theta 500,000; Llama 3.1's frequency scaling changes no cost and is left out
-        self.register_buffer("freqs", rope_cache(dim // heads, seq, 500000.0, "cpu"), persistent=False)
+        self.register_buffer("freqs", rope_cache(dim // heads, seq, 500000.0, self.output.weight.device),
+                             persistent=False)
         self.ac = ac
 
     def forward(self, tokens):
@@ -165,10 +166,10 @@ def main():
     torch.manual_seed(0)
     if dev == "cuda":
         free_before, total = torch.cuda.mem_get_info()
-    model = Llama(args.flavor, args.seq, args.ac)
     vocab = FLAVORS[args.flavor][7]
     if dev == "cuda":
-        model = model.cuda()
+        with torch.device("cuda"):  # made on the GPU: an 8B model's CPU initialisation takes minutes
+            model = Llama(args.flavor, args.seq, args.ac)
         if args.fsdp_single_rank:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -182,6 +183,8 @@ def main():
                 # torchtitan keeps the last block gathered after its forward: the backward needs it at once.
                 fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(model.layers) - 1)
             fully_shard(model, mesh=mesh, mp_policy=mp)
+    else:
+        model = Llama(args.flavor, args.seq, args.ac)
     fused = {"fused": True} if dev == "cuda" else {}  # PyTorch 1.13's AdamW (the CPU check) has no fused
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), weight_decay=0.1, **fused)
     autocast = dev == "cuda" and not args.fsdp_single_rank

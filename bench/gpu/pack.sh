@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Packs what the GPU check (bench/gpu/check.sh) runs on the GPU machine: the
+# CUDA build's binaries and the Debian shared libraries they load that the GPU
+# machine's Ubuntu lacks (oneDNN, Open MPI, toml++, PCRE2, ...; not the C
+# library, the C++ runtime, or CUDA's own, which are there), as .gpu/anvil-gpu.tar.xz.
+# Build first: cmake -S . -B build-cuda -DANVIL_CUDA=ON && cmake --build build-cuda
+#
+#   bench/gpu/pack.sh [BUILD_DIR]      (default build-cuda)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build-cuda}
+[ -x "$build/anvil" ] || { echo "pack.sh: no $build/anvil; build the CUDA backend first (see the header)" >&2; exit 1; }
+grep -q '"ANVIL_WITH_CUDA".*ON\|ANVIL_WITH_CUDA:INTERNAL=ON\|ANVIL_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null ||
+  "$build/anvil" info | grep -q "^CUDA runtime" ||
+  { echo "pack.sh: $build/anvil has no CUDA backend (configure with -DANVIL_CUDA=ON)" >&2; exit 1; }
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib"
+bins=("$build/anvil")
+for t in cpu_peak_test gpu_plan_test gpu_calibration_test; do bins+=("$build/tests/$t"); done
+for t in "$build"/tests/cuda_*_test; do bins+=("$t"); done
+cp "${bins[@]}" "$stage/bin/"
+# The libraries each binary loads from Debian's tree, less those every Linux
+# with CUDA has: glibc's, the C++ runtime, the GPU driver's and CUDA's.
+skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt|libcudnn.*|libnvrtc.*|libnvJitLink)\.so'
+for b in "${bins[@]}"; do
+  ldd "$b" | awk '/=> \//{print $3}'
+done | sort -u | while read -r lib; do
+  name=$(basename "$lib")
+  [[ $name =~ $skip ]] && continue
+  cp -L "$lib" "$stage/lib/$name"
+done
+mkdir -p .gpu
+tar -C "$stage" -cJf .gpu/anvil-gpu.tar.xz bin lib
+echo "pack.sh: .gpu/anvil-gpu.tar.xz ($(du -h .gpu/anvil-gpu.tar.xz | cut -f1)): $(ls "$stage/bin" | wc -l) binaries, $(ls "$stage/lib" | wc -l) libraries"
