@@ -33,6 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch_reference import sdpa  # this folder's: causal SDPA, written out on PyTorch before 2.0
+
 
 def timed(fn, device, runs, warmup=3):
     """Median seconds of fn() over `runs` runs after `warmup`."""
@@ -57,16 +59,6 @@ def timed(fn, device, runs, warmup=3):
 def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def attention(q, k, v):
-    if hasattr(F, "scaled_dot_product_attention"):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    # PyTorch before 2.0 (the CPU check only): the same product written out.
-    s = q.shape[-2]
-    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
 def fsdp_host_costs(out, runs):
@@ -253,10 +245,10 @@ def main():
             continue
         qt, kt, vt = (torch.randn(b, h, q, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
         grad = torch.randn(b, h, q, d, device=dev, dtype=dt)
-        fwd_s = timed(lambda: attention(qt, kt, vt), dev, args.runs)
+        fwd_s = timed(lambda: sdpa(qt, kt, vt), dev, args.runs)
 
         def both():
-            o = attention(qt, kt, vt)
+            o = sdpa(qt, kt, vt)
             o.backward(grad)
 
         both_s = timed(both, dev, args.runs)

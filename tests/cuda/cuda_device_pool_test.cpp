@@ -11,15 +11,10 @@
 
 #include "anvil/core/device_pool.h"
 #include "anvil/cuda/device.h"
+#include "cuda_test_util.h"
 #include "anvil/cuda/device_memory.h"
 
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                  \
-  do {                                                                                      \
-    std::string why;                                                                        \
-    if (anvil::cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA GPU (" << why << ")"; \
-  } while (0)
 
 size_t free_bytes() {
   size_t free = 0, total = 0;

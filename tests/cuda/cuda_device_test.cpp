@@ -14,15 +14,9 @@
 #include "anvil/core/dtype.h"
 #include "anvil/cuda/device.h"
 #include "anvil/ops/cuda/cast.h"
+#include "cuda_test_util.h"
 
 namespace {
-
-// Skips the calling test, with the runtime's reason, where no GPU is present.
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    std::string why;                                                                \
-    if (anvil::cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA GPU (" << why << ")"; \
-  } while (0)
 
 void check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
 
