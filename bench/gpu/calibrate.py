@@ -17,7 +17,8 @@ as the runs the planner models do, until Anvil's own CUDA kernels can:
   fsdp_hook_seconds, dtensor_optimizer_seconds_per_tensor, plain_optimizer_seconds_per_tensor,
   dtensor_op_seconds    FSDP2 over one rank on a model of tiny weights: a group's unshard or reduce,
                         fused AdamW per DTensor and per plain tensor, clipping per DTensor (CUDA only)
-  kernel_seconds        the GPU's time per smallest kernel, back to back in a CUDA graph
+  kernel_seconds        the GPU's time per smallest kernel, back to back in a CUDA graph (for the
+                        reader: the planner does not use it)
   gemms                 each (m, k, n) of the shapes file: torch.mm of bf16 (m x k) and (k x n), seconds
   attention             each shape: causal scaled_dot_product_attention, bf16, forward and backward seconds
 Every time is the median of several runs after warm-up, by CUDA events.

@@ -10,7 +10,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
 [ -x "$build/anvil" ] || { echo "pack.sh: no $build/anvil; build the CUDA backend first (see the header)" >&2; exit 1; }
-grep -q '"ANVIL_WITH_CUDA".*ON\|ANVIL_WITH_CUDA:INTERNAL=ON\|ANVIL_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null ||
   "$build/anvil" info | grep -q "^CUDA runtime" ||
   { echo "pack.sh: $build/anvil has no CUDA backend (configure with -DANVIL_CUDA=ON)" >&2; exit 1; }
 stage=$(mktemp -d)

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "anvil/cli/count_arg.h"
+#include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 #include "anvil/estimate/gpu_estimate.h"
 #include "anvil/estimate/gpu_hardware.h"
@@ -269,11 +270,7 @@ int calibrate_command(const std::vector<std::string>& args) {
   const GpuRunSpec spec = spec_from_config(cfg, gpus);
   PricedShapes priced;
   estimate_gpu_run(spec, gpu_hardware(hardware), nullptr, &priced);
-  std::FILE* f = std::fopen(shapes.c_str(), "w");
-  ANVIL_CHECK(f != nullptr, "anvil calibrate: cannot write '", shapes, "'");
-  const std::string text = priced.json();
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ANVIL_CHECK(std::fclose(f) == 0 && ok, "anvil calibrate: writing '", shapes, "' failed");
+  write_file_durably(shapes, priced.json());
   std::printf("anvil: %zu matrix-product and %zu attention shapes written to %s; time them on the GPU with\n"
               "  python3 bench/gpu/calibrate.py --shapes %s --output calibration.json\n",
               priced.gemms.size(), priced.attention.size(), shapes.c_str(), shapes.c_str());

@@ -139,6 +139,14 @@ void* DevicePool::allocate(size_t bytes, MemCategory category, std::string_view 
   return reinterpret_cast<void*>(b->addr);
 }
 
+void DevicePool::absorb_next(Block* b) {
+  Block* n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next != nullptr) n->next->prev = b;
+  delete n;
+}
+
 void DevicePool::deallocate(void* ptr) {
   if (ptr == nullptr) return;
   const auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
@@ -153,17 +161,11 @@ void DevicePool::deallocate(void* ptr) {
   // Merge with free neighbours: the segment's free space stays in as few blocks as it can.
   if (Block* n = b->next; n != nullptr && n->free) {
     free_blocks.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    delete n;
+    absorb_next(b);
   }
   if (Block* p = b->prev; p != nullptr && p->free) {
     free_blocks.erase(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) b->next->prev = p;
-    delete b;
+    absorb_next(p);
     b = p;
   }
   free_blocks.insert(b);

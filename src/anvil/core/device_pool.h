@@ -113,6 +113,7 @@ class DevicePool {
   };
   std::set<Block*, BySize>& pool(bool small) { return small ? small_free_ : large_free_; }
   Block* map_segment(size_t size, bool small);
+  void absorb_next(Block* b);  // b takes its next neighbour's bytes (both out of the free pools)
   void release_free_segments();
 
   std::unique_ptr<DeviceMemory> memory_;

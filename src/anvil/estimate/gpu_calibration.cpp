@@ -41,6 +41,8 @@ const std::vector<std::pair<const char*, double GpuSoftware::*>>& calibrated_sof
 
 }  // namespace
 
+size_t GpuCalibration::software_keys() { return calibrated_software().size(); }
+
 GpuSoftware GpuCalibration::software_figures() const {
   GpuSoftware s = gpu_software();
   for (const auto& [name, field] : calibrated_software())
@@ -65,7 +67,6 @@ GpuCalibration GpuCalibration::load(const std::string& path) {
     if (j.contains(k) && j.at(k).is_string()) c.source += std::string(c.source == path ? ": " : ", ") + j.at(k).get<std::string>();
   c.matmul_flops = positive(j, "matmul_flops", path);
   c.hbm_bandwidth = positive(j, "hbm_bandwidth", path);
-  c.kernel_seconds = positive(j, "kernel_seconds", path);
   for (const auto& [name, field] : calibrated_software())
     if (const std::optional<double> v = positive(j, name, path)) c.software[name] = *v;
   if (j.contains("gemms")) {

@@ -37,7 +37,6 @@ struct GpuCalibration {
   std::string source;  // the file, and what it says it measured on ("NVIDIA H200, torch 2.11.0, 2026-11-27")
   std::optional<double> matmul_flops;         // the best bf16 GEMM rate over its square sizes, FLOP/s
   std::optional<double> hbm_bandwidth;        // a large device-to-device copy, bytes moved per second (read + write)
-  std::optional<double> kernel_seconds;       // the GPU's time for the smallest kernel, back to back (shown, not used)
   // Eager PyTorch's host costs measured on this machine, by GpuSoftware's
   // names (host_seconds_per_op, host_seconds_per_launch, ...; gpu_hardware.h):
   // each replaces the published figure it names.
@@ -49,6 +48,8 @@ struct GpuCalibration {
   static GpuCalibration load(const std::string& path);
   // The published software figures with this file's in their place.
   GpuSoftware software_figures() const;
+  // How many host costs a file can give (GpuSoftware's eager PyTorch fields).
+  static size_t software_keys();
 };
 
 // The shapes one estimate priced, in the order first met (for `anvil calibrate --shapes`).

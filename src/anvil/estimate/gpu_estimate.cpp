@@ -127,8 +127,8 @@ constexpr double kLossBytesPerLogit = 6 + 8 + 4 + 12 + 6;
 // Which rates priced an estimate: the calibration file's or the table's.
 struct RateUse {
   std::set<std::tuple<double, double, double>> gemm_measured, gemm_modelled;
-  std::set<std::tuple<double, double, double, double, double>> attention_measured;
-  int attention_modelled = 0;  // calls (CP's chunks have no shape to time)
+  std::set<std::tuple<double, double, double, double, double>> attention_measured, attention_modelled;
+  bool cp_chunks = false;  // attention over CP's chunks: no one shape to time, always modelled
 };
 
 // What each kind of kernel achieves on the GPU: the measured rates of
@@ -188,7 +188,12 @@ struct Rates {
         return it->second;
       }
     }
-    if (use) ++use->attention_modelled;
+    if (use) {
+      if (shape)
+        use->attention_modelled.insert(shape->key());
+      else
+        use->cp_chunks = true;
+    }
     return {fwd_flops / (tensor_core_flops() * hw->flash_forward_efficiency),
             2.5 * fwd_flops / (tensor_core_flops() * hw->flash_backward_efficiency)};
   }
@@ -419,7 +424,6 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
     // the saved copy until the weight's gradient is made). At the loss's
     // backward all of them are alive.
     gathered = kBf16 * psi;
-    root_grads = 0;
   } else if (sp.pp > 1) {
     // Under PP torchtitan keeps every group gathered (reshard_after_forward
     // False) and PyTorch's stage runs backward with gradient sync off, so
@@ -870,8 +874,6 @@ GpuStageMemory rank_memory(int rank, const std::vector<StageMemory>& held) {
   return m;
 }
 
-}  // namespace
-
 // Where the estimate's rates came from, in words.
 std::string rate_sources(const GpuHardware& hw, const GpuCalibration* cal, const RateUse& use) {
   auto count = [](size_t measured, size_t modelled, const char* what) {
@@ -881,10 +883,14 @@ std::string rate_sources(const GpuHardware& hw, const GpuCalibration* cal, const
     return "published rates of " + hw.name + " (estimate/gpu_hardware.cpp); no calibration file";
   auto from = [](bool measured) { return measured ? "calibration" : "table"; };
   return "calibration " + cal->source + ": " + count(use.gemm_measured.size(), use.gemm_modelled.size(), "matrix-product shapes") + ", " +
-         count(use.attention_measured.size(), static_cast<size_t>(use.attention_modelled), "attention shapes") + " (the rest modelled); peak matmul " +
+         count(use.attention_measured.size(), use.attention_modelled.size(), "attention shapes") +
+         (use.cp_chunks ? ", CP's attention chunks modelled" : "") + " (the rest modelled); peak matmul " +
          from(cal->matmul_flops.has_value()) + ", memory bandwidth " + from(cal->hbm_bandwidth.has_value()) +
-         ", eager host costs " + std::to_string(cal->software.size()) + " of 8 from the calibration";
+         ", eager host costs " + std::to_string(cal->software.size()) + " of " +
+         std::to_string(GpuCalibration::software_keys()) + " from the calibration";
 }
+
+}  // namespace
 
 GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw, const GpuCalibration* cal,
                                  PricedShapes* priced) {

@@ -105,7 +105,7 @@ struct GpuStageMemory {
 // dispatch where it is slower than the GPU, the optimizer step).
 struct GpuStepEstimate {
   std::vector<GpuStageMemory> stages;  // one per pipeline rank (one when pp == 1), with every stage it holds
-  double parameters_per_gpu = 0;  // the parameters whose shards the busiest-held GPU keeps (all of them on one GPU)
+  double parameters_per_gpu = 0;  // the largest pipeline stage's parameters, TP-split (without PP or TP: the model's)
   double max_reserved = 0;
   bool fits = false;                // every stage's reserved <= the GPU's memory
   double compute_seconds = 0;       // the GPU's kernels on the critical path (under PP: the busiest rank's)

@@ -69,18 +69,20 @@ const std::vector<GpuHardware>& table() {
 //         "with PyTorch, we can only get 280 thousand operations per second": 3.6 us an op.
 // [HTA]   Meta's Holistic Trace Analysis docs, "CUDA kernel launch stats": "Usually, the launch time on
 //         the CPU side is between 5-20 microseconds": the middle, 12.5 us a launch.
-// [NODE]  A torch.profiler table of an FSDP training step (github.com/huggingface/blog issue 1649):
+// [NODE]  A torch.profiler table of an FSDP training step (https://github.com/huggingface/blog/issues/1649):
 //         "autograd::engine::evaluate_function: ViewBackward0 ... 13.902us" per node and
 //         "torch::autograd::AccumulateGrad ... 7.717us".
-// [FSDP2] github.com/pytorch/pytorch issue 173680 (torch 2.10): "FSDP::pre_forward calls take 50% of the
+// [FSDP2] the PyTorch report "Large CPU overhead with FSDP2" (torch 2.10,
+//         https://github.com/pytorch/pytorch/issues/173680): "FSDP::pre_forward calls take 50% of the
 //         step time ... 1 ms launches": 1 ms a group's unshard; the post-backward reduce, which walks the
 //         group's parameters as the unshard does, is taken at the same.
-// [OPT]   github.com/microsoft/dion pull 63: "With ~150 AdamW params ... torch.optim.AdamW(fused=True)
-//         dropped the same work to ~43 ms of CPU" (DTensor parameters): 0.287 ms a tensor; and
-//         github.com/pytorch/pytorch issue 134191: "uncompiled AdamW + FSDP1 ... 6 ms on CPU / uncompiled
-//         AdamW + FSDP2 ... 187 ms on CPU": plain tensors at 6/187 of the DTensor cost.
-// [DT]    github.com/pytorch/pytorch pull 166371: "reduce DTensor dispatch time for detach() from 36-40
-//         usec to 24-26 usec": 25 us a DTensor op.
+// [OPT]   The Dion optimizer's change to fused AdamW (https://github.com/microsoft/dion/pull/63): "With ~150
+//         AdamW params ... torch.optim.AdamW(fused=True) dropped the same work to ~43 ms of CPU" (DTensor
+//         parameters): 0.287 ms a tensor; and the PyTorch report that AdamW is slower under FSDP2
+//         (https://github.com/pytorch/pytorch/issues/134191): "uncompiled AdamW + FSDP1 ... 6 ms on CPU /
+//         uncompiled AdamW + FSDP2 ... 187 ms on CPU": plain tensors at 6/187 of the DTensor cost.
+// [DT]    PyTorch's DTensor dispatch fast path (https://github.com/pytorch/pytorch/pull/166371): "reduce
+//         DTensor dispatch time for detach() from 36-40 usec to 24-26 usec": 25 us a DTensor op.
 const GpuSoftware& gpu_software() {
   static const GpuSoftware s{.nvlink_efficiency = 365.6 / 450,
                              .internode_efficiency = 376.71 / 400,
