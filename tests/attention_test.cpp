@@ -1,6 +1,6 @@
-// Causal grouped-query attention against a naive double-precision reference
-// (full softmax per query row, no tiling), plus finite differences of that
-// reference for the backward. Small tile sizes are passed on small T so every
+// Causal and block-causal (documents) grouped-query attention against a naive
+// double-precision reference (full softmax per query row, no tiling), plus
+// finite differences of that reference for the backward. Small tile sizes are passed on small T so every
 // multi-tile path (online-softmax rescaling, partial tiles, blocks above the
 // diagonal, several query tiles per key tile) runs in a fraction of a second.
 #include "anvil/ops/attention.h"
@@ -13,6 +13,7 @@
 #include <string>
 
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/document_mask.h"
 #include "anvil/ops/matmul.h"
 #include "test_util.h"
 
@@ -25,6 +26,9 @@ struct Case {
   int64_t B, T, Hq, Hkv, D;
   AttentionTiles tiles;
   float scale = 0.0f;  // 0: 1/sqrt(D)
+  // Documents: sequence b holds documents of lengths docs[b % n], docs[(b + 1) % n], …
+  // (the last cut at T); empty: causal, no documents tensor.
+  std::vector<int64_t> docs = {};
 };
 
 std::string describe(const Case& c) {
@@ -32,7 +36,37 @@ std::string describe(const Case& c) {
   std::snprintf(buf, sizeof buf, "B=%ld T=%ld Hq=%ld Hkv=%ld D=%ld tiles fwd %ldx%ld bwd %ldx%ld", long(c.B), long(c.T),
                 long(c.Hq), long(c.Hkv), long(c.D), long(c.tiles.fwd_q), long(c.tiles.fwd_k), long(c.tiles.bwd_q),
                 long(c.tiles.bwd_k));
-  return buf;
+  std::string out = buf;
+  if (!c.docs.empty()) {
+    out += " docs";
+    for (int64_t n : c.docs) {
+      out += ' ';
+      out += std::to_string(n);
+    }
+  }
+  return out;
+}
+
+// The first position of position t's document in sequence b (0 without documents).
+int64_t doc_start(const Case& c, int64_t b, int64_t t) {
+  if (c.docs.empty()) return 0;
+  const size_t n = c.docs.size();
+  for (int64_t s = 0, i = 0;; s += c.docs[(size_t(b) + size_t(i)) % n], ++i)
+    if (t < s + c.docs[(size_t(b) + size_t(i)) % n]) return s;
+}
+
+// The case's documents as the loader finds them: tokens with an EOS (id 1)
+// closing each document, turned into bounds by fill_document_bounds. Undefined
+// without documents.
+Tensor documents_of(const Case& c) {
+  if (c.docs.empty()) return Tensor();
+  Tensor tokens = Tensor::zeros({c.B, c.T}, DType::i32, MemCategory::workspace, "tokens");
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = 0; t + 1 < c.T; ++t)
+      if (doc_start(c, b, t + 1) == t + 1) tokens.data<int32_t>()[b * c.T + t] = 1;
+  Tensor bounds = Tensor::empty({c.B, 2, c.T}, DType::i32, MemCategory::workspace, "documents");
+  fill_document_bounds(tokens, 1, bounds);
+  return bounds;
 }
 
 double scale_of(const Case& c) { return c.scale != 0.0f ? c.scale : 1.0 / std::sqrt(double(c.D)); }
@@ -42,13 +76,14 @@ inline size_t at(const Case& c, int64_t H, int64_t b, int64_t t, int64_t h, int6
   return size_t(((b * c.T + t) * H + h) * c.D + e);
 }
 
-// Softmax probabilities of query (b, t, h) over keys 0..t, in double.
+// Softmax probabilities of query (b, t, h) over keys 0..t, in double; those
+// before its document's start are 0.
 std::vector<double> ref_probs(const Case& c, const std::vector<double>& q, const std::vector<double>& k, int64_t b,
                               int64_t t, int64_t h, double* lse) {
   const int64_t g = h / (c.Hq / c.Hkv);
-  std::vector<double> p(size_t(t + 1));
+  std::vector<double> p(size_t(t + 1), -std::numeric_limits<double>::infinity());
   double m = -1e300;
-  for (int64_t j = 0; j <= t; ++j) {
+  for (int64_t j = doc_start(c, b, t); j <= t; ++j) {
     double s = 0;
     for (int64_t e = 0; e < c.D; ++e) s += q[at(c, c.Hq, b, t, h, e)] * k[at(c, c.Hkv, b, j, g, e)];
     p[size_t(j)] = s * scale_of(c);
@@ -131,11 +166,12 @@ OpRun run_op(const Case& c, DType dt) {
   r.dout = random_tensor({c.B, c.T, c.Hq, c.D}, dt, "dout");
   r.out = random_tensor(r.q.shape(), dt, "garbage_out", 100.0f);
   r.lse = random_tensor({c.B, c.Hq, c.T}, DType::f32, "garbage_lse", 100.0f);
-  attention_forward(r.q, r.k, r.v, r.out, r.lse, c.scale, c.tiles);
+  const AttentionWindow window{0, 0, documents_of(c)};
+  attention_forward(r.q, r.k, r.v, r.out, r.lse, c.scale, c.tiles, window);
   r.dq = random_tensor(r.q.shape(), dt, "garbage_dq", 100.0f);
   r.dk = random_tensor(r.k.shape(), dt, "garbage_dk", 100.0f);
   r.dv = random_tensor(r.v.shape(), dt, "garbage_dv", 100.0f);
-  attention_backward(r.dout, r.q, r.k, r.v, r.out, r.lse, r.dq, r.dk, r.dv, c.scale, c.tiles);
+  attention_backward(r.dout, r.q, r.k, r.v, r.out, r.lse, r.dq, r.dk, r.dv, c.scale, c.tiles, window);
   return r;
 }
 
@@ -182,6 +218,13 @@ std::vector<Case> cases() {
       {1, 300, 4, 4, 64, kDefault},   // default tiles (capped at T/4 on the diagonal: 75)
       {2, 270, 4, 1, 128, kDefault},  // default tiles, GQA 4, D = 128
       {1, 700, 2, 1, 64, kDefault},   // default tiles, several full 256/512 blocks and partial ones
+      // Documents shorter than, equal to and longer than the sequence; one of a single token.
+      {2, 37, 4, 2, 64, kSmall, 0.0f, {5, 11, 1, 20}},
+      {1, 50, 8, 2, 128, kSmallQ, 0.0f, {50}},
+      {2, 29, 3, 3, 16, kOdd, 0.3f, {40}},
+      {1, 23, 4, 1, 8, kOdd, 0.0f, {3, 7}},  // split dQ partials
+      {1, 300, 4, 4, 64, kDefault, 0.0f, {37, 90, 3}},
+      {2, 700, 2, 1, 64, kDefault, 0.0f, {256, 100, 300}},  // whole tiles skipped, others cut through
   };
 }
 
@@ -255,7 +298,8 @@ TEST(Attention, BackwardWithMoreThreadsThanKvHeads) {
 // the op's f32 backward with dout = w. The difference quotient is accurate to
 // ~1e-9; the f32 backward to ~1e-6 relative.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
-  for (const Case& c : {Case{2, 6, 4, 2, 8, {2, 3, 2, 3}}, Case{1, 5, 2, 1, 16, {4, 2, 3, 2}, 0.7f}}) {
+  for (const Case& c : {Case{2, 6, 4, 2, 8, {2, 3, 2, 3}}, Case{1, 5, 2, 1, 16, {4, 2, 3, 2}, 0.7f},
+                        Case{2, 9, 4, 2, 8, {2, 3, 2, 3}, 0.0f, {4, 1, 2}}}) {
     SCOPED_TRACE(describe(c));
     const OpRun r = run_op(c, DType::f32);
     const std::vector<double> q = to_double(r.q), k = to_double(r.k), v = to_double(r.v), w = to_double(r.dout);
@@ -305,11 +349,13 @@ std::vector<double> lse_rows(const Case& c, const std::vector<double>& lse, int6
 // chunk of queries attends, through an AttentionWindow, to the keys of the
 // whole sequence up to its own positions, and the keys' gradients of all four
 // chunks, accumulated into one buffer, are the whole sequence's. Held to the
-// double reference of the whole sequence, as the whole-sequence op is.
+// double reference of the whole sequence, as the whole-sequence op is; with
+// documents too, some of them spanning chunks.
 TEST(Attention, WindowsOfQueryChunksMatchTheWholeSequence) {
   for (const DType dt : {DType::f32, DType::bf16})
-    for (const Case& c :
-         {Case{2, 36, 4, 2, 16, kOdd}, Case{1, 64, 4, 1, 64, kSmall}, Case{1, 128, 2, 2, 32, kDefault}}) {
+    for (const Case& c : {Case{2, 36, 4, 2, 16, kOdd}, Case{1, 64, 4, 1, 64, kSmall}, Case{1, 128, 2, 2, 32, kDefault},
+                          Case{2, 36, 4, 2, 16, kOdd, 0.0f, {7, 13, 2}},
+                          Case{1, 128, 2, 2, 32, kDefault, 0.0f, {20, 50}}}) {
       SCOPED_TRACE(describe(c) + " " + dtype_name(dt));
       const int64_t chunk = c.T / 4;
       Tensor q = random_tensor({c.B, c.T, c.Hq, c.D}, dt, "q", 2.0f),
@@ -330,7 +376,7 @@ TEST(Attention, WindowsOfQueryChunksMatchTheWholeSequence) {
         const Tensor qc = rows_of(q, t0, chunk, "q_chunk"), dc = rows_of(dout, t0, chunk, "dout_chunk");
         Tensor out = random_tensor(qc.shape(), dt, "garbage_out", 100.0f);
         Tensor lse = random_tensor({c.B, c.Hq, chunk}, DType::f32, "garbage_lse", 100.0f);
-        const AttentionWindow window{t0, 0};
+        const AttentionWindow window{t0, 0, documents_of(c)};
         attention_forward(qc, k, v, out, lse, c.scale, c.tiles, window);
         EXPECT_LT(rel_error(out, rows_of(c, c.Hq, f.out, t0, chunk)), bound) << "chunk " << part;
         EXPECT_LT(max_abs_error(to_double(lse), lse_rows(c, f.lse, t0, chunk)), dt == DType::f32 ? 1e-5 : 1e-4);
@@ -387,14 +433,29 @@ TEST(Attention, AWindowOfKeysGivesThePartialAttention) {
 // three blocks (8..23, then 0..7, then their own 24..31, diagonal), each a
 // partial attention through a window; merged by their lse, in that order, in
 // f32 and from bf16 parts, they give the whole sequence's out and lse.
+//
+// With documents (sequence 0: lengths 20, 12, so queries 24..31 see only
+// keys 20..31 and the block 0..7 gives them nothing: lse −∞, out 0; sequence
+// 1: 5, 22, 5, its rows 24..26 reaching back to key 5) the same holds.
 TEST(Attention, PartialAttentionsMergeIntoTheWhole) {
   const int64_t B = 2, T = 32, Hq = 4, Hkv = 2, D = 16, q_first = 24, Tq = 8;
+  for (const bool with_docs : {false, true})
   for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor docs;
+    if (with_docs) {
+      Tensor tokens = Tensor::zeros({B, T}, DType::i32, MemCategory::workspace, "tokens");
+      for (const int64_t last : {19, 32 + 4, 32 + 26}) tokens.data<int32_t>()[last] = 1;
+      docs = Tensor::empty({B, 2, T}, DType::i32, MemCategory::workspace, "documents");
+      fill_document_bounds(tokens, 1, docs);
+      ASSERT_EQ(docs.data<int32_t>()[31], 20);           // sequence 0, position 31: its document starts at 20
+      ASSERT_EQ(docs.data<int32_t>()[2 * T + 24], 5);    // sequence 1, position 24: at 5
+      ASSERT_EQ(docs.data<int32_t>()[3 * T + 24], 27);   // and ends before 27
+    }
     Tensor q = random_tensor({B, T, Hq, D}, dt, "q", 2.0f), k = random_tensor({B, T, Hkv, D}, dt, "k", 2.0f);
     const Tensor v = random_tensor({B, T, Hkv, D}, dt, "v");
     Tensor out = Tensor::empty(q.shape(), dt, MemCategory::workspace, "out");
     Tensor lse = Tensor::empty({B, Hq, T}, DType::f32, MemCategory::workspace, "lse");
-    attention_forward(q, k, v, out, lse);
+    attention_forward(q, k, v, out, lse, 0.0f, {}, AttentionWindow{0, 0, docs});
     // The last 8 query rows of every sequence, as (B, 8, Hq, D).
     auto rows = [&](const Tensor& x, int64_t first, int64_t n) {
       const int64_t H = x.size(2);
@@ -413,7 +474,13 @@ TEST(Attention, PartialAttentionsMergeIntoTheWhole) {
       Tensor part = Tensor::empty({B, Tq, Hq, D}, dt, MemCategory::workspace, "part");
       Tensor part_lse = Tensor::empty({B, Hq, Tq}, DType::f32, MemCategory::workspace, "part_lse");
       attention_forward(q_tail, rows(k, k_first, Tk), rows(v, k_first, Tk), part, part_lse, 0.0f, {},
-                        AttentionWindow{q_first, k_first});
+                        AttentionWindow{q_first, k_first, docs});
+      if (with_docs && k_first == 0)  // sequence 0's queries see none of keys 0..7
+        for (int64_t h = 0; h < Hq; ++h)
+          for (int64_t t = 0; t < Tq; ++t) {
+            EXPECT_EQ(part_lse.item_f32(h * Tq + t), -std::numeric_limits<float>::infinity());
+            for (int64_t e = 0; e < D; ++e) EXPECT_EQ(to_double(part)[size_t((t * Hq + h) * D + e)], 0.0);
+          }
       attention_merge(part, part_lse, acc, acc_lse);
     }
     std::vector<double> want_lse;
@@ -425,10 +492,57 @@ TEST(Attention, PartialAttentionsMergeIntoTheWhole) {
     // they differ by at most 2^-8.
     const double bound = dt == DType::f32 ? 1e-5 : std::ldexp(1.0, -8);
     const double e = rel_error(acc, to_double(rows(out, q_first, Tq)));
-    std::printf("%s: merged out %.2e from the whole's\n", dtype_name(dt), e);
+    std::printf("%s%s: merged out %.2e from the whole's\n", dtype_name(dt), with_docs ? " documents" : "", e);
     EXPECT_LT(e, bound) << dtype_name(dt);
     EXPECT_LT(max_abs_error(to_double(acc_lse), want_lse), 1e-5) << dtype_name(dt);
   }
+}
+
+// A documents tensor of one document per sequence gives the causal result bit
+// for bit: the same tiles, the same products, the same order of sums.
+TEST(Attention, OneDocumentPerSequenceIsBitForBitCausal) {
+  for (const DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : {Case{2, 300, 4, 2, 64, kDefault}, Case{1, 23, 4, 1, 8, kOdd}, Case{2, 37, 4, 2, 64, kSmall}}) {
+      SCOPED_TRACE(describe(c) + " " + dtype_name(dt));
+      const OpRun causal = run_op(c, dt);
+      Tensor docs = Tensor::empty({c.B, 2, c.T}, DType::i32, MemCategory::workspace, "documents");
+      fill_single_document_bounds(docs);
+      const AttentionWindow window{0, 0, docs};
+      Tensor out = Tensor::empty(causal.out.shape(), dt, MemCategory::workspace, "out");
+      Tensor lse = Tensor::empty(causal.lse.shape(), DType::f32, MemCategory::workspace, "lse");
+      attention_forward(causal.q, causal.k, causal.v, out, lse, c.scale, c.tiles, window);
+      Tensor dq = random_tensor(causal.q.shape(), dt, "garbage_dq", 100.0f);
+      Tensor dk = random_tensor(causal.k.shape(), dt, "garbage_dk", 100.0f);
+      Tensor dv = random_tensor(causal.v.shape(), dt, "garbage_dv", 100.0f);
+      attention_backward(causal.dout, causal.q, causal.k, causal.v, out, lse, dq, dk, dv, c.scale, c.tiles, window);
+      EXPECT_EQ(max_abs_error(to_double(out), to_double(causal.out)), 0.0);
+      EXPECT_EQ(max_abs_error(to_double(lse), to_double(causal.lse)), 0.0);
+      EXPECT_EQ(max_abs_error(to_double(dq), to_double(causal.dq)), 0.0);
+      EXPECT_EQ(max_abs_error(to_double(dk), to_double(causal.dk)), 0.0);
+      EXPECT_EQ(max_abs_error(to_double(dv), to_double(causal.dv)), 0.0);
+    }
+}
+
+// The loader's documents: an EOS closes one, the next token starts another;
+// position 0 always starts one, and an EOS at the end closes the last.
+TEST(DocumentMask, BoundsComeFromTheEosTokens) {
+  Tensor tokens = Tensor::zeros({2, 6}, DType::i32, MemCategory::workspace, "tokens");
+  int32_t* x = tokens.data<int32_t>();
+  x[1] = 9, x[2] = 9, x[5] = 9;  // sequence 0: [0 1] [2] [3 4 5]
+  x[6 + 5] = 9;                  // sequence 1: one document ending at the window's end
+  Tensor bounds = Tensor::empty({2, 2, 6}, DType::i32, MemCategory::workspace, "bounds");
+  fill_document_bounds(tokens, 9, bounds);
+  const int32_t* b = bounds.data<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(b, b + 6), (std::vector<int32_t>{0, 0, 2, 3, 3, 3}));
+  EXPECT_EQ(std::vector<int32_t>(b + 6, b + 12), (std::vector<int32_t>{2, 2, 3, 6, 6, 6}));
+  EXPECT_EQ(std::vector<int32_t>(b + 12, b + 18), (std::vector<int32_t>(6, 0)));
+  EXPECT_EQ(std::vector<int32_t>(b + 18, b + 24), (std::vector<int32_t>(6, 6)));
+  EXPECT_EQ(documents_in(bounds, 0), 3);
+  EXPECT_EQ(documents_in(bounds, 1), 1);
+  // Pairs: positions 0..5 see 1, 2, 1, 1, 2, 3 keys; causal would be 1..6.
+  EXPECT_EQ(document_attention_pairs(bounds, 0, 0, 6), 10);
+  EXPECT_EQ(document_attention_pairs(bounds, 0, 3, 3), 6);
+  EXPECT_EQ(document_attention_pairs(bounds, 1, 0, 6), 21);
 }
 
 TEST(Attention, RejectsHeadsNotDivisibleByKvHeads) {

@@ -50,10 +50,22 @@ struct Dims {
   int64_t group;  // query heads per kv head
   float scale;
   int64_t q_first, k_first;  // the positions of query row 0 and key row 0 (AttentionWindow)
+  // Documents (AttentionWindow::documents): (B, 2, S) i32, or null for one per sequence.
+  const int32_t* docs = nullptr;
+  int64_t S = 0;
   // Key rows any query sees: those before the last query's position.
   int64_t keys_seen() const { return std::clamp<int64_t>(q_first + Tq - k_first, 0, Tk); }
-  // Key rows query row t sees (at least one: q_first ≥ k_first).
+  // Key rows query row t sees under the causal mask: those up to its position.
   int64_t keys_of(int64_t t) const { return std::min<int64_t>(Tk, q_first + t - k_first + 1); }
+  // The first key row query row t of sequence b sees: that of its document's start.
+  int64_t first_key_of(int64_t b, int64_t t) const {
+    return docs ? std::max<int64_t>(0, docs[b * 2 * S + q_first + t] - k_first) : 0;
+  }
+  // The query rows after the last that sees key row j of sequence b: those of
+  // its document's end (Tq: every later row, causal).
+  int64_t query_end_of(int64_t b, int64_t j) const {
+    return docs ? std::clamp<int64_t>(docs[(b * 2 + 1) * S + k_first + j] - q_first, 0, Tq) : Tq;
+  }
 };
 
 Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const AttentionWindow& w) {
@@ -63,7 +75,17 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, float sca
   ANVIL_ASSERT(k.shape() == v.shape() && k.size(0) == d.B && k.size(3) == d.D, "attention: q ", shape_str(q.shape()),
                " k ", shape_str(k.shape()), " v ", shape_str(v.shape()));
   ANVIL_ASSERT(w.q_first >= w.k_first && w.k_first >= 0, "attention: the queries start at position ", w.q_first,
-               ", before the keys (", w.k_first, "): every query must see at least the first key");
+               ", before the keys (", w.k_first, ")");
+  if (w.documents.defined()) {
+    const Tensor& docs = w.documents;
+    ANVIL_ASSERT(docs.dtype() == DType::i32 && docs.ndim() == 3 && docs.size(0) == d.B && docs.size(1) == 2 &&
+                     docs.size(2) >= w.q_first + d.Tq && docs.size(2) >= w.k_first + d.Tk,
+                 "attention: documents ", shape_str(docs.shape()), " ", dtype_name(docs.dtype()),
+                 " must be i32 (B, 2, S) over sequences holding queries at ", w.q_first, "..", w.q_first + d.Tq,
+                 " and keys at ", w.k_first, "..", w.k_first + d.Tk, " for B = ", d.B);
+    d.docs = docs.data<int32_t>();
+    d.S = docs.size(2);
+  }
   ANVIL_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads cannot be shared evenly by ", d.Hkv,
               " key/value heads (q ", shape_str(q.shape()), ", k ", shape_str(k.shape()),
               "); choose n_kv_heads so that it divides n_heads");
@@ -208,15 +230,17 @@ inline float dot_row(const T* a, const T* b, int64_t n) {
 }
 
 // One row of the transposed backward block (one key, queries along the row):
-// for start ≤ i < n, p = 2^(s − lse[i]) and ds = p·(dp − delta[i])·scale;
-// both 0 for i < start (queries before the key: masked by causality).
+// for start ≤ i < stop, p = 2^(s − lse[i]) and ds = p·(dp − delta[i])·scale;
+// both 0 for the other i < n (queries before the key, masked by causality, and
+// from stop on, those of later documents).
 template <class P>
 inline void grad_row(const float* s, const float* dp, const float* lse, const float* delta, float scale, int64_t start,
-                     int64_t n, P* p, P* ds) {
+                     int64_t stop, int64_t n, P* p, P* ds) {
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = tail_mask(n - i);
-    const __mmask16 valid = k & __mmask16(~tail_mask(std::clamp<int64_t>(start - i, 0, 16)));
+    const __mmask16 valid = k & tail_mask(std::clamp<int64_t>(stop - i, 0, 16)) &
+                            __mmask16(~tail_mask(std::clamp<int64_t>(start - i, 0, 16)));
     const __m512 e = _mm512_maskz_mov_ps(valid, exp2_16(_mm512_sub_ps(load16(s + i, valid), load16(lse + i, valid))));
     const __m512 g =
         _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(load16(dp + i, valid), load16(delta + i, valid))), vscale);
@@ -257,11 +281,12 @@ inline float dot_row(const T* a, const T* b, int64_t n) {
 }
 template <class P>
 inline void grad_row(const float* s, const float* dp, const float* lse, const float* delta, float scale, int64_t start,
-                     int64_t n, P* p, P* ds) {
+                     int64_t stop, int64_t n, P* p, P* ds) {
   for (int64_t i = 0; i < n; ++i) {
-    const float e = i >= start ? std::exp2(s[i] - lse[i]) : 0.0f;
+    const bool valid = i >= start && i < stop;
+    const float e = valid ? std::exp2(s[i] - lse[i]) : 0.0f;
     p[i] = from_f32<P>(e);
-    ds[i] = from_f32<P>(i >= start ? e * (dp[i] - delta[i]) * scale : 0.0f);
+    ds[i] = from_f32<P>(valid ? e * (dp[i] - delta[i]) * scale : 0.0f);
   }
 }
 
@@ -413,27 +438,35 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
     auto query_tile = [&](int64_t b, int64_t h, int64_t q0) {
       const int64_t mq = std::min(Bq, Tq - q0), kend = tile_keys(q0, mq);
       pack_head(q, d, Tq, d.Hq, b, h, q0, mq, Qp);
-      for (int64_t k0 = 0; k0 < kend; k0 += Bk) {
+      // Key blocks before the one holding the first row's document start are
+      // masked for every row (documents start no earlier on later rows).
+      const int64_t kbeg = d.first_key_of(b, q0) / Bk * Bk;
+      std::fill(row_m, row_m + mq, -std::numeric_limits<float>::infinity());  // no key seen yet
+      std::fill(row_l, row_l + mq, 0.0f);
+      for (int64_t k0 = kbeg; k0 < kend; k0 += Bk) {
         const int64_t nk = std::min(Bk, kend - k0);  // keys past the tile's last query are masked for all rows
-        const bool first = k0 == 0;
+        const bool first = k0 == kbeg;
         gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Qp, Kp + k0 * D,
              S, sp);
         for (int64_t r = 0; r < mq; ++r) {
-          const int64_t n_valid = std::min(nk, d.keys_of(q0 + r) - k0);  // causal: keys ≤ the query's position
+          // The row's keys in the block: its document's, up to its position.
+          const int64_t lo = std::clamp<int64_t>(d.first_key_of(b, q0 + r) - k0, 0, nk);
+          const int64_t hi = std::min(nk, d.keys_of(q0 + r) - k0);
           float* srow = S + r * nk;
           C* prow = P + r * nk;
-          if (n_valid <= 0) {  // the whole block is after this row's query (key 0 never is)
+          if (hi <= lo) {  // the row sees none of the block's keys: P = 0
             exp_row(srow, 0.0f, 0, nk, prow);
             continue;
           }
-          const float m_blk = row_max(srow, n_valid);
-          if (first) {
+          std::fill(prow, prow + lo, from_f32<C>(0.0f));
+          const float m_blk = row_max(srow + lo, hi - lo);
+          if (row_m[r] == -std::numeric_limits<float>::infinity()) {  // the row's first keys; its O row is 0
             row_m[r] = m_blk;
-            row_l[r] = exp_row(srow, m_blk, n_valid, nk, prow);
+            row_l[r] = exp_row(srow + lo, m_blk, hi - lo, nk - lo, prow + lo);
           } else {
             const float m_new = std::max(row_m[r], m_blk);
             const float corr = std::exp2(row_m[r] - m_new);
-            row_l[r] = row_l[r] * corr + exp_row(srow, m_new, n_valid, nk, prow);
+            row_l[r] = row_l[r] * corr + exp_row(srow + lo, m_new, hi - lo, nk - lo, prow + lo);
             if (corr != 1.0f) scale_row(O + r * D, corr, D);
             row_m[r] = m_new;
           }
@@ -441,8 +474,15 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
         gemm({.M = mq, .N = D, .K = nk, .ab = ab, .c = DType::f32, .accumulate = !first}, P, Vp + k0 * D, O, sp);
       }
       for (int64_t r = 0; r < mq; ++r) {
-        store_scaled_row(O + r * D, 1.0f / row_l[r], D, out + ((b * Tq + q0 + r) * d.Hq + h) * D);
-        lse[(b * d.Hq + h) * Tq + q0 + r] = (row_m[r] + std::log2(row_l[r])) * kLn2;  // back to natural log
+        T* orow = out + ((b * Tq + q0 + r) * d.Hq + h) * D;
+        float& row_lse = lse[(b * d.Hq + h) * Tq + q0 + r];
+        if (row_l[r] == 0.0f) {  // no key of this window in the row's document
+          std::fill(orow, orow + D, from_f32<T>(0.0f));
+          row_lse = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        store_scaled_row(O + r * D, 1.0f / row_l[r], D, orow);
+        row_lse = (row_m[r] + std::log2(row_l[r])) * kLn2;  // back to natural log
       }
     };
 
@@ -554,13 +594,15 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
       const int64_t k0 = j * Bk, nk = std::min(Bk, Lk - k0);
       const C* Kj = Kp + k0 * D;
       const C* Vj = Vp + k0 * D;
-      // Key tile 0 is seen by every query row (q_first ≥ k_first), so its dQ
-      // products write instead of adding and dQp needs no zeroing in the task
-      // that owns it.
-      const bool dq_first = j == 0;
+      // Causal: key tile 0 is seen by every query row (q_first ≥ k_first), so
+      // its dQ products write instead of adding and dQp needs no zeroing in the
+      // task that owns it. Under documents dQp starts zeroed instead.
+      const bool dq_first = j == 0 && d.docs == nullptr;
+      // Queries from the end of the tile's last key's document on see none of its keys.
+      const int64_t qend = d.query_end_of(b, k0 + nk - 1);
       std::fill(dK_acc, dK_acc + 2 * Bk * D, 0.0f);
       for (int64_t hh = 0; hh < G; ++hh) {
-        for (int64_t q0 = first_query(k0); q0 < Tq; q0 += Bq) {  // earlier queries see none of these keys
+        for (int64_t q0 = first_query(k0); q0 < qend; q0 += Bq) {  // earlier queries see none of these keys
           const int64_t mq = std::min(Bq, Tq - q0);
           const int64_t ne = std::min(nk, shift + q0 + mq - k0);  // keys after the tile's last query are masked
           const C* Qi = Qp + (hh * Tq + q0) * D;
@@ -570,7 +612,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
           gemm({.M = ne, .N = mq, .K = D, .trans_b = true, .ab = ab, .c = DType::f32}, Vj, dOi, dPt, sp);
           for (int64_t r = 0; r < ne; ++r)  // key k0 + r is seen by queries q0 + i with i ≥ k0 + r − shift − q0
             grad_row(St + r * mq, dPt + r * mq, lse2 + hh * Tq + q0, delta + hh * Tq + q0, d.scale,
-                     std::max<int64_t>(0, k0 + r - shift - q0), mq, Pt + r * mq, dSt + r * mq);
+                     std::max<int64_t>(0, k0 + r - shift - q0), d.query_end_of(b, k0 + r) - q0, mq, Pt + r * mq,
+                     dSt + r * mq);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, Pt, dOi, dV_acc, sp);
           gemm({.M = ne, .N = D, .K = mq, .ab = ab, .c = DType::f32, .accumulate = true}, dSt, Qi, dK_acc, sp);
           gemm({.M = mq, .N = D, .K = ne, .trans_a = true, .ab = ab, .c = DType::f32, .accumulate = !dq_first}, dSt, Kj,
@@ -602,7 +645,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
           std::fill(dv + ((b * d.Tk + t) * d.Hkv + g) * D, dv + ((b * d.Tk + t) * d.Hkv + g) * D + D, from_f32<T>(0));
         }
       }
-      if (s != 0) std::fill(dQp, dQp + G * Tq * D, 0.0f);  // split 0 owns key tile 0 and starts with it
+      // Causal: split 0 owns key tile 0 and starts with it (see key_tile).
+      if (s != 0 || d.docs) std::fill(dQp, dQp + G * Tq * D, 0.0f);
       for (int64_t p = s; p < pairs; p += splits) {
         key_tile(b, g, p);
         if (n_ktiles - 1 - p != p) key_tile(b, g, n_ktiles - 1 - p);

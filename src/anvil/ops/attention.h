@@ -13,6 +13,14 @@
 //                           softmax statistic the backward needs
 // Query t attends to keys 0..t. scale defaults to 1/sqrt(D).
 //
+// Documents packed into one sequence (block-causal attention): with
+// AttentionWindow::documents, query t attends only to the keys of its own
+// document up to itself. Whole tiles the mask removes are skipped (a sequence
+// of short documents costs less than a causal one); tiles it cuts through are
+// computed and masked per row. The tile grid is the causal one, so the
+// products run the same shapes and the workspace is the same, and a sequence
+// holding one document gives bit for bit the causal result.
+//
 // Part of a sequence (context parallelism: a rank holds some chunks of the
 // queries): an AttentionWindow puts query row t at position q_first + t and
 // key row j at k_first + j, and query t attends to the keys at positions up
@@ -46,10 +54,19 @@ struct AttentionTiles {
   int64_t bwd_q = 256, bwd_k = 256;  // backward
 };
 
-// Where the query and key rows sit in the sequence (see above). q_first ≥
-// k_first: every query sees at least the first key.
+// Where the query and key rows sit in the sequence (see above), and the
+// documents the sequences hold. q_first ≥ k_first.
+//
+// documents, when defined: (B, 2, S) i32 over whole sequences of S ≥ every
+// row's position: [b, 0, p] is the first position of the document holding
+// position p of sequence b, [b, 1, p] the position after its last (see
+// data/documents.h). Undefined: one document per sequence (causal). Under
+// documents a query may see none of the keys of a window (context
+// parallelism's chunks): its out row is then 0 and its lse −∞, which
+// attention_merge ignores.
 struct AttentionWindow {
   int64_t q_first = 0, k_first = 0;
+  Tensor documents = {};
 };
 
 // Which gradients the backward adds to instead of overwriting.
