@@ -8,6 +8,7 @@
 // blocks and the element-wise softmax are not counted, so vs_gemm is an
 // honest "fraction of GEMM speed". Target: vs_gemm ≥ 0.4 in bf16 at T = 2048.
 #include "anvil/ops/attention.h"
+#include "anvil/ops/document_mask.h"
 #include "ceilings.h"
 
 namespace {
@@ -52,4 +53,50 @@ ATTENTION_BENCH(bf16, fwd_bwd);
 ATTENTION_BENCH(f32, forward);
 ATTENTION_BENCH(f32, backward);
 ATTENTION_BENCH(f32, fwd_bwd);
+}  // namespace
+
+namespace {
+using namespace anvil;
+
+// Block-causal attention over documents of doc_len tokens (0: causal, no
+// documents), forward and backward in bf16, B = 1, Hq = Hkv. Tiles: tile_q ×
+// tile_k forward, tile_q × tile_k backward (0: the defaults). Time per call;
+// compare the rows with doc_len 0 at the same T, H, D.
+void BM_AttentionDocuments(benchmark::State& state) {
+  const int64_t T = state.range(0), H = state.range(1), D = state.range(2), doc_len = state.range(3);
+  AttentionTiles tiles;
+  if (state.range(4) > 0) tiles = {state.range(4), state.range(5), state.range(4), state.range(5)};
+  const DType dt = DType::bf16;
+  Tensor q = Tensor::zeros({1, T, H, D}, dt, MemCategory::activations, "q");
+  Tensor k = Tensor::zeros({1, T, H, D}, dt, MemCategory::activations, "k");
+  Tensor v = Tensor::zeros({1, T, H, D}, dt, MemCategory::activations, "v");
+  Tensor out = Tensor::zeros({1, T, H, D}, dt, MemCategory::activations, "out");
+  Tensor lse = Tensor::zeros({1, H, T}, DType::f32, MemCategory::activations, "lse");
+  Tensor dq = Tensor::zeros({1, T, H, D}, dt, MemCategory::activations, "dq");
+  Tensor dk = Tensor::zeros({1, T, H, D}, dt, MemCategory::activations, "dk");
+  Tensor dv = Tensor::zeros({1, T, H, D}, dt, MemCategory::activations, "dv");
+  AttentionWindow window;
+  if (doc_len > 0) {
+    Tensor tokens = Tensor::zeros({1, T}, DType::i32, MemCategory::activations, "tokens");
+    for (int64_t p = doc_len / 2; p < T; p += doc_len) tokens.data<int32_t>()[p] = 1;  // off the tile grid
+    window.documents = Tensor::empty({1, 2, T}, DType::i32, MemCategory::activations, "documents");
+    fill_document_bounds(tokens, 1, window.documents);
+  }
+  auto run = [&] {
+    attention_forward(q, k, v, out, lse, 0.0f, tiles, window);
+    attention_backward(out, q, k, v, out, lse, dq, dk, dv, 0.0f, tiles, window);
+  };
+  bench::run_and_report(state, run, 3.5 * 4.0 * H * double(T) * T * D / 2, 0);
+  state.counters["kept"] = attention_tile_count(1, T, T, tiles, window).kept();
+}
+BENCHMARK(BM_AttentionDocuments)
+    ->ArgsProduct({{2048}, {16}, {16, 128}, {0, 256}, {0}, {0}})
+    ->Args({2048, 16, 16, 256, 128, 128})
+    ->Args({2048, 16, 16, 256, 64, 128})
+    ->Args({2048, 16, 16, 0, 128, 128})
+    ->Args({2048, 16, 128, 256, 128, 128})
+    ->Args({2048, 16, 128, 0, 128, 128})
+    ->ArgNames({"T", "H", "D", "doc", "tq", "tk"})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.3);
 }  // namespace

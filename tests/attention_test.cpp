@@ -545,6 +545,31 @@ TEST(DocumentMask, BoundsComeFromTheEosTokens) {
   EXPECT_EQ(document_attention_pairs(bounds, 1, 0, 6), 21);
 }
 
+// The tiles the kernels run, counted on the default grid at T = 512: forward
+// query tiles of 128 (the diagonal cap T/4) against key blocks of 512;
+// backward key tiles of 128 against query tiles of 256 from the diagonal on.
+TEST(Attention, TileCountIsTheGridsKeptTiles) {
+  const AttentionTileCount causal = attention_tile_count(1, 512, 512);
+  EXPECT_EQ(causal.forward, 4);
+  EXPECT_EQ(causal.backward, 2 + 2 + 1 + 1);
+  EXPECT_EQ(causal.causal_forward, 4);
+  EXPECT_EQ(causal.kept(), 1.0);
+  // Documents of 128 tokens on the grid: every key tile's queries end with its document.
+  Tensor tokens = Tensor::zeros({1, 512}, DType::i32, MemCategory::workspace, "tokens");
+  for (int64_t p = 127; p < 512; p += 128) tokens.data<int32_t>()[p] = 1;
+  Tensor docs = Tensor::empty({1, 2, 512}, DType::i32, MemCategory::workspace, "documents");
+  fill_document_bounds(tokens, 1, docs);
+  const AttentionTileCount n = attention_tile_count(1, 512, 512, {}, AttentionWindow{0, 0, docs});
+  EXPECT_EQ(n.forward, 4);  // one 512-key block per query tile, as causal
+  EXPECT_EQ(n.backward, 4);
+  EXPECT_EQ(n.causal_backward, 6);
+  EXPECT_DOUBLE_EQ(n.kept(), (2.0 * 4 + 5.0 * 4) / (2.0 * 4 + 5.0 * 6));
+  // Smaller forward key blocks: query tile i skips the blocks before its document.
+  const AttentionTileCount small = attention_tile_count(1, 512, 512, {128, 128, 256, 256}, AttentionWindow{0, 0, docs});
+  EXPECT_EQ(small.forward, 4);
+  EXPECT_EQ(small.causal_forward, 1 + 2 + 3 + 4);
+}
+
 TEST(Attention, RejectsHeadsNotDivisibleByKvHeads) {
   Tensor q = Tensor::zeros({1, 4, 6, 8}, DType::f32, MemCategory::activations, "q");
   Tensor k = Tensor::zeros({1, 4, 4, 8}, DType::f32, MemCategory::activations, "k");

@@ -348,6 +348,33 @@ int64_t task_splits(int64_t owners, int64_t max_splits) {
 // The tile along the causal diagonal: at most max(64, T/4), since about half
 // a tile of work per block row is masked out.
 int64_t diagonal_tile(int64_t tile, int64_t T) { return std::min({tile, std::max<int64_t>(64, T / 4), T}); }
+
+// The tile grids, and which tiles of them run: the kernels and
+// attention_tile_count share these, so the count is what the kernels do.
+struct Grid {
+  int64_t Bq, Bk;
+};
+Grid forward_grid(const Dims& d, const AttentionTiles& t) {
+  return {diagonal_tile(t.fwd_q, d.Tq), std::min(t.fwd_k, std::max<int64_t>(d.keys_seen(), 1))};
+}
+Grid backward_grid(const Dims& d, const AttentionTiles& t) {
+  return {std::min(t.bwd_q, d.Tq), diagonal_tile(t.bwd_k, std::max<int64_t>(d.keys_seen(), 1))};
+}
+// The keys [kbeg, kend) the forward's query tile at row q0 of sequence b runs
+// over in blocks of g.Bk from kbeg: up to its last query's position (causal),
+// from the block holding its first query's document start (kbeg on the grid,
+// so the products keep the causal shapes).
+std::pair<int64_t, int64_t> forward_keys(const Dims& d, const Grid& g, int64_t b, int64_t q0) {
+  const int64_t mq = std::min(g.Bq, d.Tq - q0);
+  return {d.first_key_of(b, q0) / g.Bk * g.Bk, std::min(d.keys_seen(), d.q_first - d.k_first + q0 + mq)};
+}
+// The queries [qbeg, qend) the backward's key tile at row k0 of sequence b
+// runs over in tiles of g.Bq from qbeg: from the first key's position
+// (causal) to the end of the last key's document.
+std::pair<int64_t, int64_t> backward_queries(const Dims& d, const Grid& g, int64_t b, int64_t k0) {
+  const int64_t nk = std::min(g.Bk, d.keys_seen() - k0);
+  return {std::max<int64_t>(0, k0 - (d.q_first - d.k_first)), d.query_end_of(b, k0 + nk - 1)};
+}
 // The threads a call runs its tasks on, each with its own slot of scratch. The
 // scratch of every slot is allocated before the threads start, so the peak is
 // the same whichever threads the OS happens to run first (the memory
@@ -381,7 +408,8 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   // With queries after the keys' start the causal diagonal moves right by
   // `shift` keys; a whole sequence has shift 0.
   const int64_t shift = d.q_first - d.k_first;
-  const int64_t Bq = diagonal_tile(tiles.fwd_q, Tq), Bk = std::min(tiles.fwd_k, std::max<int64_t>(Lk, 1));
+  const Grid grid = forward_grid(d, tiles);
+  const int64_t Bq = grid.Bq, Bk = grid.Bk;
   const DType ab = dtype_of<C>();
   const int64_t n_qtiles = (Tq + Bq - 1) / Bq;
   // Under the causal mask query tile i costs ∝ shift + i + 1 key blocks, so
@@ -436,11 +464,11 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
     // Rows q0 .. q0 + mq of query head h. Blocks are packed densely (row
     // stride = their width nk) so every product sees dense operands.
     auto query_tile = [&](int64_t b, int64_t h, int64_t q0) {
-      const int64_t mq = std::min(Bq, Tq - q0), kend = tile_keys(q0, mq);
+      const int64_t mq = std::min(Bq, Tq - q0);
       pack_head(q, d, Tq, d.Hq, b, h, q0, mq, Qp);
       // Key blocks before the one holding the first row's document start are
       // masked for every row (documents start no earlier on later rows).
-      const int64_t kbeg = d.first_key_of(b, q0) / Bk * Bk;
+      const auto [kbeg, kend] = forward_keys(d, grid, b, q0);
       std::fill(row_m, row_m + mq, -std::numeric_limits<float>::infinity());  // no key seen yet
       std::fill(row_l, row_l + mq, 0.0f);
       for (int64_t k0 = kbeg; k0 < kend; k0 += Bk) {
@@ -524,7 +552,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
                    T* dq, T* dk, T* dv, const AttentionTiles& tiles, AttentionAccumulate accumulate) {
   const int64_t Tq = d.Tq, D = d.D, G = d.group, Lk = d.keys_seen();
   const int64_t shift = d.q_first - d.k_first;  // see forward_impl
-  const int64_t Bq = std::min(tiles.bwd_q, Tq), Bk = diagonal_tile(tiles.bwd_k, std::max<int64_t>(Lk, 1));
+  const Grid grid = backward_grid(d, tiles);
+  const int64_t Bq = grid.Bq, Bk = grid.Bk;
   const DType ab = dtype_of<C>();
   const int64_t n_ktiles = (Lk + Bk - 1) / Bk;
   // Key tile j costs ∝ (T − k0): pair j with n_ktiles − 1 − j as the forward does.
@@ -598,11 +627,11 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
       // its dQ products write instead of adding and dQp needs no zeroing in the
       // task that owns it. Under documents dQp starts zeroed instead.
       const bool dq_first = j == 0 && d.docs == nullptr;
-      // Queries from the end of the tile's last key's document on see none of its keys.
-      const int64_t qend = d.query_end_of(b, k0 + nk - 1);
+      // Earlier queries, and those from the end of the last key's document on, see none of its keys.
+      const auto [qbeg, qend] = backward_queries(d, grid, b, k0);
       std::fill(dK_acc, dK_acc + 2 * Bk * D, 0.0f);
       for (int64_t hh = 0; hh < G; ++hh) {
-        for (int64_t q0 = first_query(k0); q0 < qend; q0 += Bq) {  // earlier queries see none of these keys
+        for (int64_t q0 = qbeg; q0 < qend; q0 += Bq) {
           const int64_t mq = std::min(Bq, Tq - q0);
           const int64_t ne = std::min(nk, shift + q0 + mq - k0);  // keys after the tile's last query are masked
           const C* Qi = Qp + (hh * Tq + q0) * D;
@@ -688,6 +717,29 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 }  // namespace
 
 bool attention_products_widened(DType dtype) { return dtype == DType::bf16 && bf16_products_widened(); }
+
+AttentionTileCount attention_tile_count(int64_t B, int64_t Tq, int64_t Tk, const AttentionTiles& tiles,
+                                        const AttentionWindow& window) {
+  AttentionTileCount n;
+  for (const bool masked : {true, false}) {
+    Dims d{B, Tq, Tk, 1, 1, 1, 1, 1.0f, window.q_first, window.k_first};
+    if (masked && window.documents.defined()) {
+      d.docs = window.documents.data<int32_t>();
+      d.S = window.documents.size(2);
+    }
+    const Grid fwd = forward_grid(d, tiles), bwd = backward_grid(d, tiles);
+    int64_t& f = masked ? n.forward : n.causal_forward;
+    int64_t& g = masked ? n.backward : n.causal_backward;
+    const auto blocks = [](std::pair<int64_t, int64_t> r, int64_t tile) {
+      return r.second > r.first ? (r.second - r.first + tile - 1) / tile : 0;
+    };
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t q0 = 0; q0 < Tq; q0 += fwd.Bq) f += blocks(forward_keys(d, fwd, b, q0), fwd.Bk);
+      for (int64_t k0 = 0; k0 < d.keys_seen(); k0 += bwd.Bk) g += blocks(backward_queries(d, bwd, b, k0), bwd.Bq);
+    }
+  }
+  return n;
+}
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
                        const AttentionTiles& tiles, const AttentionWindow& window) {

@@ -98,6 +98,21 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const AttentionTiles& tiles = {}, const AttentionWindow& window = {},
                         AttentionAccumulate accumulate = {});
 
+// The tiles attention_forward and attention_backward run per (sequence, query
+// head), summed over the B sequences, and those they would run without the
+// window's documents (causal): the share of the causal work block-causal
+// attention keeps. A forward tile is two products, a backward tile five.
+struct AttentionTileCount {
+  int64_t forward = 0, backward = 0;
+  int64_t causal_forward = 0, causal_backward = 0;
+  double kept() const {
+    const double all = 2.0 * static_cast<double>(causal_forward) + 5.0 * static_cast<double>(causal_backward);
+    return all > 0 ? (2.0 * static_cast<double>(forward) + 5.0 * static_cast<double>(backward)) / all : 1.0;
+  }
+};
+AttentionTileCount attention_tile_count(int64_t B, int64_t Tq, int64_t Tk, const AttentionTiles& tiles = {},
+                                        const AttentionWindow& window = {});
+
 // The attention of the same queries over disjoint sets of keys, each part with
 // its log-sum-exp, combines into the attention over their union (context
 // parallelism's ring: a rank's queries meet the keys one rank's block at a time):
