@@ -6,7 +6,9 @@
 // chunks through ContextParallel (keys and values gathered over the group, the
 // keys' gradients reduce-scattered back) and compares its rows with the
 // reference's: out, lse and dq of its queries, dk and dv of its keys. Both
-// load balancers, both rotate methods, GQA (4 query heads over 2 KV heads), B = 2.
+// load balancers, both rotate methods, GQA (4 query heads over 2 KV heads), B = 2;
+// causal, and block-causal over documents that span chunks and ranks (some
+// of a rank's queries then see none of another rank's keys).
 //
 // Tolerance (fp32): the chunks' attention sums the same products as the whole
 // sequence's, in other tiles, and the keys' gradients add the ranks' parts in
@@ -22,6 +24,7 @@
 #include "anvil/distributed/comm.h"
 #include "anvil/distributed/context_parallel.h"
 #include "anvil/ops/attention.h"
+#include "anvil/ops/document_mask.h"
 #include "anvil/ops/rope.h"
 #include "mpi_test_util.h"
 #include "test_util.h"
@@ -57,10 +60,20 @@ Tensor local_lse(const ContextParallel& cp, const Tensor& lse) {
   return out;
 }
 
-void expect_chunks_match_whole_sequences(CpLoadBalancer balancer, CpRotateMethod rotate) {
+void expect_chunks_match_whole_sequences(CpLoadBalancer balancer, CpRotateMethod rotate, bool with_documents) {
   Communicator& group = *g_world;
   const ContextParallel cp(group, balancer, rotate);
   const int64_t B = 2, T = 16 * cp.degree(), Hq = 4, Hkv = 2, D = 16;
+  // Documents: sequence 0 of lengths 5, 19, 3, then the rest; sequence 1 of
+  // T/2 + 3 and the rest (chunks are 8 tokens).
+  Tensor documents;
+  if (with_documents) {
+    Tensor tokens = Tensor::zeros({B, T}, DType::i32, MemCategory::workspace, "tokens");
+    for (const int64_t last : {int64_t{4}, int64_t{23}, int64_t{26}, T + T / 2 + 2}) tokens.data<int32_t>()[last] = 1;
+    documents = Tensor::empty({B, 2, T}, DType::i32, MemCategory::workspace, "documents");
+    fill_document_bounds(tokens, 1, documents);
+  }
+  const AttentionWindow whole{0, 0, documents};
   // Whole sequences, the same on every rank; RoPE applied as the model does.
   const RopeTable rope = rope_table(T, D, 10000.0);
   Tensor q = anvil::testing::random_tensor({B, T, Hq, D}, DType::f32, "q", 2.0f);
@@ -72,11 +85,11 @@ void expect_chunks_match_whole_sequences(CpLoadBalancer balancer, CpRotateMethod
   rope_forward(k, rope, 0, k);
   Tensor out = Tensor::empty(q.shape(), DType::f32, MemCategory::workspace, "out");
   Tensor lse = Tensor::empty({B, Hq, T}, DType::f32, MemCategory::workspace, "lse");
-  attention_forward(q, k, v, out, lse);
+  attention_forward(q, k, v, out, lse, 0.0f, {}, whole);
   Tensor dq = Tensor::empty(q.shape(), DType::f32, MemCategory::workspace, "dq");
   Tensor dk = Tensor::empty(k.shape(), DType::f32, MemCategory::workspace, "dk");
   Tensor dv = Tensor::empty(v.shape(), DType::f32, MemCategory::workspace, "dv");
-  attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
+  attention_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0f, {}, whole);
 
   // This rank's chunks through ContextParallel: RoPE at the chunks' positions, then attention.
   cp.rope_forward(q_local, rope, q_local);
@@ -85,11 +98,11 @@ void expect_chunks_match_whole_sequences(CpLoadBalancer balancer, CpRotateMethod
   const Tensor v_local = local_rows(cp, v), dout_local = local_rows(cp, dout);
   Tensor out_l = Tensor::empty(q_local.shape(), DType::f32, MemCategory::workspace, "out_l");
   Tensor lse_l = Tensor::empty({2 * B, Hq, q_local.size(1)}, DType::f32, MemCategory::workspace, "lse_l");
-  cp.attention_forward(q_local, k_local, v_local, out_l, lse_l);
+  cp.attention_forward(q_local, k_local, v_local, out_l, lse_l, documents);
   Tensor dq_l = Tensor::empty(q_local.shape(), DType::f32, MemCategory::workspace, "dq_l");
   Tensor dk_l = Tensor::empty(k_local.shape(), DType::f32, MemCategory::workspace, "dk_l");
   Tensor dv_l = Tensor::empty(v_local.shape(), DType::f32, MemCategory::workspace, "dv_l");
-  cp.attention_backward(dout_local, q_local, k_local, v_local, out_l, lse_l, dq_l, dk_l, dv_l);
+  cp.attention_backward(dout_local, q_local, k_local, v_local, out_l, lse_l, dq_l, dk_l, dv_l, documents);
   // The keys' gradients after RoPE's backward, as the model takes them.
   Tensor dk_whole = dk, dk_local = dk_l;
   rope_backward(dk, rope, 0, dk_whole);
@@ -101,8 +114,9 @@ void expect_chunks_match_whole_sequences(CpLoadBalancer balancer, CpRotateMethod
   const double e_dq = anvil::testing::rel_error(dq_l, anvil::testing::to_double(local_rows(cp, dq)));
   const double e_dk = anvil::testing::rel_error(dk_local, anvil::testing::to_double(local_rows(cp, dk_whole)));
   const double e_dv = anvil::testing::rel_error(dv_l, anvil::testing::to_double(local_rows(cp, dv)));
-  std::printf("cp %d rank %d %-9s %-8s chunks %lld, %lld: out %.2e lse(abs) %.2e dq %.2e dk %.2e dv %.2e\n",
+  std::printf("cp %d rank %d %-9s %-8s %-9s chunks %lld, %lld: out %.2e lse(abs) %.2e dq %.2e dk %.2e dv %.2e\n",
               cp.degree(), cp.rank(), cp_rotate_method_name(rotate), cp_load_balancer_name(balancer),
+              with_documents ? "documents" : "causal",
               static_cast<long long>(cp.chunk(0)), static_cast<long long>(cp.chunk(1)), e_out, e_lse, e_dq, e_dk, e_dv);
   EXPECT_LT(e_out, 1e-5);
   EXPECT_LT(e_lse, 1e-5);
@@ -112,17 +126,23 @@ void expect_chunks_match_whole_sequences(CpLoadBalancer balancer, CpRotateMethod
 }
 
 TEST(ContextParallel, HeadTailChunksMatchTheWholeSequences) {
-  expect_chunks_match_whole_sequences(CpLoadBalancer::headtail, CpRotateMethod::allgather);
+  expect_chunks_match_whole_sequences(CpLoadBalancer::headtail, CpRotateMethod::allgather, false);
 }
 TEST(ContextParallel, ContiguousChunksMatchTheWholeSequences) {
-  expect_chunks_match_whole_sequences(CpLoadBalancer::none, CpRotateMethod::allgather);
+  expect_chunks_match_whole_sequences(CpLoadBalancer::none, CpRotateMethod::allgather, false);
 }
 // The ring: the same rows from blocks passed rank to rank, merged by their lse.
 TEST(ContextParallel, HeadTailChunksOverARingMatchTheWholeSequences) {
-  expect_chunks_match_whole_sequences(CpLoadBalancer::headtail, CpRotateMethod::ring);
+  expect_chunks_match_whole_sequences(CpLoadBalancer::headtail, CpRotateMethod::ring, false);
 }
 TEST(ContextParallel, ContiguousChunksOverARingMatchTheWholeSequences) {
-  expect_chunks_match_whole_sequences(CpLoadBalancer::none, CpRotateMethod::ring);
+  expect_chunks_match_whole_sequences(CpLoadBalancer::none, CpRotateMethod::ring, false);
+}
+// Block-causal: documents spanning chunks attend across ranks, both ways.
+TEST(ContextParallel, DocumentChunksMatchTheWholeSequences) {
+  for (const CpLoadBalancer b : {CpLoadBalancer::headtail, CpLoadBalancer::none})
+    for (const CpRotateMethod r : {CpRotateMethod::allgather, CpRotateMethod::ring})
+      expect_chunks_match_whole_sequences(b, r, true);
 }
 
 }  // namespace

@@ -189,9 +189,9 @@ Tensor ContextParallel::gather_sequences(const Tensor& local, const char* tag) c
   return whole;
 }
 
-void ContextParallel::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                                        Tensor& lse) const {
-  if (rotate_ == CpRotateMethod::ring) return ring_forward(q, k, v, out, lse);
+void ContextParallel::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                                        const Tensor& documents) const {
+  if (rotate_ == CpRotateMethod::ring) return ring_forward(q, k, v, out, lse, documents);
   const int64_t c = q.size(1);
   const Tensor K = gather_sequences(k, "cp.keys"), V = gather_sequences(v, "cp.values");
   // The kernels alone, apart from the gather: each rank's attention work, whose
@@ -199,14 +199,15 @@ void ContextParallel::attention_forward(const Tensor& q, const Tensor& k, const 
   const ScopedPhase phase(SpanCategory::forward, "cp.attention");
   for (int j = 0; j < 2; ++j) {
     Tensor out_j = chunk_rows(out, j), lse_j = chunk_rows(lse, j);
-    anvil::attention_forward(chunk_rows(q, j), K, V, out_j, lse_j, 0.0f, {}, AttentionWindow{chunk(j) * c, 0});
+    anvil::attention_forward(chunk_rows(q, j), K, V, out_j, lse_j, 0.0f, {},
+                             AttentionWindow{chunk(j) * c, 0, documents});
   }
 }
 
 void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk,
-                                         Tensor& dv) const {
-  if (rotate_ == CpRotateMethod::ring) return ring_backward(dout, q, k, v, out, lse, dq, dk, dv);
+                                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                                         const Tensor& documents) const {
+  if (rotate_ == CpRotateMethod::ring) return ring_backward(dout, q, k, v, out, lse, dq, dk, dv, documents);
   const int64_t B = q.size(0) / 2, c = q.size(1), Hkv = k.size(2), D = k.size(3);
   const int n = degree();
   const int64_t row = c * Hkv * D;  // elements of one chunk of one sequence
@@ -218,7 +219,8 @@ void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, co
   for (int j = 0; j < 2; ++j) {
     Tensor dq_j = chunk_rows(dq, j);
     anvil::attention_backward(chunk_rows(dout, j), chunk_rows(q, j), K, V, chunk_rows(out, j), chunk_rows(lse, j), dq_j,
-                              dK, dV, 0.0f, {}, AttentionWindow{chunk(j) * c, 0}, {.dq = false, .dkv = true});
+                              dK, dV, 0.0f, {}, AttentionWindow{chunk(j) * c, 0, documents},
+                              {.dq = false, .dkv = true});
   }
   phase.reset();
   // Every rank's keys' gradients summed into the ranks that hold those keys:
@@ -239,7 +241,8 @@ void ContextParallel::attention_backward(const Tensor& dout, const Tensor& q, co
   }
 }
 
-void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const {
+void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                                   const Tensor& documents) const {
   const int n = degree(), next = (rank() + 1) % n, prev = (rank() + n - 1) % n;
   const int64_t B = q.size(0) / 2, c = q.size(1), Hq = q.size(2), D = q.size(3);
   // The merged attention so far, in f32 (out itself when it is f32), and its lse.
@@ -260,7 +263,7 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
           const int64_t qc = chunk(j), kc = cp_chunk(balancer_, n, src, j2);
           if (kc > qc) continue;  // keys after every query of the chunk
           anvil::attention_forward(chunk_rows(q, j), chunk_rows(held.k, j2), chunk_rows(held.v, j2), part, part_lse,
-                                   0.0f, {}, AttentionWindow{qc * c, kc * c});
+                                   0.0f, {}, AttentionWindow{qc * c, kc * c, documents});
           Tensor acc_j = chunk_rows(acc, j), lse_j = chunk_rows(lse, j);
           attention_merge(part, part_lse, acc_j, lse_j);
           ring.transfer.progress();
@@ -272,7 +275,8 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
 }
 
 void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const {
+                                    const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                                    const Tensor& documents) const {
   const int n = degree(), next = (rank() + 1) % n, prev = (rank() + n - 1) % n;
   const int64_t c = q.size(1);
   // `mine`: this rank's queries' part of the held block's keys' gradients;
@@ -301,7 +305,8 @@ void ContextParallel::ring_backward(const Tensor& dout, const Tensor& q, const T
           Tensor dq_j = chunk_rows(dq, j), dk_j2 = chunk_rows(target.k, j2), dv_j2 = chunk_rows(target.v, j2);
           anvil::attention_backward(chunk_rows(dout, j), chunk_rows(q, j), chunk_rows(held.k, j2),
                                     chunk_rows(held.v, j2), chunk_rows(out, j), chunk_rows(lse, j), dq_j, dk_j2, dv_j2,
-                                    0.0f, {}, AttentionWindow{qc * c, kc * c}, {.dq = dq_written[j], .dkv = wrote[j2]});
+                                    0.0f, {}, AttentionWindow{qc * c, kc * c, documents},
+                                    {.dq = dq_written[j], .dkv = wrote[j2]});
           dq_written[j] = wrote[j2] = true;
           ring.transfer.progress();
           grads.progress();

@@ -74,17 +74,21 @@ class ContextParallel : public SequenceLayout {
 
   // Causal attention of local q (2B, c, Hq, D) over the whole sequences' keys:
   // out (2B, c, Hq, D), lse (2B, Hq, c), given local k, v (2B, c, Hkv, D).
-  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const override;
+  // documents: the whole sequences' bounds (B, 2, T), for block-causal
+  // attention (a document may span chunks, and ranks); undefined: causal.
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                         const Tensor& documents) const override;
   // dq, dk, dv of the local rows (overwritten).
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const override;
+                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& documents) const override;
 
  private:
   // Whole sequences (B, T, H, D) of local x (2B, c, H, D) from every rank.
   Tensor gather_sequences(const Tensor& local, const char* tag) const;
-  void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const;
+  void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                    const Tensor& documents) const;
   void ring_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                     const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const;
+                     const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& documents) const;
   Communicator& group_;
   CpLoadBalancer balancer_;
   CpRotateMethod rotate_;

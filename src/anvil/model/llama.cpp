@@ -117,7 +117,7 @@ const Llama::Stage& Llama::stage_at(int stage) const {
 }
 
 Tensor Llama::forward(int stage, const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy,
-                      StageSaved& saved) {
+                      StageSaved& saved, const Tensor& documents) {
   ANVIL_CHECK(T <= rope_.max_positions(), "sequence length ", T, " exceeds the model's maximum ",
               rope_.max_positions());
   const Stage& st = stage_at(stage);
@@ -140,7 +140,7 @@ Tensor Llama::forward(int stage, const Tensor& input, int64_t B, int64_t T, cons
     const ScopedPhase phase(SpanCategory::forward, "forward", block.layer());
     const int g = group_of_module(block.layer() + 1);
     hooks_->before_forward(g);
-    h = block.forward(h, B, T, policy, saved.blocks[i]);
+    h = block.forward(h, B, T, policy, saved.blocks[i], documents);
     hooks_->after_forward(g);
   }
   if (st.head) saved.output = h;
@@ -269,17 +269,17 @@ void Llama::backward_weight(int stage, StageSaved& saved) {
 }
 
 CrossEntropyResult Llama::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale,
-                                           const AcPolicy& policy) {
+                                           const AcPolicy& policy, const Tensor& documents) {
   ANVIL_ASSERT(tokens.ndim() == 2 && targets.shape() == tokens.shape(), "tokens ", shape_str(tokens.shape()),
                " targets ", shape_str(targets.shape()));
   ANVIL_ASSERT(num_stages() == 1 && embedding_ && head_,
                "forward_backward runs the whole model; a stage runs forward and backward");
   StageSaved saved;
-  forward(tokens, tokens.size(0), tokens.size(1), policy, saved);
+  forward(tokens, tokens.size(0), tokens.size(1), policy, saved, documents);
   return backward_from_loss(saved, targets, grad_scale);
 }
 
-CrossEntropyResult Llama::forward(const Tensor& tokens, const Tensor& targets) {
+CrossEntropyResult Llama::forward(const Tensor& tokens, const Tensor& targets, const Tensor& documents) {
   ANVIL_ASSERT(num_stages() == 1 && embedding_ && head_, "evaluation runs the whole model");
   const int64_t B = tokens.size(0), T = tokens.size(1);
   ANVIL_CHECK(T <= rope_.max_positions(), "sequence length ", T, " exceeds the model's maximum ",
@@ -290,7 +290,7 @@ CrossEntropyResult Llama::forward(const Tensor& tokens, const Tensor& targets) {
   for (const TransformerBlock& block : blocks_) {
     const int g = group_of_module(block.layer() + 1);
     hooks_->before_forward(g);
-    h = block.forward(h, B, T);
+    h = block.forward(h, B, T, documents);
     hooks_->after_forward(g);
   }
   const int g = group_of_module(llama_num_modules(args_) - 1);

@@ -108,10 +108,14 @@ class Llama {
   // rank holding one. input: tokens (B, T) i32 on the stage holding the
   // embedding, else the previous stage's output (residual_rows(B·T), D).
   // Returns the stage's output; the stage holding the head also keeps it in
-  // saved for backward_from_loss.
-  Tensor forward(int stage, const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved);
-  Tensor forward(const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved) {
-    return forward(0, input, B, T, policy, saved);
+  // saved for backward_from_loss. documents: the micro-batch's document
+  // bounds (B, 2, T) for block-causal attention (ops/document_mask.h; under
+  // context parallelism over the whole sequences), undefined for causal.
+  Tensor forward(int stage, const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved,
+                 const Tensor& documents = {});
+  Tensor forward(const Tensor& input, int64_t B, int64_t T, const AcPolicy& policy, StageSaved& saved,
+                 const Tensor& documents = {}) {
+    return forward(0, input, B, T, policy, saved, documents);
   }
   // A stage without the head: d_output is the gradient of its output. Returns
   // the gradient of its input (undefined on the first stage). Parameter
@@ -146,9 +150,9 @@ class Llama {
   // One micro-batch: forward, loss and backward. The trainer passes grad_scale
   // = 1/tokens-in-the-step, so accumulation equals one large batch.
   CrossEntropyResult forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale,
-                                      const AcPolicy& policy);
+                                      const AcPolicy& policy, const Tensor& documents = {});
   // Loss only (evaluation): keeps no activations beyond the current block.
-  CrossEntropyResult forward(const Tensor& tokens, const Tensor& targets);
+  CrossEntropyResult forward(const Tensor& tokens, const Tensor& targets, const Tensor& documents = {});
   // Inference with a key/value cache (the whole model on one process):
   // tokens (B, T) i32, T new tokens of each of B sequences, sequence b's at
   // positions positions[b] .. + T − 1 with its keys and values in cache slot

@@ -55,16 +55,17 @@ void ParallelStyle::rope_backward(const Tensor& dy, const RopeTable& table, Tens
   anvil::rope_backward(dy, table, 0, dx);
 }
 
-void ParallelStyle::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                                      Tensor& lse) const {
-  if (sequence_) return sequence_->attention_forward(q, k, v, out, lse);
-  anvil::attention_forward(q, k, v, out, lse);
+void ParallelStyle::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                                      const Tensor& documents) const {
+  if (sequence_) return sequence_->attention_forward(q, k, v, out, lse, documents);
+  anvil::attention_forward(q, k, v, out, lse, 0.0f, {}, AttentionWindow{0, 0, documents});
 }
 
 void ParallelStyle::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                       const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const {
-  if (sequence_) return sequence_->attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
-  anvil::attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
+                                       const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                                       const Tensor& documents) const {
+  if (sequence_) return sequence_->attention_backward(dout, q, k, v, out, lse, dq, dk, dv, documents);
+  anvil::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0f, {}, AttentionWindow{0, 0, documents});
 }
 
 }  // namespace anvil

@@ -52,10 +52,14 @@ class SequenceLayout {
   // x, y (B, T, H, D): RoPE at the rows' positions (y may be x).
   virtual void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const = 0;
   virtual void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const = 0;
-  // Causal attention of the rows (ops/attention.h's shapes).
-  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const = 0;
+  // Causal attention of the rows (ops/attention.h's shapes), block-causal
+  // within the documents of the whole sequences when `documents` (B, 2, T)
+  // is defined (AttentionWindow::documents).
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                                 const Tensor& documents) const = 0;
   virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const = 0;
+                                  const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                                  const Tensor& documents) const = 0;
 };
 
 class ParallelStyle {
@@ -67,9 +71,11 @@ class ParallelStyle {
   void set_sequence_layout(const SequenceLayout* layout) { sequence_ = layout; }
   void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const;
   void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const;
-  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) const;
+  // documents: as SequenceLayout's; undefined: causal.
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                         const Tensor& documents = {}) const;
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) const;
+                          const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& documents = {}) const;
 
   // This rank's parameters, from the model's whole list (in the same order,
   // each spec's `slice` saying where its tensor sits in the global one).

@@ -43,19 +43,21 @@ BlockParams TransformerBlock::grad_params() const {
   return {p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3)};
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy,
-                                 BlockSaved& saved) const {
+Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy, BlockSaved& saved,
+                                 const Tensor& documents) const {
   saved = BlockSaved{};
   saved.B = B, saved.T = T;
+  saved.documents = documents;
   saved.x = x;
   Tensor out = run_forward(saved, /*recomputing=*/false);
   drop_unkept(saved, policy);
   return out;
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T) const {
+Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T, const Tensor& documents) const {
   BlockSaved s;
   s.B = B, s.T = T;
+  s.documents = documents;
   s.x = x;
   return run_forward(s, /*recomputing=*/false);
 }
@@ -130,7 +132,7 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   style_.rope_forward(s.k, rope_, s.k);
   s.o = new_activation({B, T, Hq, hd}, dt, "block.o");
   s.lse = new_activation({B, Hq, T}, DType::f32, "block.lse");
-  style_.attention_forward(s.q, s.k, s.v, s.o, s.lse);
+  style_.attention_forward(s.q, s.k, s.v, s.o, s.lse, s.documents);
   s.x2 = style_.row_parallel_out(s.x, s.o.view({M, Hq * hd}), p.wo, "block.x2");
   phase.reset();
   return run_feed_forward(s, recomputing);
@@ -160,6 +162,7 @@ void TransformerBlock::drop_unkept(BlockSaved& s, const AcPolicy& policy) const 
   if (policy.recomputes_whole_block(layer_)) {
     BlockSaved kept;
     kept.B = s.B, kept.T = s.T;
+    kept.documents = s.documents;
     kept.x = s.x;
     s = kept;
   } else if (policy.mode == AcMode::selective_op) {
@@ -263,7 +266,7 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
     Tensor dq = new_activation({B, T, Hq, hd}, dt, "block.dq");
     Tensor dk = new_activation({B, T, Hkv, hd}, dt, "block.dk");
     Tensor dv = new_activation({B, T, Hkv, hd}, dt, "block.dv");
-    style_.attention_backward(dO, s.q, s.k, s.v, s.o, s.lse, dq, dk, dv);
+    style_.attention_backward(dO, s.q, s.k, s.v, s.o, s.lse, dq, dk, dv, s.documents);
     dO = dO2 = Tensor();
     s.q = s.k = s.v = s.o = s.lse = Tensor();
     style_.rope_backward(dq, rope_, dq);

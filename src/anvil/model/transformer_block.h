@@ -28,6 +28,7 @@ struct BlockParams {
 // policy does not keep are left undefined (and their memory freed).
 struct BlockSaved {
   int64_t B = 0, T = 0;  // the micro-batch: B sequences of T tokens, M = B·T rows
+  Tensor documents;      // the micro-batch's document bounds (attention.h), or undefined: causal (always kept)
   Tensor x;           // (M, D)   block input (always kept)
   Tensor h1, rstd1;   // (M, D), (M)   attention RMSNorm output and 1/rms
   Tensor q, k, v;     // (B, T, H, hd) after RoPE (q, k)
@@ -58,9 +59,12 @@ class TransformerBlock {
 
   // x (residual_rows(M), D) → the block output, same shape. saved gets x and
   // what `policy` keeps for this layer; the rest is freed before returning.
-  Tensor forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy, BlockSaved& saved) const;
+  // documents: the sequences' document bounds (AttentionWindow::documents:
+  // block-causal attention), or undefined for causal attention.
+  Tensor forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy, BlockSaved& saved,
+                 const Tensor& documents = {}) const;
   // Evaluation: keeps nothing.
-  Tensor forward(const Tensor& x, int64_t B, int64_t T) const;
+  Tensor forward(const Tensor& x, int64_t B, int64_t T, const Tensor& documents = {}) const;
   // Inference with a key/value cache (a single process): x (B·T, D) holds T
   // new tokens of each of B sequences; sequence b's sit at positions
   // positions[b] .. + T − 1 and its keys and values live in slot slots[b] of

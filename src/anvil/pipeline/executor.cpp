@@ -206,14 +206,14 @@ void PipelineExecutor::post_receive_for(const PipeAction& a, const std::vector<T
     post_receive(Flow::gradient, a.stage, a.micro_batch, x.size(0), x.size(1));
 }
 
-CrossEntropyResult PipelineExecutor::evaluate(const Tensor& tokens, const Tensor& targets) {
+CrossEntropyResult PipelineExecutor::evaluate(const Tensor& tokens, const Tensor& targets, const Tensor& documents) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
   const int S = placement_.stages();
   CrossEntropyResult result;
   for (int s : stages_) {  // ascending: what a rank waits for comes from earlier stages
     StageSaved saved;  // full checkpointing: each block keeps its input only, until the stage is done
     const Tensor input = s == 0 ? tokens : take_input(Flow::activation, s, 0, B, T);
-    const Tensor out = model_.forward(local(s), input, B, T, AcPolicy{AcMode::full, 1}, saved);
+    const Tensor out = model_.forward(local(s), input, B, T, AcPolicy{AcMode::full, 1}, saved, documents);
     if (s == S - 1) result = model_.loss(saved, targets);
     else hand_over(out, Flow::activation, s + 1, 0, -1);
   }
@@ -225,6 +225,7 @@ CrossEntropyResult PipelineExecutor::evaluate(const Tensor& tokens, const Tensor
 struct PipelineExecutor::Pass {
   const std::vector<Tensor>& tokens;
   const std::vector<Tensor>& targets;
+  const std::vector<Tensor>& documents;
   float grad_scale;
   const AcPolicy& policy;
   const std::function<void(int)>& before_backward;
@@ -236,11 +237,14 @@ struct PipelineExecutor::Pass {
 
 PipelineResult PipelineExecutor::run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets,
                                   float grad_scale, const AcPolicy& policy,
-                                  const std::function<void(int)>& before_backward) {
+                                  const std::function<void(int)>& before_backward,
+                                  const std::vector<Tensor>& documents) {
   // The traces' pass and action spans are what bench/pipeline_bubbles.py
   // measures bubbles from: idle = the pass − its actions + their waits.
   const ScopedPhase span(SpanCategory::step, "pipeline.pass");
-  Pass pass{tokens, targets, grad_scale, policy, before_backward, {}, {}, {}};
+  ANVIL_ASSERT(documents.empty() || documents.size() == tokens.size(), documents.size(), " micro-batches' documents for ",
+               tokens.size());
+  Pass pass{tokens, targets, documents, grad_scale, policy, before_backward, {}, {}, {}};
   // The receive an action needs is posted when the action before it is done
   // (its temporaries freed), so the tensor can arrive while this rank sends
   // and while it would otherwise wait; earlier, its buffer would add to the
@@ -267,7 +271,8 @@ void PipelineExecutor::run_action(size_t k, Pass& pass) {
     const Tensor input = a.stage == 0 ? x : take_input(Flow::activation, a.stage, i, B, T);
     release_sends(static_cast<int>(k));  // what this action's input proves received
     StageSaved& saved = pass.in_flight[{a.stage, i}];
-    Tensor out = model_.forward(l, input, B, T, pass.policy, saved);
+    const Tensor documents = pass.documents.empty() ? Tensor() : pass.documents[static_cast<size_t>(i)];
+    Tensor out = model_.forward(l, input, B, T, pass.policy, saved, documents);
     if (a.stage < S - 1) hand_over(out, Flow::activation, a.stage + 1, i, release_at);
     else if (keep_outputs_) pass.kept_outputs.push_back(model_.logits(saved));
     return;

@@ -70,12 +70,14 @@ class PipelineExecutor {
   // i, (b, T) i32 (the first stage reads the tokens, the last the targets).
   // before_backward(i) runs before each of micro-batch i's backward actions
   // (B, I and W: DDP's sync switch). Parameter gradients accumulate into the
-  // model's.
+  // model's. documents[i]: micro-batch i's document bounds for block-causal
+  // attention (every stage reads them); empty: causal.
   PipelineResult run(const std::vector<Tensor>& tokens, const std::vector<Tensor>& targets, float grad_scale,
-                     const AcPolicy& policy, const std::function<void(int)>& before_backward = {});
+                     const AcPolicy& policy, const std::function<void(int)>& before_backward = {},
+                     const std::vector<Tensor>& documents = {});
   // Evaluation: tokens, targets (b, T) through the stages as one micro-batch,
   // forward only, nothing kept. The loss on the head's rank, zero elsewhere.
-  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
+  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets, const Tensor& documents = {});
 
  private:
   enum class Flow { activation, gradient };

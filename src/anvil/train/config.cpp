@@ -43,6 +43,12 @@ std::vector<Key> key_table(JobConfig& c) {
        "named shape: debugmodel, 25M, 125M, 1B, 3B, 8B, 70B, 405B (llama3); 7B, 13B, 70B (llama2)"},
       {"model", "tokenizer_path", &c.model.tokenizer_path,
        "tokenizer.json (Hugging Face byte-level BPE) or tiktoken file; empty: byte-level tokenizer"},
+      {"model",
+       "attn_mask_type",
+       &c.model.attn_mask_type,
+       "block_causal: each token attends only to the earlier tokens of its own document (documents end at the "
+       "tokenizer's EOS; torchtitan's default); causal: to every earlier token of the sequence, across documents",
+       {"causal", "block_causal"}},
 
       {"training",
        "dataset",

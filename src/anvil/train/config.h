@@ -22,6 +22,7 @@ struct JobConfig {
     std::string name = "llama3";
     std::string flavor = "debugmodel";
     std::string tokenizer_path = "";
+    std::string attn_mask_type = "block_causal";
   } model;
   struct Training {
     std::string dataset = "text";

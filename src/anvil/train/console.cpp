@@ -61,9 +61,11 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
               static_cast<long long>(args.n_layers), static_cast<long long>(args.dim),
               static_cast<long long>(args.n_heads), static_cast<long long>(args.n_kv_heads),
               static_cast<long long>(args.ffn_hidden_dim()), static_cast<long long>(args.vocab_size));
-  std::printf("anvil: %s compute%s, activation checkpointing %s, %lld x %lld tokens per micro-batch, %lld "
-              "micro-batch(es) per step, %d threads\n",
+  std::printf("anvil: %s compute%s, %s attention, activation checkpointing %s, %lld x %lld tokens per "
+              "micro-batch, %lld micro-batch(es) per step, %d threads\n",
               dt == DType::bf16 ? "bf16" : "fp32", dt == DType::bf16 ? " with fp32 master weights" : "",
+              cfg.model.attn_mask_type == "block_causal" ? "block-causal (each document to itself, split at EOS)"
+                                                         : "causal (across documents)",
               ac.mode == AcMode::selective_layer ? ("selective every " + std::to_string(ac.every) + " layers").c_str()
                                                  : ac_mode_name(ac.mode),
               static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len),

@@ -9,7 +9,8 @@ ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBat
   for (int64_t i = 0; i < n; ++i) {
     if (hooks.before_micro_batch) hooks.before_micro_batch(i, n);
     const auto b = static_cast<size_t>(i);
-    const CrossEntropyResult r = model.forward_backward(batches.tokens[b], batches.targets[b], grad_scale, policy);
+    const CrossEntropyResult r =
+        model.forward_backward(batches.tokens[b], batches.targets[b], grad_scale, policy, batches.documents_of(b));
     out.loss_sum += r.loss_sum;
     out.loss_tokens += r.num_tokens;
     // A signal reaches one rank, or the ranks at different moments: they
@@ -23,8 +24,9 @@ ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBat
   return out;
 }
 
-CrossEntropyResult evaluate_single_stage(Llama& model, const Tensor& tokens, const Tensor& targets) {
-  return model.forward(tokens, targets);
+CrossEntropyResult evaluate_single_stage(Llama& model, const Tensor& tokens, const Tensor& targets,
+                                         const Tensor& documents) {
+  return model.forward(tokens, targets, documents);
 }
 
 }  // namespace anvil

@@ -14,9 +14,14 @@
 
 namespace anvil {
 
-// A step's micro-batches: tokens[i], targets[i] (B, T) i32.
+// A step's micro-batches: tokens[i], targets[i] (B, T) i32; under
+// block-causal attention documents[i], their whole sequences' document bounds
+// (B, 2, T) i32 (ops/document_mask.h; T the whole sequence length under
+// context parallelism), else empty.
 struct MicroBatches {
-  std::vector<Tensor> tokens, targets;
+  std::vector<Tensor> tokens, targets, documents;
+  // documents[i], or undefined (causal).
+  Tensor documents_of(size_t i) const { return i < documents.size() ? documents[i] : Tensor(); }
   // Under context parallelism: the whole sequences the loader fills, before
   // this rank keeps its chunks of them in tokens and targets.
   Tensor loaded_tokens, loaded_targets;
@@ -48,6 +53,7 @@ ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBat
 
 // The loss of one micro-batch, forward only (evaluation): no gradients, no
 // activations kept beyond the running block.
-CrossEntropyResult evaluate_single_stage(Llama& model, const Tensor& tokens, const Tensor& targets);
+CrossEntropyResult evaluate_single_stage(Llama& model, const Tensor& tokens, const Tensor& targets,
+                                         const Tensor& documents = {});
 
 }  // namespace anvil

@@ -193,11 +193,17 @@ ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& ba
   for (int64_t i = 0; i < n; ++i) {
     const Tensor& tokens = batches.tokens[static_cast<size_t>(i)];
     const Tensor& targets = batches.targets[static_cast<size_t>(i)];
+    const Tensor documents = batches.documents_of(static_cast<size_t>(i));
     const int64_t rows = tokens.size(0) / m;
-    std::vector<Tensor> mb_tokens, mb_targets;
+    std::vector<Tensor> mb_tokens, mb_targets, mb_documents;
     for (int64_t j = 0; j < m; ++j) {
       mb_tokens.push_back(tokens.slice(j * rows, rows));
       mb_targets.push_back(targets.slice(j * rows, rows));
+      // Whole sequences: under context parallelism a micro-batch's rows are its sequences' chunks, two each.
+      if (documents.defined()) {
+        const int64_t seqs = documents.size(0) / m;
+        mb_documents.push_back(documents.slice(j * seqs, seqs));
+      }
     }
     // DDP reduces once per step: during the last pipeline micro-batch's
     // backward (its W pass, when split) of the step's last micro-batch — every
@@ -205,7 +211,7 @@ ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& ba
     const auto sync = [&](int j) {
       if (ddp_) ddp_->set_sync(i == n - 1 && j == m - 1);
     };
-    const PipelineResult r = pipeline_->run(mb_tokens, mb_targets, grad_scale, policy, sync);
+    const PipelineResult r = pipeline_->run(mb_tokens, mb_targets, grad_scale, policy, sync, mb_documents);
     result.loss_sum += r.loss_sum;
     result.loss_tokens += r.loss_tokens;
     if (hooks.stop_requested && hooks.stop_requested()) {
@@ -217,9 +223,9 @@ ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& ba
   return result;
 }
 
-CrossEntropyResult ParallelizedModel::evaluate(const Tensor& tokens, const Tensor& targets) {
-  if (!pipeline_) return evaluate_single_stage(*model_, tokens, targets);
-  CrossEntropyResult r = pipeline_->evaluate(tokens, targets);
+CrossEntropyResult ParallelizedModel::evaluate(const Tensor& tokens, const Tensor& targets, const Tensor& documents) {
+  if (!pipeline_) return evaluate_single_stage(*model_, tokens, targets, documents);
+  CrossEntropyResult r = pipeline_->evaluate(tokens, targets, documents);
   sum_loss_over_pp(r.loss_sum, r.num_tokens);
   return r;
 }

@@ -80,7 +80,7 @@ class ParallelizedModel {
   ForwardBackwardResult forward_backward(const MicroBatches& batches, float grad_scale, const AcPolicy& policy,
                                          const ForwardBackwardHooks& hooks);
   // The loss of one micro-batch, forward only, on every rank.
-  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets);
+  CrossEntropyResult evaluate(const Tensor& tokens, const Tensor& targets, const Tensor& documents = {});
   void finish_backward();  // waits for the gradient reductions in flight
   // The global gradient norm (every element of the global gradient counted once).
   double grad_norm();

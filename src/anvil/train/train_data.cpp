@@ -10,6 +10,7 @@
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/data/brown.h"
 #include "anvil/data/shard.h"
+#include "anvil/ops/document_mask.h"
 #include "anvil/train/console.h"
 #include "anvil/train/parallelize.h"
 #include "anvil/train/train_step.h"
@@ -73,6 +74,12 @@ TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Par
       cp_balancer_(par.cp_balancer) {
   const auto& tc = cfg.training;
   const auto t_data = std::chrono::steady_clock::now();
+  if (cfg.model.attn_mask_type == "block_causal") {
+    document_eos_ = tokenizer.eos_id();
+    ANVIL_CHECK(document_eos_ >= 0, "model.attn_mask_type = \"block_causal\" finds documents by their EOS token, and the ",
+                tokenizer.name(), " tokenizer has none; set model.attn_mask_type = \"causal\" or use a tokenizer "
+                "with <|endoftext|> or <eos>");
+  }
   const uint64_t tokenizer_hash =
       cfg.model.tokenizer_path.empty() ? byte_tokenizer_hash() : tokenizer_file_hash(cfg.model.tokenizer_path);
   DataSources data = open_dataset(cfg, tokenizer, tokenizer_hash);
@@ -95,10 +102,16 @@ void TrainData::allocate_batches(int64_t micro_batches) {
 }
 
 bool TrainData::fill(StreamLoader& loader, size_t i, int64_t groups) {
-  if (cp_size_ == 1) return loader.next_batch(batches_.tokens[i], batches_.targets[i]);
+  if (cp_size_ == 1) {
+    if (!loader.next_batch(batches_.tokens[i], batches_.targets[i])) return false;
+    if (document_eos_ >= 0) fill_document_bounds(batches_.tokens[i], document_eos_, batches_.documents[i]);
+    return true;
+  }
   // The cp group's ranks read the same sequences (the same data-parallel
-  // rank's windows) and keep their own chunks of them.
+  // rank's windows) and keep their own chunks of them; the documents are the
+  // whole sequences'.
   if (!loader.next_batch(batches_.loaded_tokens, batches_.loaded_targets)) return false;
+  if (document_eos_ >= 0) fill_document_bounds(batches_.loaded_tokens, document_eos_, batches_.documents[i]);
   const int64_t B = batches_.loaded_tokens.size(0), T = batches_.loaded_tokens.size(1), b = B / groups;
   const int64_t whole = b * T, local = b * T / cp_size_;  // one group's tokens before and after
   for (int64_t g = 0; g < groups; ++g) {
@@ -125,7 +138,7 @@ std::pair<double, int64_t> TrainData::validation_loss(ParallelizedModel& layout,
   int64_t tokens = 0;
   for (int64_t i = 0; i < cfg_.validation.steps; ++i) {
     ANVIL_CHECK(fill(*val_loader_, 0, 1), "the validation set ran out of tokens");
-    const CrossEntropyResult r = layout.evaluate(batches_.tokens[0], batches_.targets[0]);
+    const CrossEntropyResult r = layout.evaluate(batches_.tokens[0], batches_.targets[0], batches_.documents_of(0));
     sum += r.loss_sum, tokens += r.num_tokens;
   }
   sum_loss_over_dp(par, sum, tokens);

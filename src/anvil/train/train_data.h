@@ -49,6 +49,8 @@ class TrainData {
   std::unique_ptr<StreamLoader> loader_, val_loader_;
   MicroBatches batches_;
   int cp_size_ = 1, cp_rank_ = 0;
+  // Block-causal attention: the tokenizer's EOS, which ends a document; -1: causal.
+  int32_t document_eos_ = -1;
   // A training batch runs through a pipeline as this many micro-batches, each
   // a slice of its rows; an evaluation batch as one.
   int64_t pp_micro_batches_ = 1;

@@ -60,6 +60,10 @@ MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches,
   for (int64_t i = 0; i < micro_batches; ++i) {
     batches.tokens.push_back(Tensor::empty({rows, cols}, DType::i32, MemCategory::workspace, "batch.tokens"));
     batches.targets.push_back(Tensor::empty({rows, cols}, DType::i32, MemCategory::workspace, "batch.targets"));
+    // Block-causal attention: the whole sequences' document bounds, which every cp rank reads whole.
+    if (cfg.model.attn_mask_type == "block_causal")
+      batches.documents.push_back(Tensor::empty({tc.local_batch_size, 2, tc.seq_len}, DType::i32,
+                                                MemCategory::workspace, "batch.documents"));
   }
   if (cp > 1) {
     batches.loaded_tokens =
