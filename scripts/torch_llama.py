@@ -126,20 +126,26 @@ class Llama(torch.nn.Module):
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
-    def forward(self, tokens, targets):
-        logits = self.logits(tokens)
+    def forward(self, tokens, targets, eos_id=None):
+        logits = self.logits(tokens, eos_id)
         targets = targets.long().view(-1)
         loss_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets, ignore_index=-100, reduction="sum")
         return loss_sum, int((targets != -100).sum())
 
-    def logits(self, tokens):
-        """(B, T, V) fp32 logits of every position, the whole sequence recomputed."""
+    def logits(self, tokens, eos_id=None):
+        """(B, T, V) fp32 logits of every position, the whole sequence recomputed. With eos_id, attention
+        is block-causal: an explicit boolean mask keeps the pairs of one document (a document ends at its
+        EOS; the next token starts another)."""
         cfg = self.cfg
         B, T = tokens.shape
         Hq, Hkv = cfg["n_heads"], cfg["n_kv_heads"]
         hd = cfg["dim"] // Hq
         h = F.embedding(tokens.long(), self.p("model.embed_tokens.weight"))
         mask = torch.ones(T, T, dtype=torch.bool).tril()
+        if eos_id is not None:
+            eos = (tokens == eos_id).long()
+            doc = torch.cumsum(eos, dim=1) - eos  # the EOS tokens before each position
+            mask = (mask[None] & (doc[:, :, None] == doc[:, None, :]))[:, None]  # (B, 1, T, T)
         for l in range(cfg["n_layers"]):
             pre = f"model.layers.{l}."
             x = self.rms_norm(h, self.p(pre + "input_layernorm.weight"))
@@ -174,15 +180,27 @@ def parity(folder, threads):
     adamw = torch.optim.AdamW([p for _, p in model.named()], lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]),
                               eps=opt["eps"], weight_decay=opt["weight_decay"])
     bf16 = cfg.get("compute_dtype") == "bf16"
+    eos_id = cfg.get("eos_id")  # block-causal attention when given
+    micro_batches = cfg.get("micro_batches", 1)  # gradient accumulation over slices of the batch's rows
+    steps = batches["tokens"].shape[0]
     losses = []
-    for step in range(batches["tokens"].shape[0]):
+    for step in range(steps):
         adamw.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss_sum, n = model(batches["tokens"][step], batches["targets"][step])
-        (loss_sum / n).backward()
-        losses.append(float(loss_sum) / n)
+        tokens, targets = batches["tokens"][step], batches["targets"][step]
+        n = int((targets != -100).sum())  # the step's tokens normalise every micro-batch's loss
+        total = 0.0
+        for tok, tgt in zip(tokens.chunk(micro_batches), targets.chunk(micro_batches)):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss_sum, _ = model(tok, tgt, eos_id)
+            (loss_sum / n).backward()
+            total += float(loss_sum)
+        losses.append(total / n)
         if step == 0:
             write_safetensors(f"{folder}/torch_grads.safetensors", {name: p.grad for name, p in model.named()})
+        if step == steps - 1 and cfg.get("last_grads"):
+            # With the weights they were taken at, so the other side can compare this step alone.
+            write_safetensors(f"{folder}/torch_grads_last.safetensors", {name: p.grad for name, p in model.named()})
+            write_safetensors(f"{folder}/torch_weights_last.safetensors", {name: p.detach() for name, p in model.named()})
         adamw.step()
     json.dump({"losses": losses}, open(f"{folder}/torch_result.json", "w"))
 

@@ -441,9 +441,13 @@ inline std::string tag_of(const std::string& s) {
 }
 
 // anvil train runs in this test program's scratch folder, each in its own dump
-// folder, on a small text corpus: 10 fp32 steps (flags given later win), a
-// metrics line per step, checkpoints at steps 5 and 10, both kept, and every
-// rank's allocations and frees of step 2 logged.
+// folder, on a small corpus of documents (JSON Lines, 3 to 63 bytes each, so
+// a 32-token sequence holds documents shorter than it, cut by it and longer
+// than it, many spanning context-parallel chunks) under the default
+// block-causal attention: 10 fp32 steps (flags given later win), a metrics
+// line per step, checkpoints at steps 5 and 10, both kept, and every rank's
+// allocations and frees of step 2 logged. text.txt, one long document, is
+// there for tests that need plain text.
 class TrainRuns {
  public:
   TrainRuns() : dir_(scratch_root() / "runs") {
@@ -453,12 +457,20 @@ class TrainRuns {
     for (int i = 0; i < 600; ++i)
       text << "Line " << i % 29 << ": the jury's presentments praised the city's purchasing department, "
            << i * 7 % 13 << " times.\n";
+    std::ofstream docs(dir_ / "documents.jsonl");
+    const std::string words = "the jury praised the city's purchasing department and its many presentments ";
+    for (int i = 0; i < 1500; ++i) {
+      const size_t n = 3 + static_cast<size_t>(i * 37 % 61);
+      std::string doc = std::to_string(i % 29) + " ";
+      for (size_t k = 0; doc.size() < n; ++k) doc += words[(static_cast<size_t>(i) * 5 + k) % words.size()];
+      docs << "{\"text\": \"" << doc.substr(0, n) << "\"}\n";
+    }
   }
 
   const std::filesystem::path& dir() const { return dir_; }
 
   std::string args(const std::string& dump, const std::string& extra) const {
-    return "train --training.dataset text --training.dataset_path " + (dir_ / "text.txt").string() +
+    return "train --training.dataset text --training.dataset_path " + (dir_ / "documents.jsonl").string() +
            " --training.seq_len 32 --training.steps 10 --metrics.log_freq 1 --training.mixed_precision_param float32"
            " --lr_scheduler.warmup_steps 2 --checkpoint.enable --checkpoint.interval 5 --checkpoint.keep_latest_k 0"
            " --metrics.enable_tensorboard false --profiling.allocation_log_step 2 --job.dump_folder " +

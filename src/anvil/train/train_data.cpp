@@ -1,5 +1,6 @@
 #include "anvil/train/train_data.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -10,6 +11,7 @@
 #include "anvil/data/bpe_tokenizer.h"
 #include "anvil/data/brown.h"
 #include "anvil/data/shard.h"
+#include "anvil/distributed/context_parallel.h"
 #include "anvil/ops/document_mask.h"
 #include "anvil/train/console.h"
 #include "anvil/train/parallelize.h"
@@ -131,6 +133,39 @@ int64_t TrainData::next_step() {
     tokens += batches_.tokens[i].numel();  // packed windows never ignore a target
   }
   return tokens;
+}
+
+std::string TrainData::attention_summary() const {
+  if (document_eos_ < 0) return "";
+  int64_t documents = 0, sequences = 0;
+  double pairs = 0, causal_pairs = 0;
+  std::vector<double> rank_pairs(static_cast<size_t>(cp_size_), 0.0);
+  for (const Tensor& bounds : batches_.documents) {
+    const int64_t T = bounds.size(2), c = T / (2 * cp_size_);
+    for (int64_t b = 0; b < bounds.size(0); ++b) {
+      documents += documents_in(bounds, b);
+      ++sequences;
+      pairs += static_cast<double>(document_attention_pairs(bounds, b, 0, T));
+      causal_pairs += static_cast<double>(T) * static_cast<double>(T + 1) / 2;
+      for (int r = 0; cp_size_ > 1 && r < cp_size_; ++r)
+        for (int j = 0; j < 2; ++j)
+          rank_pairs[static_cast<size_t>(r)] += static_cast<double>(
+              document_attention_pairs(bounds, b, cp_chunk(cp_balancer_, cp_size_, r, j) * c, c));
+    }
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "block-causal attention: %.1f documents per sequence, %.1f%% of the causal mask's "
+                "query-key pairs", static_cast<double>(documents) / static_cast<double>(std::max<int64_t>(1, sequences)),
+                100.0 * pairs / std::max(1.0, causal_pairs));
+  std::string out = line;
+  if (cp_size_ > 1) {
+    out += detail::concat("; each cp rank's pairs over the mean (", cp_load_balancer_name(cp_balancer_), "):");
+    for (int r = 0; r < cp_size_; ++r) {
+      std::snprintf(line, sizeof line, " %d: %.2f", r, rank_pairs[static_cast<size_t>(r)] * cp_size_ / std::max(1.0, pairs));
+      out += line;
+    }
+  }
+  return out;
 }
 
 std::pair<double, int64_t> TrainData::validation_loss(ParallelizedModel& layout, const ParallelDims& par) {

@@ -33,6 +33,11 @@ class TrainData {
   const MicroBatches& batches() const { return batches_; }
   // Fills the step's micro-batches; returns their tokens.
   int64_t next_step();
+  // Under block-causal attention, what the step's documents make of it: the
+  // documents per sequence, the share of the causal mask's query-key pairs
+  // attention computes, and under context parallelism each cp rank's pairs
+  // against the mean (the load balancer's balance); "" under causal attention.
+  std::string attention_summary() const;
   // The loss of the validation set's validation.steps batches, summed over
   // the data-parallel ranks: (loss sum, tokens). The same held-out batches every time.
   std::pair<double, int64_t> validation_loss(ParallelizedModel& layout, const ParallelDims& par);
