@@ -10,6 +10,7 @@
 
 #include "anvil/cli/plan_cmd.h"
 #include "anvil/core/error.h"
+#include "anvil/estimate/flops.h"
 #include "anvil/estimate/gpu_estimate.h"
 #include "anvil/estimate/gpu_hardware.h"
 #include "anvil/estimate/gpu_search.h"
@@ -115,6 +116,39 @@ TEST(GpuPlan, TiedEmbeddingsAreCountedOnceAndTheirProductStill) {
                                             12.0 * static_cast<double>(a.n_layers * a.n_heads * a.head_dim() * 2048))
         << flavor;
   }
+}
+
+// Block-causal attention's share of the causal pairs, by hand at seq 4 with
+// documents of 2 (a query at position p ≥ 1 sees 1 or 2 keys, 1.5 on average;
+// position 0 one): (1 + 1.5 + 1.5 + 1.5) / (1 + 2 + 3 + 4) = 0.55. Documents
+// far longer than the sequence keep the causal work; short ones about L / T.
+TEST(GpuPlan, BlockCausalShareOfTheCausalPairs) {
+  EXPECT_DOUBLE_EQ(block_causal_share(4, 2), 0.55);
+  EXPECT_EQ(block_causal_share(2048, 0), 1.0);
+  EXPECT_GT(block_causal_share(2048, 1e12), 0.999);
+  EXPECT_NEAR(block_causal_share(8192, 1024), 1024.0 / 8192, 0.01);
+}
+
+// The planner times block-causal attention by the work it does: Llama 3 8B at
+// seq 8192 over documents of 1,024 tokens spends 12% of the causal
+// attention's time there; the step is shorter by that and nothing else, and
+// MFU's FLOPs stay the causal count.
+TEST(GpuPlan, BlockCausalAttentionTakesItsShareOfTheTime) {
+  GpuRunSpec s;
+  s.model = model_flavor("llama3", "8B");
+  s.seq_len = 8192;
+  s.dp_shard = 8;
+  s.ac = AcPolicy{AcMode::full, 1};
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  const GpuStepEstimate causal = estimate_gpu_run(s, hw);
+  s.mean_document_tokens = 1024;
+  const GpuStepEstimate docs = estimate_gpu_run(s, hw);
+  std::printf("8B, seq 8192, 8 x H100, AC full: causal %.0f tok/s per GPU, documents of 1,024 tokens %.0f\n",
+              causal.tokens_per_second_per_gpu, docs.tokens_per_second_per_gpu);
+  EXPECT_LT(docs.compute_seconds, causal.compute_seconds);
+  EXPECT_GT(docs.tokens_per_second_per_gpu, causal.tokens_per_second_per_gpu);
+  EXPECT_EQ(docs.flops_per_token, causal.flops_per_token);
+  EXPECT_EQ(docs.max_reserved, causal.max_reserved);
 }
 
 // One GPU, two ways: torchtitan's default (no FSDP at shard degree 1: bf16

@@ -24,10 +24,14 @@ EstimateOptions parse_estimate_args(const std::vector<std::string>& args) {
     else if (a == "--hardware") o.hardware = value();
     else if (a == "--gpus") o.gpus = parse_count_arg("anvil estimate", a, value());
     else if (a == "--calibration") o.calibration = value();
+    else if (a == "--mean-document-tokens")
+      o.mean_document_tokens = static_cast<double>(parse_count_arg("anvil estimate", a, value()));
     else o.config_args.push_back(a);
   }
   ANVIL_CHECK(o.hardware.empty() == (o.gpus == 0),
               "anvil estimate: --hardware and --gpus go together (the GPU planner: --hardware a100-80g --gpus 64)");
+  ANVIL_CHECK(o.mean_document_tokens == 0 || !o.hardware.empty(),
+              "anvil estimate: --mean-document-tokens is the GPU planner's: give --hardware and --gpus with it");
   ANVIL_CHECK(o.calibration.empty() || !o.hardware.empty(),
               "anvil estimate: --calibration is the GPU planner's: give --hardware and --gpus with it");
   ANVIL_CHECK(o.hardware.empty() || o.ranks == 0, "anvil estimate: --ranks is for Anvil's own ranks; with --hardware "
@@ -151,7 +155,8 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
 int estimate_command(const std::vector<std::string>& args) {
   const EstimateOptions o = parse_estimate_args(args);
   const JobConfig cfg = parse_config(o.config_args);
-  if (!o.hardware.empty()) return gpu_estimate_command(cfg, o.hardware, o.gpus, o.json, o.calibration);
+  if (!o.hardware.empty())
+    return gpu_estimate_command(cfg, o.hardware, o.gpus, o.json, o.calibration, o.mean_document_tokens);
   const ModelArgs model = model_flavor(cfg.model.name, cfg.model.flavor);
   const int ranks = o.ranks > 0 ? o.ranks : implied_world_size(cfg);
   const LayoutEstimate est = estimate_layout(cfg, model, ranks);

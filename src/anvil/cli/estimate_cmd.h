@@ -18,6 +18,7 @@ struct EstimateOptions {
   std::string hardware;                  // a GPU planner run when set
   int64_t gpus = 0;
   std::string calibration;               // the GPU planner's rates measured on the user's GPU (gpu_calibration.h)
+  double mean_document_tokens = 0;       // the GPU planner's block-causal documents (GpuRunSpec); 0: causal work
 };
 
 // Parses the words after `anvil estimate`; throws anvil::Error on bad usage.

@@ -8,6 +8,7 @@
 #include "anvil/cli/count_arg.h"
 #include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
+#include "anvil/estimate/flops.h"
 #include "anvil/estimate/gpu_estimate.h"
 #include "anvil/estimate/gpu_hardware.h"
 #include "anvil/estimate/gpu_search.h"
@@ -21,7 +22,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 constexpr const char* kUsage =
     "usage: anvil plan CONFIG.toml [--section.key value ...] --hardware H --gpus N [--json] [--top K]\n"
-    "                  [--calibration FILE]\n"
+    "                  [--calibration FILE] [--mean-document-tokens L]\n"
     "       anvil plan --seeds\n"
     "  Searches torchtitan-style layouts (FSDP/HSDP, CP, TP, PP degrees whose product is N, activation\n"
     "  checkpointing, local and micro-batch size) for the configuration's model and sequence length on N\n"
@@ -35,10 +36,16 @@ constexpr const char* kUsage =
     "  --top       rows to print (default 10)\n"
     "  --json      print the rows as JSON\n"
     "  --calibration  rates measured on your GPU (anvil calibrate --help) instead of the published ones\n"
+    "  --mean-document-tokens  block-causal attention (model.attn_mask_type) over documents of L tokens on\n"
+    "              average: attention's time scaled to the share of the causal pairs it computes (default:\n"
+    "              documents no shorter than a sequence, the causal work)\n"
     "  --seeds     the predictions against seeds 000 and 001, as markdown tables with each row's error\n";
 
 // The model, sequence, batch and AC mode of the configuration; the layout is left at its defaults.
-GpuRunSpec model_spec(const JobConfig& cfg) {
+GpuRunSpec model_spec(const JobConfig& cfg, double mean_document_tokens) {
+  ANVIL_CHECK(mean_document_tokens == 0 || cfg.model.attn_mask_type == "block_causal",
+              "--mean-document-tokens ", mean_document_tokens, " models block-causal attention, but ",
+              "model.attn_mask_type is \"", cfg.model.attn_mask_type, "\" (every token attends across documents)");
   ANVIL_CHECK(cfg.training.mixed_precision_param == "bfloat16", "training.mixed_precision_param = \"",
               cfg.training.mixed_precision_param, "\": the GPU planner models bf16 compute under FSDP2");
   GpuRunSpec s;
@@ -46,11 +53,12 @@ GpuRunSpec model_spec(const JobConfig& cfg) {
   s.seq_len = cfg.training.seq_len;
   s.local_batch = cfg.training.local_batch_size;
   s.ac = activation_checkpoint_policy(cfg);
+  s.mean_document_tokens = mean_document_tokens;
   return s;
 }
 
-GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus) {
-  GpuRunSpec s = model_spec(cfg);
+GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus, double mean_document_tokens) {
+  GpuRunSpec s = model_spec(cfg, mean_document_tokens);
   const auto& p = cfg.parallelism;
   s.dp_replicate = p.data_parallel_replicate_degree;
   s.tp = p.tensor_parallel_degree;
@@ -145,9 +153,9 @@ std::string layout_flags(const GpuRunSpec& s) {
 }  // namespace
 
 int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json,
-                         const std::string& calibration) {
+                         const std::string& calibration, double mean_document_tokens) {
   const GpuHardware& hw = gpu_hardware(hardware);
-  const GpuRunSpec spec = spec_from_config(cfg, gpus);
+  const GpuRunSpec spec = spec_from_config(cfg, gpus, mean_document_tokens);
   std::optional<GpuCalibration> cal;
   if (!calibration.empty()) cal = GpuCalibration::load(calibration);
   const GpuStepEstimate e = estimate_gpu_run(spec, hw, cal ? &*cal : nullptr);
@@ -162,6 +170,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     for (const GpuStageMemory& m : e.stages) j["stages"].push_back(stage_json(m));
     j["max_reserved_bytes"] = e.max_reserved;
     j["fits"] = e.fits;
+    j["attention_share_of_causal_pairs"] = block_causal_share(spec.seq_len, spec.mean_document_tokens);
     j["step_seconds"] = e.step_seconds;
     j["compute_seconds"] = e.compute_seconds;
     j["fsdp_comm_seconds"] = e.fsdp_comm_seconds;
@@ -194,8 +203,17 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
                 spec.pp_schedule_csv.empty() ? spec.pp_schedule.c_str() : spec.pp_schedule_csv.c_str(),
                 static_cast<long long>(spec.micro_batches()));
   if (spec.grad_accum > 1) std::printf(", %lld accumulation steps", static_cast<long long>(spec.grad_accum));
-  std::printf(", AC %s, local batch %lld x seq %lld\n\n", ac_mode_name(spec.ac.mode),
+  std::printf(", AC %s, local batch %lld x seq %lld\n", ac_mode_name(spec.ac.mode),
               static_cast<long long>(spec.local_batch), static_cast<long long>(spec.seq_len));
+  if (spec.mean_document_tokens > 0)
+    std::printf("attention: block-causal over documents of %.0f tokens on average: %.1f%% of the causal pairs "
+                "(its time scaled by that; FLOPs per token and MFU count the causal work, as torchtitan)\n\n",
+                spec.mean_document_tokens, 100 * block_causal_share(spec.seq_len, spec.mean_document_tokens));
+  else
+    std::printf("attention: %s\n\n", cfg.model.attn_mask_type == "block_causal"
+                                         ? "block-causal, timed as causal (documents no shorter than a sequence; "
+                                           "--mean-document-tokens L for shorter ones)"
+                                         : "causal");
   std::printf("parameters: %.0f per GPU, %lld in the model\n", e.parameters_per_gpu,
               static_cast<long long>(spec.model.num_params()));
   std::printf("per GPU, GiB       ");
@@ -267,7 +285,7 @@ int calibrate_command(const std::vector<std::string>& args) {
   ANVIL_CHECK(!hardware.empty() && gpus > 0 && !shapes.empty(),
               "anvil calibrate: --hardware, --gpus and --shapes are needed\n", kCalibrateUsage);
   const JobConfig cfg = parse_config(rest);
-  const GpuRunSpec spec = spec_from_config(cfg, gpus);
+  const GpuRunSpec spec = spec_from_config(cfg, gpus, 0);  // the shapes are the causal ones
   PricedShapes priced;
   estimate_gpu_run(spec, gpu_hardware(hardware), nullptr, &priced);
   write_file_durably(shapes, priced.json());
@@ -282,6 +300,7 @@ int plan_command(const std::vector<std::string>& args) {
   int64_t gpus = 0, top = 10;
   bool json = false, seeds = false;
   std::string calibration;
+  double mean_document_tokens = 0;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -293,6 +312,10 @@ int plan_command(const std::vector<std::string>& args) {
       ANVIL_CHECK(i + 1 < args.size(), "anvil plan: ", a, " needs a value\n", kUsage);
       return args[++i];
     };
+    if (a == "--mean-document-tokens") {
+      mean_document_tokens = static_cast<double>(parse_count_arg("anvil plan", a, value()));
+      continue;
+    }
     if (a == "--hardware") hardware = value();
     else if (a == "--gpus") gpus = parse_count_arg("anvil plan", a, value());
     else if (a == "--top") top = parse_count_arg("anvil plan", a, value());
@@ -308,7 +331,7 @@ int plan_command(const std::vector<std::string>& args) {
   ANVIL_CHECK(!hardware.empty() && gpus > 0, "anvil plan: --hardware and --gpus are needed\n", kUsage);
   const GpuHardware& hw = gpu_hardware(hardware);
   const JobConfig cfg = parse_config(rest);
-  const GpuRunSpec base = model_spec(cfg);
+  const GpuRunSpec base = model_spec(cfg, mean_document_tokens);
 
   std::optional<GpuCalibration> cal;
   if (!calibration.empty()) cal = GpuCalibration::load(calibration);

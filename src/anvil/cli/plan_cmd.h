@@ -15,8 +15,10 @@ namespace anvil {
 // `hardware`: per-stage memory per GPU and step time, tokens/s per GPU, MFU;
 // a table, or JSON with `json`; priced with the calibration file's rates when
 // `calibration` names one. Returns the exit code.
+// mean_document_tokens: block-causal attention over documents of that mean
+// length (GpuRunSpec::mean_document_tokens); 0: the causal work.
 int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json,
-                         const std::string& calibration = "");
+                         const std::string& calibration = "", double mean_document_tokens = 0);
 
 // anvil calibrate CFG [--section.key value ...] --hardware H --gpus N --shapes FILE
 // writes the matrix-product and attention shapes the estimate of that run

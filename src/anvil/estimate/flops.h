@@ -16,4 +16,14 @@ namespace anvil {
 // work is not.
 double flops_per_token(const ModelArgs& args, int64_t seq_len);
 
+// The share of causal attention's query-key pairs block-causal attention
+// computes over documents of `mean_document_tokens` packed end to end and cut
+// into sequences of seq_len: a query sees the keys from its document's start,
+// or from the sequence's, whichever is later, with the documents' offsets
+// against the sequences uniform. 1 at mean_document_tokens = 0 (documents no
+// shorter than the sequences: the causal work, an upper bound); about
+// mean / seq_len for short documents. The time models scale attention by it;
+// FLOPs per token and MFU do not (torchtitan counts the unmasked work).
+double block_causal_share(int64_t seq_len, double mean_document_tokens);
+
 }  // namespace anvil

@@ -620,7 +620,10 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   // shape a calibration can time; CP's chunks are modelled.
   std::optional<AttentionShape> attn_shape;
   if (sp.cp == 1) attn_shape = AttentionShape{T / r.s, r.s, r.s, d.H / t, d.Dq / d.H};
-  const auto [attn, attn_bwd] = rt.attention(attn_shape, attn_fwd_flops);
+  // Block-causal attention skips the tiles its documents mask: its time is the share of the pairs it keeps.
+  const double kept = block_causal_share(sp.seq_len, sp.mean_document_tokens);
+  auto [attn, attn_bwd] = rt.attention(attn_shape, attn_fwd_flops);
+  attn *= kept, attn_bwd *= kept;
   const CpLayerTime cp = cp_layer_time(r, attn, attn_bwd);
   const double ew_fwd = rt.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);
   const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, r.tp_link) : 0;

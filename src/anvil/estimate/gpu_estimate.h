@@ -62,6 +62,10 @@ struct GpuRunSpec {
   // micro-batch's output to output_chunks and concatenates them when the step ends.
   bool keep_pp_outputs = false;
   TorchtitanEra era = TorchtitanEra::v0_1_0;
+  // Block-causal attention over documents of this many tokens on average
+  // (flops.h's block_causal_share scales attention's time; FLOPs per token and
+  // MFU stay torchtitan's); 0: the causal work (documents no shorter than a sequence).
+  double mean_document_tokens = 0;
 
   int64_t gpus() const { return dp_shard * dp_replicate * cp * tp * pp; }
   // One GPU without FSDP: fp32 parameters, gradients and AdamW state, each

@@ -12,6 +12,7 @@
 #include "anvil/data/brown.h"
 #include "anvil/data/shard.h"
 #include "anvil/distributed/context_parallel.h"
+#include "anvil/ops/attention.h"
 #include "anvil/ops/document_mask.h"
 #include "anvil/train/console.h"
 #include "anvil/train/parallelize.h"
@@ -139,6 +140,7 @@ std::string TrainData::attention_summary() const {
   if (document_eos_ < 0) return "";
   int64_t documents = 0, sequences = 0;
   double pairs = 0, causal_pairs = 0;
+  AttentionTileCount tiles;  // of the whole sequences, on the kernels' default grid
   std::vector<double> rank_pairs(static_cast<size_t>(cp_size_), 0.0);
   for (const Tensor& bounds : batches_.documents) {
     const int64_t T = bounds.size(2), c = T / (2 * cp_size_);
@@ -146,6 +148,9 @@ std::string TrainData::attention_summary() const {
       documents += documents_in(bounds, b);
       ++sequences;
       pairs += static_cast<double>(document_attention_pairs(bounds, b, 0, T));
+      const AttentionTileCount n = attention_tile_count(1, T, T, {}, AttentionWindow{0, 0, bounds.slice(b, 1)});
+      tiles.forward += n.forward, tiles.backward += n.backward;
+      tiles.causal_forward += n.causal_forward, tiles.causal_backward += n.causal_backward;
       causal_pairs += static_cast<double>(T) * static_cast<double>(T + 1) / 2;
       for (int r = 0; cp_size_ > 1 && r < cp_size_; ++r)
         for (int j = 0; j < 2; ++j)
@@ -153,10 +158,11 @@ std::string TrainData::attention_summary() const {
               document_attention_pairs(bounds, b, cp_chunk(cp_balancer_, cp_size_, r, j) * c, c));
     }
   }
-  char line[160];
+  char line[256];
   std::snprintf(line, sizeof line, "block-causal attention: %.1f documents per sequence, %.1f%% of the causal mask's "
-                "query-key pairs", static_cast<double>(documents) / static_cast<double>(std::max<int64_t>(1, sequences)),
-                100.0 * pairs / std::max(1.0, causal_pairs));
+                "query-key pairs, %.1f%% of its tiles", static_cast<double>(documents) /
+                static_cast<double>(std::max<int64_t>(1, sequences)), 100.0 * pairs / std::max(1.0, causal_pairs),
+                100.0 * tiles.kept());
   std::string out = line;
   if (cp_size_ > 1) {
     out += detail::concat("; each cp rank's pairs over the mean (", cp_load_balancer_name(cp_balancer_), "):");
