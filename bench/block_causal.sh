@@ -67,3 +67,4 @@ for r in $(seq 1 "$ROUNDS"); do
 c, b, k = $cf + $cb, $bf + $bb, $kept
 print('| %d | %.4f | %.4f | %.3f | %.3f | %.2f |' % ($r, c, b, b / c, k, b / c / k))"
 done
+grep -h "block-causal attention:" "$out/block_causal_1.log" | sed 's/^anvil: /block-causal run, /'
