@@ -204,6 +204,10 @@ const AttentionTiles kDefault{};
 const AttentionTiles kSmall{8, 16, 8, 16};   // forward key tile wider than the query tile
 const AttentionTiles kSmallQ{16, 8, 16, 8};  // the other way round: blocks above the diagonal per row
 const AttentionTiles kOdd{7, 5, 5, 7};       // nothing divides anything
+// Sequences of short documents (two or more, at most 4·doc on average) on a
+// document grid of 4 × 4 tiles, the others on the 8 × 16 one.
+const AttentionTiles kDocSmall{8, 16, 8, 16, 4};
+const AttentionTiles kDocOdd{7, 5, 5, 7, 3};
 
 // Shapes covering head_dim 8/16/64/128, GQA ratios 1, 2, 4, B = 2, T = 1,
 // T not a multiple of any tile, and the default (large) tiles on T > tile.
@@ -225,6 +229,12 @@ std::vector<Case> cases() {
       {1, 23, 4, 1, 8, kOdd, 0.0f, {3, 7}},  // split dQ partials
       {1, 300, 4, 4, 64, kDefault, 0.0f, {37, 90, 3}},
       {2, 700, 2, 1, 64, kDefault, 0.0f, {256, 100, 300}},  // whole tiles skipped, others cut through
+      // The document grid: both sequences on it; then sequence 0 (documents 40, 3, 7: 16.7 on
+      // average, over 4·4) on the causal grid and sequence 1 (3, 40, 3, 4) on the document grid.
+      {2, 37, 4, 2, 64, kDocSmall, 0.0f, {5, 11, 1, 20}},
+      {2, 50, 4, 2, 16, kDocSmall, 0.0f, {40, 3}},
+      {1, 23, 4, 1, 8, kDocOdd, 0.0f, {3, 7}},  // split dQ partials
+      {1, 600, 4, 2, 64, kDefault, 0.0f, {90, 200, 37}},  // the default document grid, 128 × 128
   };
 }
 
@@ -355,6 +365,7 @@ TEST(Attention, WindowsOfQueryChunksMatchTheWholeSequence) {
   for (const DType dt : {DType::f32, DType::bf16})
     for (const Case& c : {Case{2, 36, 4, 2, 16, kOdd}, Case{1, 64, 4, 1, 64, kSmall}, Case{1, 128, 2, 2, 32, kDefault},
                           Case{2, 36, 4, 2, 16, kOdd, 0.0f, {7, 13, 2}},
+                          Case{2, 36, 4, 2, 16, kDocOdd, 0.0f, {7, 13, 2}},
                           Case{1, 128, 2, 2, 32, kDefault, 0.0f, {20, 50}}}) {
       SCOPED_TRACE(describe(c) + " " + dtype_name(dt));
       const int64_t chunk = c.T / 4;
@@ -502,7 +513,8 @@ TEST(Attention, PartialAttentionsMergeIntoTheWhole) {
 // for bit: the same tiles, the same products, the same order of sums.
 TEST(Attention, OneDocumentPerSequenceIsBitForBitCausal) {
   for (const DType dt : {DType::f32, DType::bf16})
-    for (const Case& c : {Case{2, 300, 4, 2, 64, kDefault}, Case{1, 23, 4, 1, 8, kOdd}, Case{2, 37, 4, 2, 64, kSmall}}) {
+    for (const Case& c : {Case{2, 300, 4, 2, 64, kDefault}, Case{1, 23, 4, 1, 8, kOdd}, Case{2, 37, 4, 2, 64, kSmall},
+                          Case{2, 37, 4, 2, 64, kDocSmall}}) {
       SCOPED_TRACE(describe(c) + " " + dtype_name(dt));
       const OpRun causal = run_op(c, dt);
       Tensor docs = Tensor::empty({c.B, 2, c.T}, DType::i32, MemCategory::workspace, "documents");
@@ -545,29 +557,35 @@ TEST(DocumentMask, BoundsComeFromTheEosTokens) {
   EXPECT_EQ(document_attention_pairs(bounds, 1, 0, 6), 21);
 }
 
-// The tiles the kernels run, counted on the default grid at T = 512: forward
-// query tiles of 128 (the diagonal cap T/4) against key blocks of 512;
-// backward key tiles of 128 against query tiles of 256 from the diagonal on.
-TEST(Attention, TileCountIsTheGridsKeptTiles) {
-  const AttentionTileCount causal = attention_tile_count(1, 512, 512);
-  EXPECT_EQ(causal.forward, 4);
-  EXPECT_EQ(causal.backward, 2 + 2 + 1 + 1);
-  EXPECT_EQ(causal.causal_forward, 4);
-  EXPECT_EQ(causal.kept(), 1.0);
-  // Documents of 128 tokens on the grid: every key tile's queries end with its document.
+// The work of the tiles the kernels run (score elements of their products),
+// on the default grids at T = 512: forward query tiles of 128 (the diagonal
+// cap T/4) against key blocks of up to 512, 128²·(1 + 2 + 3 + 4); backward key
+// tiles of 128 against query tiles of 256 from the diagonal on, the same sum.
+TEST(Attention, TileCountIsTheKernelsWork) {
+  const double causal = 128.0 * 128 * (1 + 2 + 3 + 4);
+  const AttentionTileCount n = attention_tile_count(1, 512, 512);
+  EXPECT_EQ(n.forward, causal);
+  EXPECT_EQ(n.backward, causal);
+  EXPECT_EQ(n.causal_forward, causal);
+  EXPECT_EQ(n.kept(), 1.0);
+  // Documents of 128 tokens: four, of at most 4·128 on average, so the
+  // document grid of 128 × 128 runs, one tile per document each way.
   Tensor tokens = Tensor::zeros({1, 512}, DType::i32, MemCategory::workspace, "tokens");
   for (int64_t p = 127; p < 512; p += 128) tokens.data<int32_t>()[p] = 1;
   Tensor docs = Tensor::empty({1, 2, 512}, DType::i32, MemCategory::workspace, "documents");
   fill_document_bounds(tokens, 1, docs);
-  const AttentionTileCount n = attention_tile_count(1, 512, 512, {}, AttentionWindow{0, 0, docs});
-  EXPECT_EQ(n.forward, 4);  // one 512-key block per query tile, as causal
-  EXPECT_EQ(n.backward, 4);
-  EXPECT_EQ(n.causal_backward, 6);
-  EXPECT_DOUBLE_EQ(n.kept(), (2.0 * 4 + 5.0 * 4) / (2.0 * 4 + 5.0 * 6));
-  // Smaller forward key blocks: query tile i skips the blocks before its document.
-  const AttentionTileCount small = attention_tile_count(1, 512, 512, {128, 128, 256, 256}, AttentionWindow{0, 0, docs});
-  EXPECT_EQ(small.forward, 4);
-  EXPECT_EQ(small.causal_forward, 1 + 2 + 3 + 4);
+  const AttentionTileCount d = attention_tile_count(1, 512, 512, {}, AttentionWindow{0, 0, docs});
+  EXPECT_EQ(d.forward, 4 * 128.0 * 128);
+  EXPECT_EQ(d.backward, 4 * 128.0 * 128);
+  EXPECT_EQ(d.causal_backward, causal);
+  EXPECT_DOUBLE_EQ(d.kept(), 0.4);
+  // On the causal grid (document tiles as large as it): query tile i still
+  // runs keys from 0 to its end in one block of 512; key tile j only its own queries.
+  AttentionTiles coarse;
+  coarse.doc = 512;
+  const AttentionTileCount c = attention_tile_count(1, 512, 512, coarse, AttentionWindow{0, 0, docs});
+  EXPECT_EQ(c.forward, causal);
+  EXPECT_EQ(c.backward, 4 * 128.0 * 256 - 128.0 * 128);  // 256-query tiles, the last cut to 128 rows
 }
 
 TEST(Attention, RejectsHeadsNotDivisibleByKvHeads) {

@@ -353,12 +353,53 @@ int64_t diagonal_tile(int64_t tile, int64_t T) { return std::min({tile, std::max
 // attention_tile_count share these, so the count is what the kernels do.
 struct Grid {
   int64_t Bq, Bk;
+  // The forward's key blocks start on multiples of `align` (Bk on the causal
+  // grid, the document tile on the document grid), and run up to Bk keys.
+  int64_t align;
 };
+// The causal grids, which size the buffers.
 Grid forward_grid(const Dims& d, const AttentionTiles& t) {
-  return {diagonal_tile(t.fwd_q, d.Tq), std::min(t.fwd_k, std::max<int64_t>(d.keys_seen(), 1))};
+  const int64_t Bk = std::min(t.fwd_k, std::max<int64_t>(d.keys_seen(), 1));
+  return {diagonal_tile(t.fwd_q, d.Tq), Bk, Bk};
 }
 Grid backward_grid(const Dims& d, const AttentionTiles& t) {
-  return {std::min(t.bwd_q, d.Tq), diagonal_tile(t.bwd_k, std::max<int64_t>(d.keys_seen(), 1))};
+  const int64_t Bk = diagonal_tile(t.bwd_k, std::max<int64_t>(d.keys_seen(), 1));
+  return {std::min(t.bwd_q, d.Tq), Bk, Bk};
+}
+// The document grid (AttentionTiles::doc), from a causal one, so fewer tiles
+// cross a document boundary: tiles of at most doc × doc, except that the
+// forward's key blocks, which start on multiples of doc, run up to the causal
+// block's width (a query tile's keys are one run from its document's start,
+// in fewer, larger products).
+Grid document_grid(const Grid& causal, const AttentionTiles& t, bool forward) {
+  const int64_t doc_k = std::min(causal.Bk, t.doc);
+  return {std::min(causal.Bq, t.doc), forward ? causal.Bk : doc_k, doc_k};
+}
+// Whether sequence b runs on the document grid: it holds two documents or
+// more, of at most 4 document tiles on average. Depends on the data, but the
+// grids it picks from do not, so neither does the workspace.
+bool short_documents(const Dims& d, int64_t b, const AttentionTiles& t) {
+  if (d.docs == nullptr) return false;
+  const int32_t* start = d.docs + b * 2 * d.S;
+  int64_t n = 0;
+  for (int64_t p = 0; p < d.S; ++p) n += start[p] == p;
+  return n >= 2 && d.S <= 4 * t.doc * n;
+}
+// Each sequence's grid, from `causal` (forward_grid or backward_grid).
+std::vector<Grid> sequence_grids(const Dims& d, const Grid& causal, const AttentionTiles& t, bool forward) {
+  std::vector<Grid> grids(static_cast<size_t>(d.B), causal);
+  for (int64_t b = 0; b < d.B; ++b)
+    if (short_documents(d, b, t)) grids[static_cast<size_t>(b)] = document_grid(causal, t, forward);
+  return grids;
+}
+// The grids a call may run (the causal one, and under documents the document
+// grid): every product shape comes from one of them.
+std::vector<Grid> candidate_grids(const Dims& d, const Grid& causal, const AttentionTiles& t, bool forward) {
+  std::vector<Grid> out{causal};
+  const Grid doc = document_grid(causal, t, forward);
+  if (d.docs != nullptr && (doc.Bq != causal.Bq || doc.Bk != causal.Bk || doc.align != causal.align))
+    out.push_back(doc);
+  return out;
 }
 // The keys [kbeg, kend) the forward's query tile at row q0 of sequence b runs
 // over in blocks of g.Bk from kbeg: up to its last query's position (causal),
@@ -366,7 +407,7 @@ Grid backward_grid(const Dims& d, const AttentionTiles& t) {
 // so the products keep the causal shapes).
 std::pair<int64_t, int64_t> forward_keys(const Dims& d, const Grid& g, int64_t b, int64_t q0) {
   const int64_t mq = std::min(g.Bq, d.Tq - q0);
-  return {d.first_key_of(b, q0) / g.Bk * g.Bk, std::min(d.keys_seen(), d.q_first - d.k_first + q0 + mq)};
+  return {d.first_key_of(b, q0) / g.align * g.align, std::min(d.keys_seen(), d.q_first - d.k_first + q0 + mq)};
 }
 // The queries [qbeg, qend) the backward's key tile at row k0 of sequence b
 // runs over in tiles of g.Bq from qbeg: from the first key's position
@@ -408,8 +449,11 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   // With queries after the keys' start the causal diagonal moves right by
   // `shift` keys; a whole sequence has shift 0.
   const int64_t shift = d.q_first - d.k_first;
+  // The causal grid sizes the buffers; a sequence of short documents may run
+  // on the finer document grid (sequence_grids).
   const Grid grid = forward_grid(d, tiles);
   const int64_t Bq = grid.Bq, Bk = grid.Bk;
+  const std::vector<Grid> grids = sequence_grids(d, grid, tiles, /*forward=*/true);
   const DType ab = dtype_of<C>();
   const int64_t n_qtiles = (Tq + Bq - 1) / Bq;
   // Under the causal mask query tile i costs ∝ shift + i + 1 key blocks, so
@@ -434,10 +478,16 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
   // oneDNN's scratchpad for the tile products, one per slot: the most any
   // (query tile, key block) of the loop below needs.
   std::set<std::pair<int64_t, int64_t>> tile_shapes;
-  for (int64_t q0 = 0; q0 < Tq; q0 += Bq) {
-    const int64_t mq = std::min(Bq, Tq - q0), kend = tile_keys(q0, mq);
-    for (int64_t k0 = 0; k0 < kend; k0 += Bk) tile_shapes.insert({mq, std::min(Bk, kend - k0)});
-  }
+  // Blocks start on multiples of g.align and run up to g.Bk keys: every
+  // block is g.Bk wide but those ending at kend, whose starts are the aligned
+  // ones in the last g.Bk keys before it.
+  for (const Grid& g : candidate_grids(d, grid, tiles, /*forward=*/true))
+    for (int64_t q0 = 0; q0 < Tq; q0 += g.Bq) {
+      const int64_t mq = std::min(g.Bq, Tq - q0), kend = tile_keys(q0, mq);
+      if (kend >= g.Bk) tile_shapes.insert({mq, g.Bk});
+      for (int64_t k0 = std::max<int64_t>(0, kend - g.Bk) / g.align * g.align; k0 < kend; k0 += g.align)
+        tile_shapes.insert({mq, std::min(g.Bk, kend - k0)});
+    }
   size_t tile_scratch = 0;
   for (const auto& [mq, nk] : tile_shapes)
     for (bool acc : {false, true})
@@ -464,15 +514,16 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
     // Rows q0 .. q0 + mq of query head h. Blocks are packed densely (row
     // stride = their width nk) so every product sees dense operands.
     auto query_tile = [&](int64_t b, int64_t h, int64_t q0) {
-      const int64_t mq = std::min(Bq, Tq - q0);
+      const Grid& gb = grids[static_cast<size_t>(b)];
+      const int64_t mq = std::min(gb.Bq, Tq - q0);
       pack_head(q, d, Tq, d.Hq, b, h, q0, mq, Qp);
       // Key blocks before the one holding the first row's document start are
       // masked for every row (documents start no earlier on later rows).
-      const auto [kbeg, kend] = forward_keys(d, grid, b, q0);
+      const auto [kbeg, kend] = forward_keys(d, gb, b, q0);
       std::fill(row_m, row_m + mq, -std::numeric_limits<float>::infinity());  // no key seen yet
       std::fill(row_l, row_l + mq, 0.0f);
-      for (int64_t k0 = kbeg; k0 < kend; k0 += Bk) {
-        const int64_t nk = std::min(Bk, kend - k0);  // keys past the tile's last query are masked for all rows
+      for (int64_t k0 = kbeg; k0 < kend; k0 += gb.Bk) {
+        const int64_t nk = std::min(gb.Bk, kend - k0);  // keys past the tile's last query are masked for all rows
         const bool first = k0 == kbeg;
         gemm({.M = mq, .N = nk, .K = D, .trans_b = true, .ab = ab, .c = DType::f32, .alpha = scale2}, Qp, Kp + k0 * D,
              S, sp);
@@ -518,11 +569,12 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, T* out, flo
       const int64_t s = task % splits, bg = task / splits, b = bg / d.Hkv, g = bg % d.Hkv;
       pack_head(k, d, d.Tk, d.Hkv, b, g, 0, Lk, Kp);
       pack_head(v, d, d.Tk, d.Hkv, b, g, 0, Lk, Vp);
-      for (int64_t p = s; p < pairs; p += splits) {
-        const int64_t mirror = n_qtiles - 1 - p;
+      const int64_t Bq_b = grids[static_cast<size_t>(b)].Bq, n_qtiles_b = (Tq + Bq_b - 1) / Bq_b;
+      for (int64_t p = s; p < (n_qtiles_b + 1) / 2; p += splits) {
+        const int64_t mirror = n_qtiles_b - 1 - p;
         for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
-          query_tile(b, h, p * Bq);
-          if (mirror != p) query_tile(b, h, mirror * Bq);
+          query_tile(b, h, p * Bq_b);
+          if (mirror != p) query_tile(b, h, mirror * Bq_b);
         }
       }
     }
@@ -552,8 +604,9 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
                    T* dq, T* dk, T* dv, const AttentionTiles& tiles, AttentionAccumulate accumulate) {
   const int64_t Tq = d.Tq, D = d.D, G = d.group, Lk = d.keys_seen();
   const int64_t shift = d.q_first - d.k_first;  // see forward_impl
-  const Grid grid = backward_grid(d, tiles);
+  const Grid grid = backward_grid(d, tiles);  // sizes the buffers, as in forward_impl
   const int64_t Bq = grid.Bq, Bk = grid.Bk;
+  const std::vector<Grid> grids = sequence_grids(d, grid, tiles, /*forward=*/false);
   const DType ab = dtype_of<C>();
   const int64_t n_ktiles = (Lk + Bk - 1) / Bk;
   // Key tile j costs ∝ (T − k0): pair j with n_ktiles − 1 − j as the forward does.
@@ -585,9 +638,10 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   // oneDNN's scratchpad for the tile products, one per slot: the most any
   // (key tile, query tile) of the loop below needs.
   std::set<std::pair<int64_t, int64_t>> tile_shapes;  // (keys ne, queries mq)
-  for (int64_t k0 = 0; k0 < Lk; k0 += Bk)
-    for (int64_t q0 = first_query(k0), nk = std::min(Bk, Lk - k0); q0 < Tq; q0 += Bq)
-      tile_shapes.insert({std::min(nk, shift + q0 + std::min(Bq, Tq - q0) - k0), std::min(Bq, Tq - q0)});
+  for (const Grid& g : candidate_grids(d, grid, tiles, /*forward=*/false))
+    for (int64_t k0 = 0; k0 < Lk; k0 += g.Bk)
+      for (int64_t q0 = first_query(k0), nk = std::min(g.Bk, Lk - k0); q0 < Tq; q0 += g.Bq)
+        tile_shapes.insert({std::min(nk, shift + q0 + std::min(g.Bq, Tq - q0) - k0), std::min(g.Bq, Tq - q0)});
   size_t tile_scratch = 0;
   for (const auto& [ne, mq] : tile_shapes)
     for (bool acc : {false, true})
@@ -620,7 +674,8 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
 
     // Key tile j (keys k0 .. k0 + nk) of kv head g, against all later queries.
     auto key_tile = [&](int64_t b, int64_t g, int64_t j) {
-      const int64_t k0 = j * Bk, nk = std::min(Bk, Lk - k0);
+      const Grid& gb = grids[static_cast<size_t>(b)];
+      const int64_t k0 = j * gb.Bk, nk = std::min(gb.Bk, Lk - k0);
       const C* Kj = Kp + k0 * D;
       const C* Vj = Vp + k0 * D;
       // Causal: key tile 0 is seen by every query row (q_first ≥ k_first), so
@@ -628,11 +683,11 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
       // task that owns it. Under documents dQp starts zeroed instead.
       const bool dq_first = j == 0 && d.docs == nullptr;
       // Earlier queries, and those from the end of the last key's document on, see none of its keys.
-      const auto [qbeg, qend] = backward_queries(d, grid, b, k0);
+      const auto [qbeg, qend] = backward_queries(d, gb, b, k0);
       std::fill(dK_acc, dK_acc + 2 * Bk * D, 0.0f);
       for (int64_t hh = 0; hh < G; ++hh) {
-        for (int64_t q0 = qbeg; q0 < qend; q0 += Bq) {
-          const int64_t mq = std::min(Bq, Tq - q0);
+        for (int64_t q0 = qbeg; q0 < qend; q0 += gb.Bq) {
+          const int64_t mq = std::min(gb.Bq, Tq - q0);
           const int64_t ne = std::min(nk, shift + q0 + mq - k0);  // keys after the tile's last query are masked
           const C* Qi = Qp + (hh * Tq + q0) * D;
           const C* dOi = dOp + (hh * Tq + q0) * D;
@@ -676,9 +731,10 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
       }
       // Causal: split 0 owns key tile 0 and starts with it (see key_tile).
       if (s != 0 || d.docs) std::fill(dQp, dQp + G * Tq * D, 0.0f);
-      for (int64_t p = s; p < pairs; p += splits) {
+      const int64_t Bk_b = grids[static_cast<size_t>(b)].Bk, n_ktiles_b = (Lk + Bk_b - 1) / Bk_b;
+      for (int64_t p = s; p < (n_ktiles_b + 1) / 2; p += splits) {
         key_tile(b, g, p);
-        if (n_ktiles - 1 - p != p) key_tile(b, g, n_ktiles - 1 - p);
+        if (n_ktiles_b - 1 - p != p) key_tile(b, g, n_ktiles_b - 1 - p);
       }
       if (splits == 1) {
         for (int64_t hh = 0; hh < G; ++hh)
@@ -727,15 +783,27 @@ AttentionTileCount attention_tile_count(int64_t B, int64_t Tq, int64_t Tk, const
       d.docs = window.documents.data<int32_t>();
       d.S = window.documents.size(2);
     }
-    const Grid fwd = forward_grid(d, tiles), bwd = backward_grid(d, tiles);
-    int64_t& f = masked ? n.forward : n.causal_forward;
-    int64_t& g = masked ? n.backward : n.causal_backward;
-    const auto blocks = [](std::pair<int64_t, int64_t> r, int64_t tile) {
-      return r.second > r.first ? (r.second - r.first + tile - 1) / tile : 0;
-    };
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t q0 = 0; q0 < Tq; q0 += fwd.Bq) f += blocks(forward_keys(d, fwd, b, q0), fwd.Bk);
-      for (int64_t k0 = 0; k0 < d.keys_seen(); k0 += bwd.Bk) g += blocks(backward_queries(d, bwd, b, k0), bwd.Bq);
+    const int64_t shift = d.q_first - d.k_first, Lk = d.keys_seen();
+    const std::vector<Grid> fwd = sequence_grids(d, forward_grid(d, tiles), tiles, /*forward=*/true),
+                            bwd = sequence_grids(d, backward_grid(d, tiles), tiles, /*forward=*/false);
+    double& f = masked ? n.forward : n.causal_forward;
+    double& g = masked ? n.backward : n.causal_backward;
+    for (int64_t b = 0; b < B; ++b) {  // the products' shapes, as the kernels' loops run them
+      const Grid& fb = fwd[static_cast<size_t>(b)];
+      const Grid& bb = bwd[static_cast<size_t>(b)];
+      for (int64_t q0 = 0; q0 < Tq; q0 += fb.Bq) {
+        const auto [kbeg, kend] = forward_keys(d, fb, b, q0);
+        for (int64_t k0 = kbeg; k0 < kend; k0 += fb.Bk)
+          f += static_cast<double>(std::min(fb.Bq, Tq - q0) * std::min(fb.Bk, kend - k0));
+      }
+      for (int64_t k0 = 0; k0 < Lk; k0 += bb.Bk) {
+        const auto [qbeg, qend] = backward_queries(d, bb, b, k0);
+        const int64_t nk = std::min(bb.Bk, Lk - k0);
+        for (int64_t q0 = qbeg; q0 < qend; q0 += bb.Bq) {
+          const int64_t mq = std::min(bb.Bq, Tq - q0);
+          g += static_cast<double>(std::min(nk, shift + q0 + mq - k0) * mq);
+        }
+      }
     }
   }
   return n;
