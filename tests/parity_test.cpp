@@ -194,6 +194,18 @@ Run run_anvil_documents(Llama& model, const Tensor& tokens, const Tensor& target
   return run;
 }
 
+// The first step's batch of make_document_batches, with its document bounds.
+struct DocumentBatch {
+  Tensor tokens, targets, documents;
+};
+DocumentBatch first_document_batch(int64_t vocab) {
+  auto [tokens, targets] = make_document_batches(vocab);
+  DocumentBatch b{tokens.slice(0, 1).view({kDocBatch, kDocSeq}), targets.slice(0, 1).view({kDocBatch, kDocSeq}),
+                  Tensor::empty({kDocBatch, 2, kDocSeq}, DType::i32, MemCategory::workspace, "documents")};
+  fill_document_bounds(b.tokens, kEos, b.documents);
+  return b;
+}
+
 // The worst relative (in norm) gradient error over the parameters.
 double worst_grad_error(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want,
                         std::string& worst_name) {
@@ -341,11 +353,8 @@ TEST(Parity, Model25MBf16Gqa) { check_parity("25M", DType::bf16, {5e-4, 5e-2, 1e
 TEST(ActivationCheckpointing, EveryPolicyGivesTheSameGradients) {
   ModelArgs args = model_flavor("llama3", "debugmodel");
   args.n_layers = 3;
-  auto [tokens, targets] = make_document_batches(args.vocab_size);
-  const Tensor tok = tokens.slice(0, 1).view({kDocBatch, kDocSeq});
-  const Tensor tgt = targets.slice(0, 1).view({kDocBatch, kDocSeq});
-  Tensor docs = Tensor::empty({kDocBatch, 2, kDocSeq}, DType::i32, MemCategory::workspace, "documents");
-  fill_document_bounds(tok, kEos, docs);
+  const DocumentBatch batch = first_document_batch(args.vocab_size);
+  const Tensor &tok = batch.tokens, &tgt = batch.targets, &docs = batch.documents;
   Llama model(args, DType::f32, kDocSeq);
   model.params().init(5);
   for (const Tensor& documents : {Tensor(), docs}) {
@@ -369,13 +378,10 @@ TEST(ActivationCheckpointing, EveryPolicyGivesTheSameGradients) {
 TEST(BlockCausal, OneDocumentPerSequenceIsTheCausalModelBitForBit) {
   ModelArgs args = model_flavor("llama3", "debugmodel");
   args.n_layers = 2;
-  auto [tokens, targets] = make_document_batches(args.vocab_size);
-  const Tensor tok = tokens.slice(0, 1).view({kDocBatch, kDocSeq});
-  const Tensor tgt = targets.slice(0, 1).view({kDocBatch, kDocSeq});
+  const DocumentBatch batch = first_document_batch(args.vocab_size);
+  const Tensor &tok = batch.tokens, &tgt = batch.targets, &docs = batch.documents;
   Tensor one = Tensor::empty({kDocBatch, 2, kDocSeq}, DType::i32, MemCategory::workspace, "documents");
   fill_single_document_bounds(one);
-  Tensor docs = Tensor::empty({kDocBatch, 2, kDocSeq}, DType::i32, MemCategory::workspace, "documents");
-  fill_document_bounds(tok, kEos, docs);
   for (const DType dt : {DType::f32, DType::bf16}) {
     Llama model(args, dt, kDocSeq);
     model.params().init(5);

@@ -353,8 +353,11 @@ int64_t diagonal_tile(int64_t tile, int64_t T) { return std::min({tile, std::max
 // attention_tile_count share these, so the count is what the kernels do.
 struct Grid {
   int64_t Bq, Bk;
-  // The forward's key blocks start on multiples of `align` (Bk on the causal
-  // grid, the document tile on the document grid), and run up to Bk keys.
+  // The granularity the masked side is cut at: the forward's key blocks start
+  // on multiples of it and run up to Bk keys; the backward's query tiles run
+  // up to Bq rows but end at most a multiple of it past the last query that
+  // sees the key tile. The causal grids' is Bk forward, Bq backward (no cut);
+  // the document grid's the document tile.
   int64_t align;
 };
 // The causal grids, which size the buffers.
@@ -363,17 +366,22 @@ Grid forward_grid(const Dims& d, const AttentionTiles& t) {
   return {diagonal_tile(t.fwd_q, d.Tq), Bk, Bk};
 }
 Grid backward_grid(const Dims& d, const AttentionTiles& t) {
-  const int64_t Bk = diagonal_tile(t.bwd_k, std::max<int64_t>(d.keys_seen(), 1));
-  return {std::min(t.bwd_q, d.Tq), Bk, Bk};
+  const int64_t Bq = std::min(t.bwd_q, d.Tq);
+  return {Bq, diagonal_tile(t.bwd_k, std::max<int64_t>(d.keys_seen(), 1)), Bq};
 }
 // The document grid (AttentionTiles::doc), from a causal one, so fewer tiles
-// cross a document boundary: tiles of at most doc × doc, except that the
-// forward's key blocks, which start on multiples of doc, run up to the causal
-// block's width (a query tile's keys are one run from its document's start,
-// in fewer, larger products).
+// cross a document boundary: the tile along the diagonal (the forward's
+// queries, the backward's keys) at most doc, and the masked side cut at
+// multiples of doc (align) but run in products as wide as the causal grid's:
+// a query tile's keys, or a key tile's queries, are one run from or to a
+// document boundary, in fewer, larger products.
 Grid document_grid(const Grid& causal, const AttentionTiles& t, bool forward) {
-  const int64_t doc_k = std::min(causal.Bk, t.doc);
-  return {std::min(causal.Bq, t.doc), forward ? causal.Bk : doc_k, doc_k};
+  if (forward) return {std::min(causal.Bq, t.doc), causal.Bk, std::min(causal.Bk, t.doc)};
+  return {causal.Bq, std::min(causal.Bk, t.doc), std::min(causal.Bq, t.doc)};
+}
+// Rows of the backward's query tile at q0, whose key tile's queries end at qend.
+int64_t backward_rows(const Grid& g, int64_t Tq, int64_t q0, int64_t qend) {
+  return std::min({g.Bq, Tq - q0, (qend - q0 + g.align - 1) / g.align * g.align});
 }
 // Whether sequence b runs on the document grid: it holds two documents or
 // more, of at most 4 document tiles on average. Depends on the data, but the
@@ -638,10 +646,17 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
   // oneDNN's scratchpad for the tile products, one per slot: the most any
   // (key tile, query tile) of the loop below needs.
   std::set<std::pair<int64_t, int64_t>> tile_shapes;  // (keys ne, queries mq)
+  // A query tile's rows: g.Bq, the rest of the sequence, or (cut at a
+  // document's end) a multiple of g.align below both.
   for (const Grid& g : candidate_grids(d, grid, tiles, /*forward=*/false))
     for (int64_t k0 = 0; k0 < Lk; k0 += g.Bk)
-      for (int64_t q0 = first_query(k0), nk = std::min(g.Bk, Lk - k0); q0 < Tq; q0 += g.Bq)
-        tile_shapes.insert({std::min(nk, shift + q0 + std::min(g.Bq, Tq - q0) - k0), std::min(g.Bq, Tq - q0)});
+      for (int64_t q0 = first_query(k0), nk = std::min(g.Bk, Lk - k0); q0 < Tq; q0 += g.Bq) {
+        const int64_t full = std::min(g.Bq, Tq - q0);
+        for (int64_t mq = g.align < full ? g.align : full;; mq = std::min(full, mq + g.align)) {
+          tile_shapes.insert({std::min(nk, shift + q0 + mq - k0), mq});
+          if (mq == full) break;
+        }
+      }
   size_t tile_scratch = 0;
   for (const auto& [ne, mq] : tile_shapes)
     for (bool acc : {false, true})
@@ -687,7 +702,7 @@ void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T
       std::fill(dK_acc, dK_acc + 2 * Bk * D, 0.0f);
       for (int64_t hh = 0; hh < G; ++hh) {
         for (int64_t q0 = qbeg; q0 < qend; q0 += gb.Bq) {
-          const int64_t mq = std::min(gb.Bq, Tq - q0);
+          const int64_t mq = backward_rows(gb, Tq, q0, qend);
           const int64_t ne = std::min(nk, shift + q0 + mq - k0);  // keys after the tile's last query are masked
           const C* Qi = Qp + (hh * Tq + q0) * D;
           const C* dOi = dOp + (hh * Tq + q0) * D;
@@ -800,7 +815,7 @@ AttentionTileCount attention_tile_count(int64_t B, int64_t Tq, int64_t Tk, const
         const auto [qbeg, qend] = backward_queries(d, bb, b, k0);
         const int64_t nk = std::min(bb.Bk, Lk - k0);
         for (int64_t q0 = qbeg; q0 < qend; q0 += bb.Bq) {
-          const int64_t mq = std::min(bb.Bq, Tq - q0);
+          const int64_t mq = backward_rows(bb, Tq, q0, qend);
           g += static_cast<double>(std::min(nk, shift + q0 + mq - k0) * mq);
         }
       }

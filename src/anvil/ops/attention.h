@@ -56,14 +56,15 @@ struct AttentionTiles {
   int64_t bwd_q = 256, bwd_k = 256;  // backward
   // Under documents, a sequence of two or more documents averaging at most
   // 4·doc tokens runs on a finer grid (never coarser than the above): query
-  // tiles of doc rows whose key blocks start on multiples of doc (and run up
-  // to fwd_k keys) forward, doc × doc tiles backward; fewer of its tiles
-  // cross a document boundary. At seq 2048, 16 heads, documents of 256
-  // tokens, 128 took attention forward and backward from 0.47 to 0.33 of the
-  // causal time at head_dim 16 and from 0.45 to 0.29 at 128, against 192
-  // (0.43, 0.39) and 256 (bench/attention_bench.cpp, BM_AttentionDocuments).
-  // A sequence of one document keeps the causal tiles, and so the causal
-  // result bit for bit.
+  // tiles of doc rows whose key blocks start on multiples of doc and run up
+  // to fwd_k keys forward; key tiles of doc whose query tiles run up to bwd_q
+  // rows and end within doc of the last query that sees them backward; fewer
+  // of its tiles cross a document boundary. At seq 2048, 16 heads, documents
+  // of 256 tokens, 128 took attention forward and backward from 0.47 of the
+  // causal time (the causal grid alone) to 0.30–0.33 at head_dim 16, and from
+  // 0.45 to 0.29–0.31 at 128; 192 and 256 were slower
+  // (bench/attention_bench.cpp, BM_AttentionDocuments). A sequence of one
+  // document keeps the causal tiles, and so the causal result bit for bit.
   int64_t doc = 128;
 };
 

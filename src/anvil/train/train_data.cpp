@@ -160,7 +160,8 @@ std::string TrainData::attention_summary() const {
   }
   char line[256];
   std::snprintf(line, sizeof line, "block-causal attention: %.1f documents per sequence, %.1f%% of the causal mask's "
-                "query-key pairs, %.1f%% of its tiles", static_cast<double>(documents) /
+                "query-key pairs, %.1f%% of its tiles (MFU counts the causal FLOPs, as torchtitan does)",
+                static_cast<double>(documents) /
                 static_cast<double>(std::max<int64_t>(1, sequences)), 100.0 * pairs / std::max(1.0, causal_pairs),
                 100.0 * tiles.kept());
   std::string out = line;
