@@ -81,6 +81,23 @@ TEST(Estimate, FsdpDividesTheParametersAndAcChangesTheActivations) {
   EXPECT_LT(act[3], act[2]);
 }
 
+// Block-causal attention's document bounds are a tensor like any other: the
+// dry run allocates them and never reads them (its tensors are addresses
+// only), however large. 8 sequences of 8192 tokens hold 512 KiB of bounds, a
+// block of their own; the dry run once read them to pick the attention grid.
+TEST(Estimate, BlockCausalDryRunReadsNoDocuments) {
+  const std::string flags = "--training.seq_len 8192 --training.local_batch_size 8";
+  const JobConfig block_causal = config(flags);
+  ASSERT_EQ(block_causal.model.attn_mask_type, "block_causal");
+  const ModelArgs args = model_flavor("llama3", "debugmodel");
+  const LayoutEstimate est = estimate_layout(block_causal, args, 1);
+  const LayoutEstimate causal = estimate_layout(config(flags + " --model.attn_mask_type causal"), args, 1);
+  const size_t bounds = size_t{8} * 2 * 8192 * 4;
+  EXPECT_GE(est.ranks[0].memory.bytes(MemCategory::workspace),
+            causal.ranks[0].memory.bytes(MemCategory::workspace) + bounds);
+  EXPECT_EQ(est.ranks[0].memory.bytes(MemCategory::activations), causal.ranks[0].memory.bytes(MemCategory::activations));
+}
+
 TEST(Estimate, PipelineRanksDifferAndTheTableNamesEachRole) {
   const anvil::testing::CommandOutput out = anvil::testing::run_anvil(
       "estimate --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 "

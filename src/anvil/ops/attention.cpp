@@ -393,9 +393,12 @@ bool short_documents(const Dims& d, int64_t b, const AttentionTiles& t) {
   for (int64_t p = 0; p < d.S; ++p) n += start[p] == p;
   return n >= 2 && d.S <= 4 * t.doc * n;
 }
-// Each sequence's grid, from `causal` (forward_grid or backward_grid).
+// Each sequence's grid, from `causal` (forward_grid or backward_grid). A dry
+// run has no documents to read (its tensors are addresses only) and needs no
+// grid: what a call allocates does not depend on it.
 std::vector<Grid> sequence_grids(const Dims& d, const Grid& causal, const AttentionTiles& t, bool forward) {
   std::vector<Grid> grids(static_cast<size_t>(d.B), causal);
+  if (dry_run()) return grids;
   for (int64_t b = 0; b < d.B; ++b)
     if (short_documents(d, b, t)) grids[static_cast<size_t>(b)] = document_grid(causal, t, forward);
   return grids;
