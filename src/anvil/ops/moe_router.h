@@ -1,0 +1,43 @@
+// Mixture-of-experts routing, as Qwen3-MoE routes (Hugging Face's
+// Qwen3MoeSparseMoeBlock): per token, a softmax over the E experts' router
+// logits, the top k experts by probability, and their weights, renormalised to
+// sum to 1 (norm_topk_prob) or not. Dropless: every token goes to its k
+// experts, whatever their load. Ties go to the lower expert index, so every
+// implementation that follows the rule picks the same experts.
+//
+// The load-balancing auxiliary loss is Hugging Face's load_balancing_loss_func
+// for one layer: E · Σ_e (n_e / M) · P_e, with n_e the tokens that chose
+// expert e (in any of their k slots) and P_e the mean probability of e over
+// the M tokens; the model multiplies it by router_aux_loss_coef. Its gradient
+// flows through P_e only (n_e counts choices).
+//
+// This is the routing step alone (the MoE layer, expert parallelism and the
+// Qwen3 models that use it come next); forward and backward in f32.
+#pragma once
+#include <cstdint>
+
+#include "anvil/core/tensor.h"
+
+namespace anvil {
+
+struct RouterConfig {
+  int64_t top_k = 1;
+  bool normalize = true;  // Qwen3-MoE's norm_topk_prob
+};
+
+// logits (M, E) f32 → probs (M, E) f32 (the softmax, kept for the backward),
+// experts (M, k) i32 (in descending probability, ties to the lower index) and
+// weights (M, k) f32.
+void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs, Tensor& experts, Tensor& weights);
+
+// dlogits (M, E) f32 = the gradient of Σ dweights · weights through the
+// top-k weights and the softmax (the choice of experts is constant);
+// overwritten, or added to when accumulate.
+void router_backward(const Tensor& probs, const Tensor& experts, const Tensor& dweights, const RouterConfig& cfg,
+                     Tensor& dlogits, bool accumulate = false);
+
+// The auxiliary loss E · Σ_e (n_e / M) · P_e of this layer's routing; when
+// dlogits is given, adds coef times its gradient there.
+double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef = 0.0f, Tensor* dlogits = nullptr);
+
+}  // namespace anvil

@@ -1,0 +1,196 @@
+// Mixture-of-experts routing (ops/moe_router.h) against a double-precision
+// reference of Qwen3-MoE's routing and Hugging Face's load-balancing loss,
+// the backward against central differences of that reference, and the
+// tie rule every implementation must share.
+#include "anvil/ops/moe_router.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "anvil/core/rng.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace anvil;
+using namespace anvil::testing;
+
+struct RefRouting {
+  std::vector<double> probs;   // (M, E)
+  std::vector<int32_t> experts;  // (M, k)
+  std::vector<double> weights;   // (M, k)
+};
+
+// Softmax, top-k by probability (ties to the lower index), weights renormalised or not.
+RefRouting ref_route(const std::vector<double>& x, int64_t M, int64_t E, int64_t k, bool normalize,
+                     const std::vector<int32_t>* fixed_experts = nullptr) {
+  RefRouting r{std::vector<double>(x.size()), std::vector<int32_t>(size_t(M * k)), std::vector<double>(size_t(M * k))};
+  for (int64_t t = 0; t < M; ++t) {
+    const double m = *std::max_element(x.begin() + t * E, x.begin() + (t + 1) * E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += (r.probs[size_t(t * E + e)] = std::exp(x[size_t(t * E + e)] - m));
+    for (int64_t e = 0; e < E; ++e) r.probs[size_t(t * E + e)] /= sum;
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    const double* p = r.probs.data() + t * E;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    double chosen = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = fixed_experts ? (*fixed_experts)[size_t(t * k + j)] : order[size_t(j)];
+      r.experts[size_t(t * k + j)] = e;
+      chosen += p[e];
+    }
+    for (int64_t j = 0; j < k; ++j)
+      r.weights[size_t(t * k + j)] = normalize ? p[r.experts[size_t(t * k + j)]] / chosen : p[r.experts[size_t(t * k + j)]];
+  }
+  return r;
+}
+
+// Hugging Face's load_balancing_loss_func for one layer: E · Σ_e (n_e / M) · mean_t p_{t,e}.
+double ref_aux(const RefRouting& r, int64_t M, int64_t E, int64_t k) {
+  double loss = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double n = 0, mean = 0;
+    for (int64_t t = 0; t < M; ++t) {
+      for (int64_t j = 0; j < k; ++j) n += r.experts[size_t(t * k + j)] == e;
+      mean += r.probs[size_t(t * E + e)];
+    }
+    loss += n / double(M) * mean / double(M);
+  }
+  return double(E) * loss;
+}
+
+// Logits whose probabilities are well apart within each token (a random
+// permutation of spaced values, plus a little noise), so that central
+// differences never change which experts a token picks.
+Tensor spaced_logits(int64_t M, int64_t E, uint64_t seed) {
+  Tensor x = Tensor::empty({M, E}, DType::f32, MemCategory::workspace, "logits");
+  const uint64_t key = RngStream{seed, "router.logits"}.key();
+  for (int64_t t = 0; t < M; ++t) {
+    std::vector<int> perm(static_cast<size_t>(E));
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t e = E - 1; e > 0; --e)
+      std::swap(perm[size_t(e)], perm[size_t(uniform01(key, uint64_t(t * E + e)) * double(e + 1))]);
+    for (int64_t e = 0; e < E; ++e)
+      x.data<float>()[t * E + e] =
+          0.3f * float(perm[size_t(e)]) + 0.05f * float(uniform01(key, uint64_t(M * E + t * E + e)));
+  }
+  return x;
+}
+
+struct Routed {
+  Tensor probs, experts, weights;
+};
+
+Routed route(const Tensor& logits, const RouterConfig& cfg) {
+  const int64_t M = logits.size(0), E = logits.size(1);
+  Routed r{Tensor::empty({M, E}, DType::f32, MemCategory::workspace, "probs"),
+           Tensor::empty({M, cfg.top_k}, DType::i32, MemCategory::workspace, "experts"),
+           Tensor::empty({M, cfg.top_k}, DType::f32, MemCategory::workspace, "weights")};
+  router_forward(logits, cfg, r.probs, r.experts, r.weights);
+  return r;
+}
+
+// Top-1, top-2 and top-8 of 8 and 16 experts, renormalised and not.
+TEST(MoeRouter, ForwardMatchesDoubleReference) {
+  const int64_t M = 37;
+  for (const int64_t E : {8, 16})
+    for (const int64_t k : {1, 2, 8})
+      for (const bool normalize : {true, false}) {
+        const RouterConfig cfg{k, normalize};
+        const Tensor x = random_tensor({M, E}, DType::f32, "logits", 3.0f);
+        const Routed r = route(x, cfg);
+        const RefRouting want = ref_route(to_double(x), M, E, k, normalize);
+        const std::vector<int32_t> got(r.experts.data<int32_t>(), r.experts.data<int32_t>() + M * k);
+        EXPECT_EQ(got, want.experts) << "E " << E << " k " << k;
+        EXPECT_LT(rel_error(r.probs, want.probs), 1e-6);
+        EXPECT_LT(rel_error(r.weights, want.weights), 1e-6);
+        const double aux = router_aux_loss(r.probs, r.experts), want_aux = ref_aux(want, M, E, k);
+        EXPECT_NEAR(aux, want_aux, 1e-6 * want_aux) << "E " << E << " k " << k;
+      }
+}
+
+// Equal scores: the lower expert index wins, in order, so every side of a
+// parity test picks the same experts. Uniform probabilities and every token on
+// experts 0..k-1 make the auxiliary loss E · Σ_{e<k} 1 · (1/E) = k.
+TEST(MoeRouter, TiesGoToTheLowerExpertAndTheAuxLossOfUniformScoresIsK) {
+  const int64_t M = 5, E = 8, k = 3;
+  const Tensor x = Tensor::zeros({M, E}, DType::f32, MemCategory::workspace, "logits");
+  const Routed r = route(x, {k, true});
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      EXPECT_EQ(r.experts.data<int32_t>()[t * k + j], j);
+      EXPECT_FLOAT_EQ(r.weights.data<float>()[t * k + j], 1.0f / 3);
+    }
+  EXPECT_NEAR(router_aux_loss(r.probs, r.experts), 3.0, 1e-12);
+}
+
+// The gradient of Σ dw · w + coef · aux with respect to the logits, against
+// central differences of the double reference with the experts held (the
+// spaced logits keep every choice under the step).
+TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
+  const int64_t M = 6, E = 8;
+  const float coef = 0.37f;
+  for (const int64_t k : {1, 2, 8})
+    for (const bool normalize : {true, false}) {
+      const RouterConfig cfg{k, normalize};
+      const Tensor x = spaced_logits(M, E, uint64_t(k) * 7 + normalize);
+      const Tensor dw = random_tensor({M, k}, DType::f32, "dweights");
+      const Routed r = route(x, cfg);
+      Tensor dx = random_tensor({M, E}, DType::f32, "garbage", 100.0f);
+      router_backward(r.probs, r.experts, dw, cfg, dx);
+      (void)router_aux_loss(r.probs, r.experts, coef, &dx);
+      const std::vector<int32_t> held(r.experts.data<int32_t>(), r.experts.data<int32_t>() + M * k);
+      const std::vector<double> w = to_double(dw);
+      const auto loss = [&](const std::vector<double>& xs) {
+        const RefRouting ref = ref_route(xs, M, E, k, normalize, &held);
+        double l = 0;
+        for (size_t i = 0; i < w.size(); ++i) l += w[i] * ref.weights[i];
+        // The aux loss counts the held choices; its gradient flows through the probabilities.
+        return l + coef * ref_aux(ref, M, E, k);
+      };
+      const std::vector<double> num = numerical_grad(loss, to_double(x));
+      const double e = rel_error(dx, num);
+      std::printf("router k %lld %-12s dlogits %.2e against central differences\n", static_cast<long long>(k),
+                  normalize ? "renormalised" : "raw", e);
+      EXPECT_LT(e, 1e-5);
+      // The routing the differences held is the routing the op made.
+      EXPECT_EQ(ref_route(to_double(x), M, E, k, normalize).experts, held);
+    }
+}
+
+// Accumulating adds the gradient to what dlogits holds.
+TEST(MoeRouter, BackwardAccumulates) {
+  const RouterConfig cfg{2, true};
+  const Tensor x = spaced_logits(4, 8, 3);
+  const Tensor dw = random_tensor({4, 2}, DType::f32, "dweights");
+  const Routed r = route(x, cfg);
+  Tensor once = Tensor::zeros({4, 8}, DType::f32, MemCategory::workspace, "once");
+  router_backward(r.probs, r.experts, dw, cfg, once);
+  Tensor twice = Tensor::zeros({4, 8}, DType::f32, MemCategory::workspace, "twice");
+  router_backward(r.probs, r.experts, dw, cfg, twice, true);
+  router_backward(r.probs, r.experts, dw, cfg, twice, true);
+  std::vector<double> want = to_double(once);
+  for (double& v : want) v *= 2;
+  EXPECT_LT(max_abs_error(to_double(twice), want), 1e-7);
+}
+
+TEST(MoeRouter, TopKBeyondTheExpertsIsAClearError) {
+  const Tensor x = Tensor::zeros({2, 4}, DType::f32, MemCategory::workspace, "logits");
+  Tensor p = Tensor::empty({2, 4}, DType::f32, MemCategory::workspace, "p");
+  Tensor ex = Tensor::empty({2, 5}, DType::i32, MemCategory::workspace, "e");
+  Tensor w = Tensor::empty({2, 5}, DType::f32, MemCategory::workspace, "w");
+  try {
+    router_forward(x, {5, true}, p, ex, w);
+    FAIL() << "top_k 5 of 4 experts was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_k 5 must be between 1 and the 4 experts"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
