@@ -237,8 +237,9 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
     const auto t_fetch = Clock::now();
     const int64_t step_tokens = run.data.next_step();
     logger.add_data_seconds(seconds_since(t_fetch));
-    if (step == run.first_step && par.rank0() && !run.data.attention_summary().empty())
-      std::printf("anvil: step %lld's %s\n", static_cast<long long>(step), run.data.attention_summary().c_str());
+    if (step == run.first_step && par.rank0())
+      if (const std::string attention = run.data.attention_summary(); !attention.empty())
+        std::printf("anvil: step %lld's %s\n", static_cast<long long>(step), attention.c_str());
     const StepOutcome out = log_allocations_of(
         cfg, par, step, [&] { return run_train_step(run.step_ctx, run.data.batches(), step_tokens, step); });
     logger.add_comm(out.comm);
