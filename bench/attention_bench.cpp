@@ -9,6 +9,7 @@
 // honest "fraction of GEMM speed". Target: vs_gemm ≥ 0.4 in bf16 at T = 2048.
 #include "anvil/ops/attention.h"
 #include "anvil/ops/document_mask.h"
+#include "anvil/ops/matmul.h"
 #include "ceilings.h"
 
 namespace {
@@ -98,4 +99,31 @@ BENCHMARK(BM_AttentionDocuments)
     ->ArgNames({"T", "H", "D", "doc", "tq", "tk", "doc_tile"})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3);
+}  // namespace
+
+namespace {
+using namespace anvil;
+// One attention tile product as the kernels call it (bf16 operands, f32 out,
+// the caller's scratchpad, on one thread): M × N × K. Time per call, to weigh
+// oneDNN's fixed cost per call against the product's work at small head dims.
+void BM_TileProduct(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  const bool trans_b = state.range(3) != 0;
+  Tensor a = Tensor::zeros({M, K}, DType::bf16, MemCategory::activations, "a");
+  Tensor b = Tensor::zeros({K, N}, DType::bf16, MemCategory::activations, "b");
+  Tensor c = Tensor::zeros({M, N}, DType::f32, MemCategory::activations, "c");
+  const GemmShape s{.M = M, .N = N, .K = K, .trans_b = trans_b, .ab = DType::bf16, .c = DType::f32};
+  std::vector<char> sp(gemm_scratchpad_bytes(s) + 64);
+  const int calls = 1000;
+  auto run = [&] {
+    for (int i = 0; i < calls; ++i) gemm(s, a.raw(), b.raw(), c.raw(), sp.data());
+  };
+  bench::run_and_report(state, run, calls * 2.0 * M * N * K, 0);
+  state.counters["us_per_call"] = benchmark::Counter(calls * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
+                                                                       benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_TileProduct)
+    ->ArgsProduct({{128, 256}, {128, 256}, {16, 128}, {0, 1}})
+    ->ArgNames({"M", "N", "K", "tb"})
+    ->Unit(benchmark::kMillisecond);
 }  // namespace

@@ -9,14 +9,16 @@
 #
 #   bench/block_causal.sh [seq_len batch doc_bytes]
 #       default: 2048 2 770
-# Environment: ROUNDS (2), STEPS (6; the op table averages the steps after the first).
+# Environment: ROUNDS (2), STEPS (6; the op table averages the steps after the first),
+# ANVIL (the binary, build/anvil: another build's, to compare two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEQ=${1:-2048} BATCH=${2:-2} DOC_BYTES=${3:-770}
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-6}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-[ -x build/anvil ] || { echo "build first: ninja -C build anvil" >&2; exit 2; }
+ANVIL=${ANVIL:-build/anvil}
+[ -x "$ANVIL" ] || { echo "build first: ninja -C build anvil" >&2; exit 2; }
 scripts/prepare_data.sh >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -39,7 +41,7 @@ EOF
 
 run() {  # mask round -> the op table's attention seconds per step, forward and backward; the tile share
   local dump="$out/$1_$2"
-  build/anvil train configs/debugmodel.toml --training.dataset text --training.dataset_path "$out/documents.jsonl" \
+  "$ANVIL" train configs/debugmodel.toml --training.dataset text --training.dataset_path "$out/documents.jsonl" \
     --training.seq_len "$SEQ" --training.local_batch_size "$BATCH" --training.steps "$STEPS" \
     --model.attn_mask_type "$1" --profiling.op_times true --profiling.enable_profiling false \
     --profiling.enable_memory_snapshot false --checkpoint.enable false --validation.enable false \

@@ -60,10 +60,11 @@ struct AttentionTiles {
   // to fwd_k keys forward; key tiles of doc whose query tiles run up to bwd_q
   // rows and end within doc of the last query that sees them backward; fewer
   // of its tiles cross a document boundary. At seq 2048, 16 heads, documents
-  // of 256 tokens, 128 took attention forward and backward from 0.47 of the
-  // causal time (the causal grid alone) to 0.30–0.33 at head_dim 16, and from
-  // 0.45 to 0.29–0.31 at 128; 192 and 256 were slower
-  // (bench/attention_bench.cpp, BM_AttentionDocuments). A sequence of one
+  // of 256 tokens, 128 takes attention forward and backward to 0.28–0.29 of
+  // the causal time at head_dim 16 and 0.30 at 128 (the causal grid alone:
+  // 0.47 and 0.45); 192 and 256 are slower, 64 faster by 10–20% but at a
+  // higher cost per tile kept (bench/attention_bench.cpp,
+  // BM_AttentionDocuments; docs/performance.md). A sequence of one
   // document keeps the causal tiles, and so the causal result bit for bit.
   int64_t doc = 128;
 };
