@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A small PyTorch Llama: the oracle Anvil's model is checked against, and the
+"""A small PyTorch Llama (and Qwen3): the oracle Anvil's model is checked against, and the
 baseline its speed is compared with. Run with Debian's Python (/usr/bin/python3,
 which sees python3-torch), never inside Anvil.
 
@@ -11,7 +11,7 @@ and writes
   torch_grads.safetensors  every parameter's gradient after the first step's backward
   torch_result.json        the loss of every step
 
-HF-eval mode (--hf-eval FOLDER --tokens FILE) reads a Hugging Face Llama folder
+HF-eval mode (--hf-eval FOLDER --tokens FILE) reads a Hugging Face Llama or Qwen3 folder
 as `anvil convert export` writes it (config.json, model.safetensors or a
 model.safetensors.index.json with shards; F32, BF16 or F16), builds the model
 from config.json's fields alone, and prints the mean cross-entropy in fp32 of
@@ -96,18 +96,28 @@ def inv_freq(head_dim, theta, scaling):
     return torch.tensor(f, dtype=torch.float64)
 
 
+def head_dim(cfg):
+    """The heads' width: the config's head_dim (Qwen3), else dim / n_heads (Llama)."""
+    return cfg.get("head_dim") or cfg["dim"] // cfg["n_heads"]
+
+
 class Llama(torch.nn.Module):
+    """Llama's block; with cfg["qk_norm"] Qwen3's, which normalises each query and key head (RMSNorm over
+    head_dim, weights self_attn.q_norm / k_norm) before RoPE."""
+
     def __init__(self, cfg, weights):
         super().__init__()
         self.cfg = cfg
         self.params = torch.nn.ParameterDict()
         self.names = list(weights.keys())
+        # float64: the whole model in double precision (a reference for the f32 one); else f32, or bf16 autocast.
+        self.dtype = torch.float64 if cfg.get("float64") else torch.float32
         for name, w in weights.items():
-            self.params[name.replace(".", "__")] = torch.nn.Parameter(w.clone())
-        hd = cfg["dim"] // cfg["n_heads"]
+            self.params[name.replace(".", "__")] = torch.nn.Parameter(w.clone().to(self.dtype))
+        hd = head_dim(cfg)
         pos = torch.arange(cfg["max_seq_len"], dtype=torch.float64)
         ang = pos[:, None] * inv_freq(hd, cfg["rope_theta"], cfg["rope_scaling"])[None, :]
-        self.cos, self.sin = ang.cos().float(), ang.sin().float()
+        self.cos, self.sin = ang.cos().to(self.dtype), ang.sin().to(self.dtype)
 
     def p(self, name):
         return self.params[name.replace(".", "__")]
@@ -116,7 +126,7 @@ class Llama(torch.nn.Module):
         return [(n, self.p(n)) for n in self.names]
 
     def rms_norm(self, x, w):
-        xf = x.float()
+        xf = x.to(self.dtype)  # f32 under autocast too
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg["norm_eps"])).to(x.dtype) * w
 
     def rope(self, x):  # x (B, T, H, D)
@@ -139,7 +149,7 @@ class Llama(torch.nn.Module):
         cfg = self.cfg
         B, T = tokens.shape
         Hq, Hkv = cfg["n_heads"], cfg["n_kv_heads"]
-        hd = cfg["dim"] // Hq
+        hd = head_dim(cfg)
         h = F.embedding(tokens.long(), self.p("model.embed_tokens.weight"))
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         if eos_id is not None:
@@ -152,13 +162,16 @@ class Llama(torch.nn.Module):
             q = (x @ self.p(pre + "self_attn.q_proj.weight").t()).view(B, T, Hq, hd)
             k = (x @ self.p(pre + "self_attn.k_proj.weight").t()).view(B, T, Hkv, hd)
             v = (x @ self.p(pre + "self_attn.v_proj.weight").t()).view(B, T, Hkv, hd)
+            if cfg.get("qk_norm"):
+                q = self.rms_norm(q, self.p(pre + "self_attn.q_norm.weight"))
+                k = self.rms_norm(k, self.p(pre + "self_attn.k_norm.weight"))
             q, k = self.rope(q), self.rope(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             k = k.repeat_interleave(Hq // Hkv, dim=1)
             v = v.repeat_interleave(Hq // Hkv, dim=1)
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
             scores = scores.masked_fill(~mask, float("-inf"))
-            att = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+            att = torch.softmax(scores.to(self.dtype), dim=-1).to(q.dtype) @ v
             att = att.transpose(1, 2).reshape(B, T, Hq * hd)
             h = h + att @ self.p(pre + "self_attn.o_proj.weight").t()
             x = self.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"))
@@ -167,7 +180,7 @@ class Llama(torch.nn.Module):
             h = h + (F.silu(g) * u) @ self.p(pre + "mlp.down_proj.weight").t()
         h = self.rms_norm(h, self.p("model.norm.weight"))
         out_w = self.p("model.embed_tokens.weight") if cfg["tie_embeddings"] else self.p("lm_head.weight")
-        return (h @ out_w.t()).float()
+        return (h @ out_w.t()).to(self.dtype)
 
 
 def parity(folder, threads):
@@ -219,12 +232,15 @@ def read_hf_weights(folder):
 
 
 def hf_model(folder, max_seq_len):
-    """A Hugging Face Llama folder as the Llama above in fp32, built from config.json's fields alone."""
+    """A Hugging Face Llama or Qwen3 folder as the model above in fp32, built from config.json's fields alone."""
     hf = json.load(open(f"{folder}/config.json"))
-    assert hf["model_type"] == "llama" and hf.get("hidden_act", "silu") == "silu", hf
+    qwen3 = hf["model_type"] == "qwen3"
+    assert hf["model_type"] in ("llama", "qwen3") and hf.get("hidden_act", "silu") == "silu", hf
     assert not hf.get("attention_bias", False) and not hf.get("mlp_bias", False), "biases are not modelled here"
+    assert not hf.get("use_sliding_window", False), "sliding-window attention is not modelled here"
     heads = hf["num_attention_heads"]
-    assert hf.get("head_dim") in (None, hf["hidden_size"] // heads), "head_dim must be hidden_size / heads here"
+    # LlamaConfig's default head_dim is hidden_size / heads; Qwen3Config's is 128.
+    hd = hf.get("head_dim") or (128 if qwen3 else hf["hidden_size"] // heads)
     rs = hf.get("rope_scaling")
     if rs is not None and rs.get("rope_type", rs.get("type")) == "llama3":
         scaling = {"enabled": True, "factor": rs["factor"], "low_freq_factor": rs["low_freq_factor"],
@@ -236,12 +252,11 @@ def hf_model(folder, max_seq_len):
     cfg = {"dim": hf["hidden_size"], "n_layers": hf["num_hidden_layers"], "n_heads": heads,
            "n_kv_heads": hf.get("num_key_value_heads", heads), "norm_eps": hf.get("rms_norm_eps", 1e-6),
            "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling, "max_seq_len": max_seq_len,
-           "tie_embeddings": hf.get("tie_word_embeddings", False)}
+           "tie_embeddings": hf.get("tie_word_embeddings", False), "head_dim": hd, "qk_norm": qwen3}
     weights = read_hf_weights(folder)
     weights = {n: w for n, w in weights.items() if not n.endswith("rotary_emb.inv_freq")}
     # The weights must be exactly what config.json describes.
     D, F_, V = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
-    hd = D // heads
     want = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
     if not cfg["tie_embeddings"]:
         want["lm_head.weight"] = (V, D)
@@ -254,13 +269,15 @@ def hf_model(folder, max_seq_len):
                      p + "self_attn.o_proj.weight": (D, heads * hd),
                      p + "mlp.gate_proj.weight": (F_, D), p + "mlp.up_proj.weight": (F_, D),
                      p + "mlp.down_proj.weight": (D, F_)})
+        if qwen3:
+            want.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
     got = {n: tuple(w.shape) for n, w in weights.items()}
     assert got == want, f"weights do not match config.json: {set(got.items()) ^ set(want.items())}"
     return Llama(cfg, weights)
 
 
 def hf_eval(folder, tokens_path, out_path, threads):
-    """Mean cross-entropy of a Hugging Face Llama folder in fp32, the model built from config.json alone."""
+    """Mean cross-entropy of a Hugging Face Llama or Qwen3 folder in fp32, the model built from config.json alone."""
     torch.set_num_threads(threads)
     batch = read_safetensors(tokens_path)
     tokens, targets = batch["tokens"], batch["targets"]
@@ -274,7 +291,7 @@ def hf_eval(folder, tokens_path, out_path, threads):
 
 
 def hf_generate(folder, prompt_ids, max_new_tokens, out_path, threads):
-    """Greedy continuation of a prompt by a Hugging Face Llama folder in fp32, every step recomputing the whole
+    """Greedy continuation of a prompt by a Hugging Face Llama or Qwen3 folder in fp32, every step recomputing the whole
     sequence (no cache): the oracle for Anvil's cached decoding. Writes the new ids and each step's top-two
     logit margin (how far the choice was from a tie) as JSON."""
     torch.set_num_threads(threads)
@@ -389,10 +406,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--data", default="data/shakespeare/train",
                     help="--bench's corpus: a folder of plain text files, read as Anvil's text dataset reads it")
-    ap.add_argument("--hf-eval", metavar="FOLDER", help="mean cross-entropy of a Hugging Face Llama folder (fp32)")
+    ap.add_argument("--hf-eval", metavar="FOLDER", help="mean cross-entropy of a Hugging Face Llama or Qwen3 folder (fp32)")
     ap.add_argument("--tokens", metavar="FILE", help="--hf-eval's tokens and targets (safetensors, I32)")
     ap.add_argument("--out", metavar="FILE", help="--hf-eval and --hf-generate also write their JSON result here")
-    ap.add_argument("--hf-generate", metavar="FOLDER", help="greedy continuation by a Hugging Face Llama folder (fp32)")
+    ap.add_argument("--hf-generate", metavar="FOLDER", help="greedy continuation by a Hugging Face Llama or Qwen3 folder (fp32)")
     ap.add_argument("--prompt-ids", metavar="IDS", help="--hf-generate's prompt, comma-separated token ids")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     args = ap.parse_args()

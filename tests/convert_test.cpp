@@ -439,6 +439,81 @@ TEST(Convert, GqaWithLlama31RopeScalingMatchesTorchAndRoundTrips) {
   if (!HasFailure()) fs::remove_all(dir);
 }
 
+// Qwen3 (q/k norms, head_dim 64 apart from dim / heads, GQA): an export of
+// random weights, its q/k norm weights spread away from one, gives PyTorch's
+// Qwen3 (built from the config.json alone) the loss Anvil computes, to the
+// fp32 bound above, and imports back bit for bit.
+TEST(Convert, Qwen3ExportMatchesTorchAndImportsBitIdentical) {
+  const ModelArgs args = model_flavor("qwen3", "debugmodel");
+  const fs::path dir = workdir("qwen3");
+  Llama model(args, DType::f32, kSeq);
+  ParamStore& ps = model.params();
+  ps.init(21);
+  Weights weights;
+  const uint64_t key = RngStream{23, "convert.qwen3_norms"}.key();
+  for (size_t i = 0; i < ps.specs().size(); ++i) {
+    const std::string& name = ps.specs()[i].name;
+    Tensor w = ps.master(static_cast<int>(i));
+    if (name.find("_norm.") != std::string::npos)
+      for (int64_t j = 0; j < w.numel(); ++j)
+        w.data<float>()[j] = 0.5f + static_cast<float>(uniform01(key, static_cast<uint64_t>(i * 4096 + j)));
+    weights.emplace(name, w.to(DType::f32, MemCategory::workspace, "weights"));
+  }
+  ps.sync_compute_copy();
+  const HfTransferStats written = export_hf(ps, args, (dir / "hf").string(), HfExportOptions{});
+  EXPECT_EQ(written.tensors, 1 + 6 * 11 + 1 + 1);  // embedding, 6 blocks of 11, final norm, lm_head
+  const auto config = nlohmann::json::parse(std::ifstream(dir / "hf" / "config.json"));
+  EXPECT_EQ(config.at("architectures"), nlohmann::json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(config.at("model_type"), "qwen3");
+  EXPECT_EQ(config.at("head_dim"), 64);
+  EXPECT_EQ(config.at("use_sliding_window"), false);
+
+  auto [tokens, targets] = make_batch(args.vocab_size, "convert.qwen3");
+  const fs::path tokens_file = dir / "tokens.safetensors";
+  save_safetensors(tokens_file.string(), {{"tokens", tokens}, {"targets", targets}});
+  const double anvil32 = anvil_loss(args, weights, tokens, targets);
+  const double torch32 = torch_loss(dir / "hf", tokens_file);
+  std::printf("qwen3 debugmodel fp32 export: loss anvil %.8f torch %.8f (rel %.2e)\n", anvil32, torch32,
+              rel(anvil32, torch32));
+  EXPECT_LT(rel(anvil32, torch32), kFp32LossBound);
+
+  Weights back;
+  const HfTransferStats read = import_hf((dir / "hf").string(), args, back);
+  EXPECT_EQ(read.tensors, written.tensors);
+  expect_bit_identical(back, weights);
+  // A Llama flavour refuses the folder by its model_type.
+  const std::string error = import_error(dir / "hf", model_flavor("llama3", "debugmodel"));
+  EXPECT_NE(error.find("model_type"), std::string::npos) << error;
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
+// config.json as Qwen published it on the Hugging Face hub for Qwen3-0.6B
+// (tied embeddings, head_dim 128 over a width of 1024): the flavour produces
+// the same fields and accepts the file.
+TEST(Convert, ConfigMatchesThePublishedQwen3Config) {
+  const auto qwen3_06b = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
+    "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  const ModelArgs args = model_flavor("qwen3", "0.6B");
+  const auto ours = nlohmann::json::parse(hf_config_json(args, DType::bf16, {151643, 151645}).dump());
+  for (const auto& [key, value] : ours.items()) {
+    ASSERT_TRUE(qwen3_06b.contains(key)) << key;
+    EXPECT_EQ(value, qwen3_06b.at(key)) << key;
+  }
+  EXPECT_NO_THROW(check_hf_config_matches(qwen3_06b, args, "published config.json"));
+  // Parameter counts as published: 0.6B in all, 0.44B without the (tied) embedding.
+  EXPECT_EQ(args.num_params(), 596049920);
+  EXPECT_EQ(args.num_params() - args.num_embedding_params(), 440467456);
+  nlohmann::json other = qwen3_06b;
+  other["use_sliding_window"] = true;
+  EXPECT_THROW(check_hf_config_matches(other, args, "config.json"), Error);
+}
+
 // config.json as Meta published it on the Hugging Face hub for Llama 3.1 8B,
 // Llama 3.2 1B (tied embeddings, RoPE factor 32) and Llama 2 7B (an older
 // config: no rope_theta, so LlamaConfig's default 10000): Anvil's flavours

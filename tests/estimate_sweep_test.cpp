@@ -89,10 +89,10 @@ std::vector<std::string> words_of(const std::string& s) {
   return out;
 }
 
-// Two cases given by hand — FSDP 2 at seq_len 256, batch 4, no checkpointing
-// (the total was once 5% off there); and a pipeline saving in the background
-// at steps 2 and 4, whose second save gathers its state while training has
-// run beside the first's copy — then 32 drawn with a fixed seed; a draw the
+// Four cases given by hand — FSDP 2 at seq_len 256, batch 4, no checkpointing
+// (the total was once 5% off there); a pipeline saving in the background at
+// steps 2 and 4, whose second save gathers its state while training has run
+// beside the first's copy; Qwen3 alone and over TP 2 — then 32 drawn with a fixed seed; a draw the
 // trainer's own layout check refuses is drawn again.
 std::vector<SweepCase> sweep_cases() {
   std::vector<SweepCase> cases{{"debug_fsdp2_T256_B4", 2,
@@ -102,11 +102,21 @@ std::vector<SweepCase> sweep_cases() {
                                 "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
                                 "--training.local_batch_size 2 --parallelism.pipeline_parallel_microbatch_size 1 "
                                 "--checkpoint.enable --checkpoint.interval 2 --checkpoint.async_mode async "
-                                "--training.steps 4 --training.mixed_precision_param float32"}};
+                                "--training.steps 4 --training.mixed_precision_param float32"},
+                               // Qwen3's q/k norms keep their inputs and 1/rms per head.
+                               {"qwen3_single_T48_B2_bf16_acop", 1,
+                                "--model.name qwen3 --training.seq_len 48 --training.local_batch_size 2 "
+                                "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op "
+                                "--training.mixed_precision_param bfloat16"},
+                               {"qwen3_tp2_T32_B2_f32_acnone", 2,
+                                "--model.name qwen3 --parallelism.tensor_parallel_degree 2 "
+                                "--parallelism.data_parallel_shard_degree 1 --training.seq_len 32 "
+                                "--training.local_batch_size 2 --activation_checkpoint.mode none "
+                                "--training.mixed_precision_param float32"}};
   std::mt19937 rng(20261125);
   auto pick = [&](size_t n) { return static_cast<size_t>(std::uniform_int_distribution<size_t>(0, n - 1)(rng)); };
   const int64_t seq_lens[] = {16, 24, 32, 48, 64};
-  while (cases.size() < 34) {
+  while (cases.size() < 36) {
     const SweepLayout& layout = kLayouts[pick(std::size(kLayouts))];
     const int64_t T = seq_lens[pick(std::size(seq_lens))];
     const int64_t mb = 1 + static_cast<int64_t>(pick(2));

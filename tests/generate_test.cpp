@@ -102,12 +102,15 @@ GenerateOptions greedy(int64_t n) {
 
 // Greedy decoding of a small model, token for token against PyTorch
 // recomputing the whole sequence every step (fp32, the weights through a
-// Hugging Face export), GQA and not.
+// Hugging Face export), GQA and not, and Qwen3 (q/k norms, head_dim apart
+// from dim / heads).
 TEST(Generate, GreedyDecodingMatchesPyTorchTokenForToken) {
   const fs::path dir = scratch_root() / "generate_oracle";
   fs::create_directories(dir);
-  for (const char* flavor : {"debugmodel", "25M"}) {
-    const ModelArgs args = model_flavor("llama3", flavor);
+  for (const auto& [family, flavor_name] : {std::pair{"llama3", "debugmodel"}, std::pair{"llama3", "25M"},
+                                            std::pair{"qwen3", "debugmodel"}}) {
+    const ModelArgs args = model_flavor(family, flavor_name);
+    const std::string flavor = std::string(family) + "_" + flavor_name;
     const int64_t n = 24;
     Llama model(args, DType::f32, 64);
     model.params().init(11);
@@ -124,7 +127,7 @@ TEST(Generate, GreedyDecodingMatchesPyTorchTokenForToken) {
       if (!ids.empty()) ids += ',';
       ids += std::to_string(t);
     }
-    const fs::path out = dir / (std::string(flavor) + "_torch.json");
+    const fs::path out = dir / (flavor + "_torch.json");
     const std::string cmd = std::string("/usr/bin/python3 ") + ANVIL_SOURCE_DIR +
                             "/scripts/torch_llama.py --hf-generate " + hf.string() + " --prompt-ids " + ids +
                             " --max-new-tokens " + std::to_string(n) + " --out " + out.string() +
@@ -133,7 +136,7 @@ TEST(Generate, GreedyDecodingMatchesPyTorchTokenForToken) {
     const nlohmann::json torch = nlohmann::json::parse(std::ifstream(out));
     const std::vector<int32_t> want = torch.at("tokens").get<std::vector<int32_t>>();
     const std::vector<double> margins = torch.at("margins").get<std::vector<double>>();
-    std::printf("%s: %lld greedy tokens; PyTorch's smallest top-two margin %.3g\n", flavor, static_cast<long long>(n),
+    std::printf("%s: %lld greedy tokens; PyTorch's smallest top-two margin %.3g\n", flavor.c_str(), static_cast<long long>(n),
                 *std::min_element(margins.begin(), margins.end()));
     EXPECT_EQ(g.tokens[0], want) << flavor;
   }

@@ -112,7 +112,11 @@ inline const std::vector<Layout>& layouts() {
         {"sequence parallel off", {"none", "op"}, 1, "--parallelism.enable_sequence_parallel false"},
         {"loss parallel off", {"none"}, 1, "--parallelism.disable_loss_parallel true"},
         // 8 query heads over 4 KV heads: each rank runs 4 query heads over 2 KV heads.
-        {"llama3/25M (GQA)", {"none"}, 1, "", "--model.flavor 25M"}}},
+        {"llama3/25M (GQA)", {"none"}, 1, "", "--model.flavor 25M"},
+        // Qwen3's q/k norms: each rank's heads add to their gradients, summed over the ranks.
+        {"qwen3/debugmodel", {"none", "op"}, 1, "", "--model.name qwen3"},
+        {"qwen3/debugmodel, sequence parallel off", {"none"}, 1, "--parallelism.enable_sequence_parallel false",
+         "--model.name qwen3"}}},
       {"tp4", 4, 1, 4, "--parallelism.tensor_parallel_degree 4", {{"", kEveryAc}}},
       // With accumulation the sequence-parallel norm gradients of the second
       // micro-batch must not re-sum the first's.
@@ -121,7 +125,9 @@ inline const std::vector<Layout>& layouts() {
        2,
        2,
        "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2",
-       {{"", kEveryAc}, {"accumulation 2", {"none"}, 2}}},
+       {{"", kEveryAc},
+        {"accumulation 2", {"none"}, 2},
+        {"qwen3/debugmodel, accumulation 2", {"none"}, 2, "", "--model.name qwen3"}}},
       // DDP composes with TP as FSDP does (its buckets hold each tp rank's slices).
       {"ddp2_tp2",
        4,
@@ -319,6 +325,7 @@ inline const std::vector<Layout>& layouts() {
         {"accumulation 2", {"none"}, 2},
         {"contiguous chunks", {"none"}, 1, "--parallelism.context_parallel_load_balancer none"},
         {"llama3/25M (GQA)", {"none"}, 1, "", "--model.flavor 25M"},
+        {"qwen3/debugmodel", {"none"}, 1, "", "--model.name qwen3"},
         // The all-gather: every rank gathers the whole sequences' keys and values.
         {"allgather", kEveryAc, 1, kAllgather},
         {"allgather, accumulation 2", {"none"}, 2, kAllgather},

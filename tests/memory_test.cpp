@@ -282,23 +282,25 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, TrainerMemory, ::testing::Values(DType::f32, DT
 // block_saved_bytes (the pipeline's automatic cut weighs stages by it) against
 // a dry run of the model's forward: what every block keeps between its
 // forward and backward, under every policy and dtype, is the formula's sum
-// (and the last block's output, kept for the head).
+// (and the last block's output, kept for the head), for Llama and Qwen3.
 TEST(MemoryEstimate, BlockSavedBytesIsWhatTheDryRunKeeps) {
-  const ModelArgs args = model_flavor("llama3", "debugmodel");
-  const int64_t B = 2, T = 48;
-  for (DType dt : {DType::f32, DType::bf16})
-    for (const AcPolicy& policy : {AcPolicy{AcMode::none, 1}, AcPolicy{AcMode::selective_op, 1},
-                                   AcPolicy{AcMode::selective_layer, 2}, AcPolicy{AcMode::full, 1}}) {
-      DryRun dry;
-      Llama model(args, dt, T);
-      const Tensor tokens = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "tokens");
-      const size_t before = dry.allocator().live_bytes(MemCategory::activations);
-      StageSaved saved;
-      (void)model.forward(tokens, B, T, policy, saved);
-      const size_t kept = dry.allocator().live_bytes(MemCategory::activations) - before;
-      size_t formula = static_cast<size_t>(B * T * args.dim) * dtype_size(dt);  // the head's input
-      for (int l = 0; l < args.n_layers; ++l)
-        formula += block_saved_bytes(args, {B, T, dt, policy}, l);
-      EXPECT_EQ(kept, formula) << dtype_name(dt) << ", mode " << static_cast<int>(policy.mode);
-    }
+  for (const char* family : {"llama3", "qwen3"}) {
+    const ModelArgs args = model_flavor(family, "debugmodel");
+    const int64_t B = 2, T = 48;
+    for (DType dt : {DType::f32, DType::bf16})
+      for (const AcPolicy& policy : {AcPolicy{AcMode::none, 1}, AcPolicy{AcMode::selective_op, 1},
+                                     AcPolicy{AcMode::selective_layer, 2}, AcPolicy{AcMode::full, 1}}) {
+        DryRun dry;
+        Llama model(args, dt, T);
+        const Tensor tokens = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "tokens");
+        const size_t before = dry.allocator().live_bytes(MemCategory::activations);
+        StageSaved saved;
+        (void)model.forward(tokens, B, T, policy, saved);
+        const size_t kept = dry.allocator().live_bytes(MemCategory::activations) - before;
+        size_t formula = static_cast<size_t>(B * T * args.dim) * dtype_size(dt);  // the head's input
+        for (int l = 0; l < args.n_layers; ++l)
+          formula += block_saved_bytes(args, {B, T, dt, policy}, l);
+        EXPECT_EQ(kept, formula) << family << " " << dtype_name(dt) << ", mode " << static_cast<int>(policy.mode);
+      }
+  }
 }

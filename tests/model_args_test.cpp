@@ -29,6 +29,41 @@ TEST(ModelArgs, PublishedParameterCounts) {
   }
 }
 
+// Qwen3's model cards give the parameters to two or three figures, in all
+// and without the embedding (the input embedding only, tied or not): 0.6B
+// and 0.44B, 1.7B and 1.4B, 4.0B and 3.6B, 8.2B and 6.95B, 14.8B and 13.2B,
+// 32.8B and 31.2B. The exact counts follow from the config.json shapes.
+TEST(ModelArgs, Qwen3ParameterCountsMatchTheModelCards) {
+  struct Row {
+    const char* flavor;
+    int64_t params;
+    double card_total, card_non_embedding;  // billions
+    double ulp_total, ulp_non_embedding;    // the cards' last digit, in billions
+  };
+  const Row rows[] = {
+      {"0.6B", 596'049'920, 0.6, 0.44, 0.1, 0.01},   {"1.7B", 1'720'574'976, 1.7, 1.4, 0.1, 0.1},
+      {"4B", 4'022'468'096, 4.0, 3.6, 0.1, 0.1},     {"8B", 8'190'735'360, 8.2, 6.95, 0.1, 0.01},
+      {"14B", 14'768'307'200, 14.8, 13.2, 0.1, 0.1}, {"32B", 32'762'123'264, 32.8, 31.2, 0.1, 0.1},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(std::string("qwen3/") + r.flavor);
+    const ModelArgs a = model_flavor("qwen3", r.flavor);
+    a.validate();
+    EXPECT_EQ(a.head_dim(), 128);
+    EXPECT_TRUE(a.qk_norm);
+    EXPECT_EQ(a.num_params(), r.params);
+    const double total = static_cast<double>(a.num_params()) / 1e9;
+    const double non_embedding = static_cast<double>(a.num_params() - a.num_embedding_params()) / 1e9 -
+                                 (a.tie_embeddings ? 0 : static_cast<double>(a.num_embedding_params()) / 1e9);
+    EXPECT_NEAR(total, r.card_total, r.ulp_total / 2 + 1e-9);
+    EXPECT_NEAR(non_embedding, r.card_non_embedding, r.ulp_non_embedding / 2 + 1e-9);
+  }
+  // The debug flavour's heads are not dim wide: 8 heads of 64 over dim 256.
+  const ModelArgs debug = model_flavor("qwen3", "debugmodel");
+  EXPECT_EQ(debug.head_dim() * debug.n_heads, 512);
+  EXPECT_EQ(debug.dim, 256);
+}
+
 TEST(ModelArgs, CpuFlavoursAreTheAdvertisedSize) {
   const ModelArgs small = model_flavor("llama3", "25M");
   const ModelArgs medium = model_flavor("llama3", "125M");

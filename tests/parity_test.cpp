@@ -83,7 +83,8 @@ Run run_torch(const Llama& model, const Tensor& tokens, const Tensor& targets, c
   nlohmann::json cfg = {
       {"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads}, {"n_kv_heads", a.n_kv_heads},
       {"vocab_size", a.vocab_size}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-      {"max_seq_len", kSeq}, {"tie_embeddings", a.tie_embeddings},
+      {"max_seq_len", kSeq}, {"tie_embeddings", a.tie_embeddings}, {"head_dim", a.head_dim()},
+      {"qk_norm", a.qk_norm},
       {"compute_dtype", model.compute_dtype() == DType::bf16 ? "bf16" : "f32"},
       {"rope_scaling",
        {{"enabled", a.rope_scaling.enabled}, {"factor", a.rope_scaling.factor},
@@ -225,8 +226,24 @@ struct Tolerances {
   double trajectory; // absolute, losses of steps 2..5
 };
 
-void check_parity(const std::string& flavor, DType dt, Tolerances tol, bool rope_scaling = false) {
-  ModelArgs args = model_flavor("llama3", flavor);
+// Qwen3's q/k norm weights away from their initial ones, so that their
+// gradients and the weights' part in the forward are both exercised.
+void spread_head_norms(Llama& model) {
+  ParamStore& ps = model.params();
+  const uint64_t key = RngStream{13, "parity.head_norms"}.key();
+  for (size_t i = 0; i < ps.specs().size(); ++i) {
+    const std::string& name = ps.specs()[i].name;
+    if (name.find("q_norm") == std::string::npos && name.find("k_norm") == std::string::npos) continue;
+    Tensor w = ps.master(static_cast<int>(i));
+    for (int64_t j = 0; j < w.numel(); ++j)
+      w.data<float>()[j] = 0.75f + 0.5f * static_cast<float>(uniform01(key, static_cast<uint64_t>(i * 4096 + j)));
+  }
+  ps.sync_compute_copy();
+}
+
+void check_parity(const std::string& flavor, DType dt, Tolerances tol, bool rope_scaling = false,
+                  const std::string& family = "llama3") {
+  ModelArgs args = model_flavor(family, flavor);
   if (rope_scaling) {
     // Llama 3.1's frequency scaling with a short original context, so that the
     // kept, interpolated and divided frequency bands all occur at this length.
@@ -235,8 +252,10 @@ void check_parity(const std::string& flavor, DType dt, Tolerances tol, bool rope
   }
   Llama model(args, dt, kSeq);
   model.params().init(/*seed=*/3);
+  spread_head_norms(model);
   auto [tokens, targets] = make_batches(args.vocab_size);
-  const fs::path dir = anvil::testing::scratch_root() / ("anvil_parity_" + flavor + "_" + dtype_name(dt));
+  const fs::path dir =
+      anvil::testing::scratch_root() / ("anvil_parity_" + family + "_" + flavor + "_" + dtype_name(dt));
   fs::create_directories(dir);
   const Run torch = run_torch(model, tokens, targets, dir);  // before Anvil's steps change the weights
   const Run anvil = run_anvil(model, tokens, targets, AcPolicy{});
@@ -273,17 +292,46 @@ void check_parity(const std::string& flavor, DType dt, Tolerances tol, bool rope
 // mask built from the same EOS tokens; every step's loss within `bound`
 // relative, and every parameter's gradient at step 1 and at step 10 (from
 // PyTorch's weights there) within `bound` relative in norm.
-void check_document_parity(ModelArgs args, const std::string& label, int64_t micro_batches, double bound) {
+void check_document_parity(ModelArgs args, const std::string& label, int64_t micro_batches, double bound,
+                           bool float64_reference = false) {
   Llama model(args, DType::f32, kDocSeq);
   model.params().init(/*seed=*/3);
+  spread_head_norms(model);
   auto [tokens, targets] = make_document_batches(args.vocab_size);
   const fs::path dir = anvil::testing::scratch_root() / ("anvil_parity_documents_" + label);
   fs::create_directories(dir);
   const Run torch = run_torch(model, tokens, targets, dir,
-                              {{"eos_id", kEos}, {"micro_batches", micro_batches}, {"last_grads", true}});
+                              {{"eos_id", kEos}, {"micro_batches", micro_batches}, {"last_grads", true},
+                               {"float64", float64_reference}});
   ASSERT_EQ(torch.losses.size(), static_cast<size_t>(kDocSteps));
+  // Every gradient within `bound`, but with a float64 reference Qwen3's q/k
+  // norm weights: those sum thousands of head rows into head_dim weights, and
+  // PyTorch's own f32 gradients of them are up to 1.05e-6 from double at step
+  // 1 (Anvil's 1.30e-6), so 1e-6 is beyond f32 there. Their bound is 1.5 times
+  // the worst of PyTorch's f32 errors on them, from its f32 run of the same
+  // weights against the same reference at step 1 (at step 10 that run's
+  // weights have drifted by its own rounding, Anvil's are the reference's).
+  const auto head_norm = [](const std::string& name) {
+    return name.find(".q_norm.") != std::string::npos || name.find(".k_norm.") != std::string::npos;
+  };
+  double head_norm_bound = bound;
+  if (float64_reference) {
+    const fs::path dir32 = dir / "f32";
+    fs::create_directories(dir32);
+    const Run torch32 = run_torch(model, tokens, targets, dir32, {{"eos_id", kEos}, {"micro_batches", micro_batches}});
+    double worst = 0;
+    std::string worst_name;
+    for (const auto& [name, g] : torch32.grads) {
+      const double e = rel_error(g, to_double(torch.grads.at(name)));
+      if (head_norm(name) && e > worst) worst = e, worst_name = name;
+    }
+    head_norm_bound = std::max(bound, 1.5 * worst);
+    std::printf("PyTorch's f32 q/k norm gradients at step 1: worst %.2e from double (%s); their bound %.2e\n", worst,
+                worst_name.c_str(), head_norm_bound);
+  }
   for (const AcPolicy policy : {AcPolicy{AcMode::none, 1}, AcPolicy{AcMode::full, 1}}) {
     model.params().init(/*seed=*/3);
+    spread_head_norms(model);
     const Run anvil = run_anvil_documents(model, tokens, targets, policy, micro_batches, torch.last_weights);
     double worst_loss = 0;
     for (int s = 0; s < kDocSteps; ++s)
@@ -296,9 +344,14 @@ void check_document_parity(ModelArgs args, const std::string& label, int64_t mic
                 label.c_str(), ac_mode_name(policy.mode), static_cast<long long>(micro_batches), kDocSteps,
                 worst_loss, anvil.losses.back(), torch.losses.back(), first, first_name.c_str(), last,
                 last_name.c_str(), bound);
+    (void)first, (void)last;
     EXPECT_LT(worst_loss, bound);
-    EXPECT_LT(first, bound) << first_name;
-    EXPECT_LT(last, bound) << last_name;
+    for (const auto& [name, g] : anvil.grads)
+      EXPECT_LT(rel_error(g, to_double(torch.grads.at(name))), head_norm(name) ? head_norm_bound : bound)
+          << name << " step 1";
+    for (const auto& [name, g] : anvil.last_grads)
+      EXPECT_LT(rel_error(g, to_double(torch.last_grads.at(name))), head_norm(name) ? head_norm_bound : bound)
+          << name << " step 10";
   }
   fs::remove_all(dir);
 }
@@ -314,6 +367,13 @@ TEST(Parity, BlockCausalGqaAccumulation2Fp32) {
   ModelArgs args = model_flavor("llama3", "debugmodel");
   args.n_kv_heads = 4;  // 4 query heads per kv head
   check_document_parity(args, "debugmodel_gqa4", 2, 1e-6);
+}
+
+// Qwen3 (q/k norms, head_dim 64 apart from dim / heads, GQA 2): causal, then
+// block-causal over 10 steps with accumulation 2 and AC none and full.
+TEST(Parity, Qwen3DebugModelFp32) { check_parity("debugmodel", DType::f32, {5e-7, 5e-6, 5e-6}, false, "qwen3"); }
+TEST(Parity, Qwen3BlockCausalAccumulation2Fp32) {
+  check_document_parity(model_flavor("qwen3", "debugmodel"), "qwen3_debugmodel", 2, 1e-6, true);
 }
 
 // The bounds are set from measured errors, within 10x of them (one exception,
@@ -351,22 +411,24 @@ TEST(Parity, Model25MBf16Gqa) { check_parity("25M", DType::bf16, {5e-4, 5e-2, 1e
 // gives the same gradients as keeping everything, causal and block-causal
 // (the documents stay with each block's kept input).
 TEST(ActivationCheckpointing, EveryPolicyGivesTheSameGradients) {
-  ModelArgs args = model_flavor("llama3", "debugmodel");
-  args.n_layers = 3;
-  const DocumentBatch batch = first_document_batch(args.vocab_size);
-  const Tensor &tok = batch.tokens, &tgt = batch.targets, &docs = batch.documents;
-  Llama model(args, DType::f32, kDocSeq);
-  model.params().init(5);
-  for (const Tensor& documents : {Tensor(), docs}) {
-    model.params().zero_grad();
-    model.forward_backward(tok, tgt, 1.0f, AcPolicy{AcMode::none, 1}, documents);
-    const std::vector<double> want = to_double(model.params().grad_flat());
-    for (AcPolicy p : {AcPolicy{AcMode::selective_op, 1}, AcPolicy{AcMode::selective_layer, 2},
-                       AcPolicy{AcMode::full, 1}}) {
+  for (const char* family : {"llama3", "qwen3"}) {
+    ModelArgs args = model_flavor(family, "debugmodel");
+    args.n_layers = 3;
+    const DocumentBatch batch = first_document_batch(args.vocab_size);
+    const Tensor &tok = batch.tokens, &tgt = batch.targets, &docs = batch.documents;
+    Llama model(args, DType::f32, kDocSeq);
+    model.params().init(5);
+    for (const Tensor& documents : {Tensor(), docs}) {
       model.params().zero_grad();
-      model.forward_backward(tok, tgt, 1.0f, p, documents);
-      EXPECT_EQ(max_abs_error(to_double(model.params().grad_flat()), want), 0.0)
-          << ac_mode_name(p.mode) << (documents.defined() ? " block-causal" : " causal");
+      model.forward_backward(tok, tgt, 1.0f, AcPolicy{AcMode::none, 1}, documents);
+      const std::vector<double> want = to_double(model.params().grad_flat());
+      for (AcPolicy p : {AcPolicy{AcMode::selective_op, 1}, AcPolicy{AcMode::selective_layer, 2},
+                         AcPolicy{AcMode::full, 1}}) {
+        model.params().zero_grad();
+        model.forward_backward(tok, tgt, 1.0f, p, documents);
+        EXPECT_EQ(max_abs_error(to_double(model.params().grad_flat()), want), 0.0)
+            << family << " " << ac_mode_name(p.mode) << (documents.defined() ? " block-causal" : " causal");
+      }
     }
   }
 }

@@ -27,13 +27,14 @@ namespace {
 constexpr const char* kUsage =
     "usage: anvil convert export <checkpoint step folder> <out_dir> [--dtype float32|bfloat16] [--tokenizer PATH]\n"
     "       anvil convert import <hf_folder> <out_folder> --model.flavor F [--model.name llama3]\n"
-    "  export  writes a Hugging Face LlamaForCausalLM folder (model.safetensors, config.json) from a checkpoint's\n"
-    "          master weights; the model is the one the checkpoint's state.json records. out_dir must not exist.\n"
+    "  export  writes a Hugging Face LlamaForCausalLM or Qwen3ForCausalLM folder (model.safetensors,\n"
+    "          config.json) from a checkpoint's master weights; the model is the one the checkpoint's\n"
+    "          state.json records. out_dir must not exist.\n"
     "    --dtype      float32 (default, exact) or bfloat16 (rounded to nearest even)\n"
     "    --tokenizer  a tokenizer.json to copy into the folder (with a tokenizer_config.json), or 'bytes'; its\n"
     "                 BOS/EOS ids go into config.json\n"
-    "  import  reads a Hugging Face Llama folder (config.json, model.safetensors or model.safetensors.index.json;\n"
-    "          F32, BF16 or F16), checks it against the flavour, and writes <out_folder>/step-0/, a model-only\n"
+    "  import  reads a Hugging Face Llama or Qwen3 folder (config.json, model.safetensors or\n"
+    "          model.safetensors.index.json; F32, BF16 or F16), checks it against the flavour, and writes <out_folder>/step-0/, a model-only\n"
     "          checkpoint of f32 master weights (no optimizer state or data position: a starting point, not a run\n"
     "          to resume). See docs/checkpoint.md.\n";
 

@@ -212,8 +212,13 @@ Tensor TensorParallelStyle::reduce_partial(const Tensor& partial, DType dt, cons
 // Under sequence parallelism each rank's norm-weight gradients cover its rows only: they
 // are gathered in a zeroed scratch, summed over tp, then added to the gradients (adding the
 // sum into the gradients directly would also re-sum earlier micro-batches' accumulation).
-NormGradTargets TensorParallelStyle::norm_grad_targets(std::initializer_list<Tensor> grads) const {
-  if (!sequence_parallel()) return {grads, Tensor()};
+// The residual stream's norms see a share of the rows only under sequence
+// parallelism; the q/k norms always see a share of the heads. Either way each
+// rank's gradient is a partial sum: it goes to a zeroed scratch that
+// finish_norm_grads all-reduces and adds to the gradients (which may already
+// hold earlier micro-batches').
+NormGradTargets TensorParallelStyle::norm_grad_targets(std::initializer_list<Tensor> grads, NormRows rows) const {
+  if (rows == NormRows::residual && !sequence_parallel()) return {grads, Tensor()};
   const int64_t k = static_cast<int64_t>(grads.size()), D = grads.begin()->numel();
   NormGradTargets t;
   t.scratch = Tensor::zeros(k == 1 ? Shape{D} : Shape{k, D}, DType::f32, MemCategory::gradients, "tp.norm_grads");

@@ -33,7 +33,8 @@ struct TensorParallelOptions {
 //   o_proj, down_proj                            row-parallel: input columns split
 //   embed_tokens, lm_head                        vocabulary-parallel: rows split, the
 //                                                vocabulary padded to a multiple of tp
-//   the RMSNorm weights                          replicated
+//   the RMSNorm weights                          replicated (the q/k norms too: each
+//                                                rank's heads add to their gradients)
 class TensorParallelStyle : public ParallelStyle {
  public:
   // tp: the tp group's communicator (not owned). Throws anvil::Error when tp
@@ -51,7 +52,7 @@ class TensorParallelStyle : public ParallelStyle {
   Tensor gather_rows(const Tensor& local, const char* tag) const override;
   Tensor row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w, const char* tag) const override;
   Tensor column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt, const char* tag) const override;
-  NormGradTargets norm_grad_targets(std::initializer_list<Tensor> grads) const override;
+  NormGradTargets norm_grad_targets(std::initializer_list<Tensor> grads, NormRows rows) const override;
   void finish_norm_grads(const NormGradTargets& targets, std::initializer_list<Tensor> grads) const override;
   CrossEntropyResult loss_forward_backward(const Tensor& hn, const Tensor& w, Tensor dw, const Tensor& targets,
                                            float grad_scale, Tensor& dhn) const override;

@@ -13,6 +13,7 @@ namespace {
 
 struct Dims {
   size_t M, D, Dq, Dkv, F, lse, e;  // e: bytes per activation element
+  size_t heads = 0;                 // Qwen3: query and key heads, whose 1/rms the q/k norms keep; 0 without them
 };
 
 Dims dims_of(const ModelArgs& a, const TrainShape& s) {
@@ -23,7 +24,8 @@ Dims dims_of(const ModelArgs& a, const TrainShape& s) {
           static_cast<size_t>(a.n_kv_heads * a.head_dim()),
           static_cast<size_t>(a.ffn_hidden_dim()),
           static_cast<size_t>(s.local_batch_size * a.n_heads * s.seq_len) * 4,
-          dtype_size(s.compute_dtype)};
+          dtype_size(s.compute_dtype),
+          a.qk_norm ? static_cast<size_t>(a.n_heads + a.n_kv_heads) : 0};
 }
 
 // Everything block_forward produces, in bytes (BlockSaved with no policy applied, x included).
@@ -31,7 +33,8 @@ size_t block_all_bytes(const Dims& d) {
   return d.M * d.e *
              (3 * d.D /* x, h1, x2 */ + d.D /* h2 */ + 2 * d.Dq /* q, o */ + 2 * d.Dkv /* k, v */ +
               3 * d.F /* g, u, s */) +
-         2 * d.M * 4 /* rstd1, rstd2 */ + d.lse;
+         2 * d.M * 4 /* rstd1, rstd2 */ + d.lse +
+         (d.heads > 0 ? d.M * d.e * (d.Dq + d.Dkv) /* q_raw, k_raw */ + d.M * d.heads * 4 /* rstd_q, rstd_k */ : 0);
 }
 
 }  // namespace

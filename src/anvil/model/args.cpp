@@ -17,7 +17,7 @@ int64_t ModelArgs::params_per_layer() const {
   const int64_t hd = head_dim();
   const int64_t attention = dim * (n_heads * hd) + 2 * dim * (n_kv_heads * hd) + (n_heads * hd) * dim;
   const int64_t feed_forward = 3 * dim * ffn_hidden_dim();
-  const int64_t norms = 2 * dim;
+  const int64_t norms = 2 * dim + (qk_norm ? 2 * hd : 0);
   return attention + feed_forward + norms;
 }
 
@@ -31,7 +31,9 @@ void ModelArgs::validate() const {
   const std::string where = "model " + name + "/" + flavor + ": ";
   ANVIL_CHECK(dim > 0 && n_layers > 0 && n_heads > 0 && vocab_size > 0, where,
               "dim, n_layers, n_heads and vocab_size must be positive");
-  ANVIL_CHECK(dim % n_heads == 0, where, "dim ", dim, " is not divisible by n_heads ", n_heads);
+  ANVIL_CHECK(head_dim_override > 0 || dim % n_heads == 0, where, "dim ", dim, " is not divisible by n_heads ",
+              n_heads, " (give head_dim to set the heads' width apart from dim)");
+  ANVIL_CHECK(head_dim_override >= 0, where, "head_dim must be positive (0: dim / n_heads)");
   ANVIL_CHECK(head_dim() % 2 == 0, where, "head_dim ", head_dim(), " must be even for RoPE");
   ANVIL_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, where, "n_heads ", n_heads,
               " must be a multiple of n_kv_heads ", n_kv_heads);
@@ -69,6 +71,26 @@ ModelArgs llama2(std::string flavor, int64_t dim, int64_t layers, int64_t heads,
   a.multiple_of = multiple_of;
   a.rope_theta = 10000;
   a.max_seq_len = 4096;
+  return a;
+}
+
+// Qwen3 dense, as its config.json files give it: head_dim 128, RoPE θ 1e6,
+// norm eps 1e-6, a 151,936-token vocabulary, the feed-forward width given
+// (intermediate_size), 40,960 positions.
+ModelArgs qwen3(std::string flavor, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                bool tied) {
+  ModelArgs a;
+  a.name = "qwen3";
+  a.flavor = std::move(flavor);
+  a.dim = dim, a.n_layers = layers, a.n_heads = heads, a.n_kv_heads = kv_heads;
+  a.vocab_size = 151936;
+  a.ffn_hidden_override = ffn;
+  a.head_dim_override = 128;
+  a.qk_norm = true;
+  a.norm_eps = 1e-6;
+  a.rope_theta = 1000000;
+  a.max_seq_len = 40960;
+  a.tie_embeddings = tied;
   return a;
 }
 
@@ -120,6 +142,21 @@ std::vector<ModelArgs> all_flavors() {
   out.push_back(llama3("8B", 4096, 32, 32, 8, 1.3, 1024));
   out.push_back(llama3("70B", 8192, 80, 64, 8, 1.3, 4096));
   out.push_back(llama3("405B", 16384, 126, 128, 8, 1.2, 4096));
+  {
+    // A debug Qwen3: the debug model's width and vocabulary with Qwen3's
+    // attention (q/k norms; 8 query heads of 64 over 4 KV heads, so the heads'
+    // width 512 is not dim).
+    ModelArgs a = qwen3("debugmodel", 256, 6, 8, 4, 768, false);
+    a.head_dim_override = 64;
+    a.vocab_size = 2048;
+    out.push_back(a);
+  }
+  out.push_back(qwen3("0.6B", 1024, 28, 16, 8, 3072, true));
+  out.push_back(qwen3("1.7B", 2048, 28, 16, 8, 6144, true));
+  out.push_back(qwen3("4B", 2560, 36, 32, 8, 9728, true));
+  out.push_back(qwen3("8B", 4096, 36, 32, 8, 12288, false));
+  out.push_back(qwen3("14B", 5120, 40, 40, 8, 17408, false));
+  out.push_back(qwen3("32B", 5120, 64, 64, 8, 25600, false));
   out.push_back(llama2("7B", 4096, 32, 32, 32, std::nullopt, 256));
   out.push_back(llama2("13B", 5120, 40, 40, 40, std::nullopt, 256));
   out.push_back(llama2("70B", 8192, 80, 64, 8, 1.3, 4096));

@@ -1,5 +1,8 @@
-// Llama 2 / Llama 3 model arguments and the named flavours, with the published
-// shapes. Parameter counts follow from the shapes (see num_params).
+// Llama 2 / Llama 3 and Qwen3 model arguments and the named flavours, with the
+// published shapes. Parameter counts follow from the shapes (see num_params).
+// Qwen3 is Llama's block with two changes: a per-head RMSNorm on the queries
+// and keys before RoPE (qk_norm), and a head_dim the config gives rather than
+// dim ÷ n_heads (128 in every published size).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -11,7 +14,7 @@
 namespace anvil {
 
 struct ModelArgs {
-  std::string name;    // model family: "llama2" | "llama3"
+  std::string name;    // model family: "llama2" | "llama3" | "qwen3"
   std::string flavor;  // "debugmodel", "8B", ...
   int64_t dim = 0;
   int64_t n_layers = 0;
@@ -26,8 +29,10 @@ struct ModelArgs {
   RopeScaling rope_scaling;  // Llama 3.1-style long-context frequency scaling
   int64_t max_seq_len = 2048;
   bool tie_embeddings = false;
+  int64_t head_dim_override = 0;  // 0: dim / n_heads (Llama); Qwen3 gives it
+  bool qk_norm = false;           // Qwen3: RMSNorm over each query and key head (weights of head_dim), before RoPE
 
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : dim / n_heads; }
   // Llama's rule: hidden = int(8·dim/3), times ffn_dim_multiplier, rounded up to multiple_of.
   int64_t ffn_hidden_dim() const;
 

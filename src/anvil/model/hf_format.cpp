@@ -32,7 +32,7 @@ class ConfigCheck {
   ConfigCheck(const nlohmann::json& config, const ModelArgs& args, const std::string& source)
       : config_(config), args_(args), source_(source) {}
 
-  // The field's value, nullptr when absent or null (both mean "LlamaConfig's default").
+  // The field's value, nullptr when absent or null (both mean the config class's default).
   const nlohmann::json* find(const nlohmann::json& obj, const std::string& key) const {
     auto it = obj.find(key);
     return it == obj.end() || it->is_null() ? nullptr : &*it;
@@ -54,14 +54,14 @@ class ConfigCheck {
     return v.get<double>();
   }
 
-  // An integer field; `fallback` is LlamaConfig's default when the field is absent.
+  // An integer field; `fallback` is the config class's default when the field is absent.
   void integer(const std::string& key, int64_t want, std::optional<int64_t> fallback = std::nullopt,
                const nlohmann::json* obj = nullptr, const std::string& prefix = "") const {
     const nlohmann::json& o = obj ? *obj : config_;
     const std::string field = prefix + key;
     const nlohmann::json* v = find(o, key);
     if (!v && fallback) {
-      if (*fallback != want) differ(field, detail::concat(*fallback, " (absent: LlamaConfig's default)"), std::to_string(want));
+      if (*fallback != want) differ(field, detail::concat(*fallback, " (absent: the config class's default)"), std::to_string(want));
       return;
     }
     const double got = number(v ? *v : require(o, key, field), field);
@@ -77,7 +77,7 @@ class ConfigCheck {
     const nlohmann::json* v = find(o, key);
     const double got = v ? number(*v, field) : fallback ? *fallback : number(require(o, key, field), field);
     if (std::abs(got - want) > 1e-6 * std::abs(want))
-      differ(field, v ? v->dump() : detail::concat(got, " (absent: LlamaConfig's default)"), nlohmann::json(want).dump());
+      differ(field, v ? v->dump() : detail::concat(got, " (absent: the config class's default)"), nlohmann::json(want).dump());
   }
 
   void boolean(const std::string& key, bool want, bool fallback) const {
@@ -255,8 +255,9 @@ nlohmann::ordered_json hf_config_json(const ModelArgs& a, DType export_dtype, co
   ANVIL_CHECK(export_dtype == DType::f32 || export_dtype == DType::bf16, "a Hugging Face export is float32 or bfloat16, not ",
               dtype_name(export_dtype));
   nlohmann::ordered_json c;
-  c["architectures"] = {"LlamaForCausalLM"};
-  c["model_type"] = "llama";
+  const bool qwen3 = a.name == "qwen3";
+  c["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
+  c["model_type"] = qwen3 ? "qwen3" : "llama";
   c["hidden_size"] = a.dim;
   c["intermediate_size"] = a.ffn_hidden_dim();
   c["num_attention_heads"] = a.n_heads;
@@ -279,7 +280,13 @@ nlohmann::ordered_json hf_config_json(const ModelArgs& a, DType export_dtype, co
   c["hidden_act"] = "silu";
   c["tie_word_embeddings"] = a.tie_embeddings;
   c["attention_bias"] = false;
-  c["mlp_bias"] = false;
+  if (qwen3) {  // Qwen3Config's sliding window, which Anvil does not implement, off
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+    c["max_window_layers"] = a.n_layers;
+  } else {
+    c["mlp_bias"] = false;
+  }
   c["initializer_range"] = 0.02;  // the std of Anvil's (torchtitan's) projection initialisation
   if (token_ids.bos) c["bos_token_id"] = *token_ids.bos;
   if (token_ids.eos) c["eos_token_id"] = *token_ids.eos;
@@ -290,13 +297,15 @@ nlohmann::ordered_json hf_config_json(const ModelArgs& a, DType export_dtype, co
 void check_hf_config_matches(const nlohmann::json& config, const ModelArgs& a, const std::string& source) {
   ANVIL_CHECK(config.is_object(), "'", source, "' is not a JSON object; it is not a config.json");
   const ConfigCheck check(config, a, source);
-  check.string("model_type", "llama", std::nullopt);
+  const bool qwen3 = a.name == "qwen3";
+  check.string("model_type", qwen3 ? "qwen3" : "llama", std::nullopt);
   check.integer("hidden_size", a.dim);
   check.integer("num_hidden_layers", a.n_layers);
   check.integer("num_attention_heads", a.n_heads);
   const nlohmann::json* heads = check.find(config, "num_attention_heads");
   check.integer("num_key_value_heads", a.n_kv_heads, heads->get<int64_t>());  // LlamaConfig: as many as query heads
-  check.integer("head_dim", a.head_dim(), a.head_dim());  // LlamaConfig: hidden_size / num_attention_heads
+  // LlamaConfig's default: hidden_size / num_attention_heads; Qwen3Config's: 128.
+  check.integer("head_dim", a.head_dim(), qwen3 ? 128 : a.dim / a.n_heads);
   check.integer("intermediate_size", a.ffn_hidden_dim());
   check.integer("vocab_size", a.vocab_size);
   check.real("rms_norm_eps", a.norm_eps, 1e-6);
@@ -306,6 +315,7 @@ void check_hf_config_matches(const nlohmann::json& config, const ModelArgs& a, c
   check.string("hidden_act", "silu", "silu");
   check.boolean("attention_bias", false, false);
   check.boolean("mlp_bias", false, false);
+  if (qwen3) check.boolean("use_sliding_window", false, false);
 }
 
 HfTransferStats export_hf(const std::map<std::string, Tensor>& weights, const ModelArgs& args,

@@ -1,5 +1,6 @@
-// Hugging Face interop: a Llama model's weights as a transformers
-// `LlamaForCausalLM` folder (config.json + model.safetensors), written and read.
+// Hugging Face interop: a Llama or Qwen3 model's weights as a transformers
+// `LlamaForCausalLM` or `Qwen3ForCausalLM` folder (config.json +
+// model.safetensors), written and read.
 //
 // Parameter names are Hugging Face's already (model/llama.h), so export and
 // import map tensors one to one. No q_proj/k_proj permutation is needed either:
@@ -29,7 +30,7 @@ struct HfTokenIds {
   std::optional<int64_t> bos, eos;
 };
 
-// A config.json transformers' LlamaForCausalLM accepts for `args`, with
+// A config.json transformers' LlamaForCausalLM (Qwen3ForCausalLM for qwen3) accepts for `args`, with
 // torch_dtype naming export_dtype (f32 or bf16).
 nlohmann::ordered_json hf_config_json(const ModelArgs& args, DType export_dtype, const HfTokenIds& token_ids = {});
 
@@ -71,7 +72,7 @@ HfTransferStats export_hf(const std::map<std::string, Tensor>& weights, const Mo
 HfTransferStats export_hf(const ParamStore& params, const ModelArgs& args, const std::string& out_dir,
                           const HfExportOptions& options);
 
-// Reads a Hugging Face Llama folder: config.json (checked against `args` with
+// Reads a Hugging Face Llama or Qwen3 folder: config.json (checked against `args` with
 // check_hf_config_matches), then model.safetensors, or
 // model.safetensors.index.json and the shards it names. Tensors may be F32,
 // BF16 or F16 and become f32; every parameter of `args` must be present with

@@ -33,6 +33,10 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
     add(p + "mlp.gate_proj.weight", {F, D}, ParamInit::trunc_normal, 0.02f, g);
     add(p + "mlp.up_proj.weight", {F, D}, ParamInit::trunc_normal, depth_std, g);
     add(p + "mlp.down_proj.weight", {D, F}, ParamInit::trunc_normal, depth_std, g);
+    if (a.qk_norm) {  // Qwen3's per-head norms, after the Llama block's nine (TransformerBlock's offsets)
+      add(p + "self_attn.q_norm.weight", {a.head_dim()}, ParamInit::ones, 0.02f, g);
+      add(p + "self_attn.k_norm.weight", {a.head_dim()}, ParamInit::ones, 0.02f, g);
+    }
   }
   const int head = static_cast<int>(a.n_layers) + 1;
   add("model.norm.weight", {D}, ParamInit::ones, 0.02f, head);

@@ -105,7 +105,13 @@ class ParallelStyle {
   // RMSNorm weight gradients in a backward: norm_grad_targets(grads) says where
   // the norm backwards accumulate them (the gradients themselves here), and
   // finish_norm_grads(targets, grads) completes them after the last one.
-  virtual NormGradTargets norm_grad_targets(std::initializer_list<Tensor> grads) const { return {grads, Tensor()}; }
+  // rows: what the norms run over, the residual stream's rows or this rank's
+  // heads (Qwen3's q/k norms; a tensor-parallel rank holds a share of them).
+  enum class NormRows { residual, heads };
+  virtual NormGradTargets norm_grad_targets(std::initializer_list<Tensor> grads,
+                                            NormRows rows = NormRows::residual) const {
+    return {grads, Tensor()};
+  }
   virtual void finish_norm_grads(const NormGradTargets& targets, std::initializer_list<Tensor> grads) const {}
 
   // The output head over this rank's output weight w (with gradient dw):

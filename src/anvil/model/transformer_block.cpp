@@ -14,7 +14,7 @@ namespace anvil {
 
 namespace {
 // Offsets of a block's parameters from its first one, in llama_param_specs' order.
-enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kFfnNorm, kW1, kW3, kW2 };
+enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kFfnNorm, kW1, kW3, kW2, kQNorm, kKNorm };
 }  // namespace
 
 TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args,
@@ -24,6 +24,7 @@ TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int laye
       layer_(layer),
       dim_(args.dim),
       head_dim_(args.head_dim()),
+      qk_norm_(args.qk_norm),
       eps_(static_cast<float>(args.norm_eps)),
       rope_(rope),
       style_(style) {
@@ -35,12 +36,31 @@ TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int laye
 
 BlockParams TransformerBlock::compute_params() const {
   auto p = [&](int k) { return params_.compute(first_param_ + k); };
-  return {p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3)};
+  BlockParams b{p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3), {}, {}};
+  if (qk_norm_) b.q_norm = p(kQNorm), b.k_norm = p(kKNorm);
+  return b;
 }
 
 BlockParams TransformerBlock::grad_params() const {
   auto p = [&](int k) { return params_.grad(first_param_ + k); };
-  return {p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3)};
+  BlockParams b{p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3), {}, {}};
+  if (qk_norm_) b.q_norm = p(kQNorm), b.k_norm = p(kKNorm);
+  return b;
+}
+
+void TransformerBlock::project_heads(const Tensor& h1, const Tensor& w, const Tensor& norm, Tensor& out, Tensor& raw,
+                                     Tensor& rstd) const {
+  const int64_t M = h1.size(0), H = out.size(2), hd = head_dim_;
+  if (!qk_norm_) {
+    Tensor out2 = out.view({M, H * hd});
+    linear_forward(h1, w, out2);
+    return;
+  }
+  raw = new_activation(out.shape(), out.dtype(), out.size(2) == heads_ ? "block.q_raw" : "block.k_raw");
+  rstd = new_activation({M * H}, DType::f32, out.size(2) == heads_ ? "block.rstd_q" : "block.rstd_k");
+  Tensor raw2 = raw.view({M, H * hd}), out_rows = out.view({M * H, hd});
+  linear_forward(h1, w, raw2);
+  rmsnorm_forward(raw.view({M * H, hd}), norm, eps_, out_rows, rstd);
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T, const AcPolicy& policy, BlockSaved& saved,
@@ -80,10 +100,11 @@ Tensor TransformerBlock::forward_cached(const Tensor& x, int64_t T, const std::v
     rmsnorm_forward(x, p.attention_norm, eps_, h1, rstd1);
     Tensor q = new_activation({B, T, Hq, hd}, dt, "block.q"), k = new_activation({B, T, Hkv, hd}, dt, "block.k"),
            v = new_activation({B, T, Hkv, hd}, dt, "block.v");
-    Tensor q2 = q.view({M, Hq * hd}), k2 = k.view({M, Hkv * hd}), v2 = v.view({M, Hkv * hd});
-    linear_forward(h1, p.wq, q2);
-    linear_forward(h1, p.wk, k2);
+    Tensor v2 = v.view({M, Hkv * hd}), q_raw, k_raw, rstd_q, rstd_k;
+    project_heads(h1, p.wq, p.q_norm, q, q_raw, rstd_q);
+    project_heads(h1, p.wk, p.k_norm, k, k_raw, rstd_k);
     linear_forward(h1, p.wv, v2);
+    q_raw = k_raw = rstd_q = rstd_k = Tensor();
     Tensor o = new_activation({B, T, Hq, hd}, dt, "block.o");
     Tensor lse = new_activation({1, Hq, T}, DType::f32, "block.lse");
     // Each sequence at its own position: its new keys and values join its
@@ -124,9 +145,9 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   s.q = new_activation({B, T, Hq, hd}, dt, "block.q");
   s.k = new_activation({B, T, Hkv, hd}, dt, "block.k");
   s.v = new_activation({B, T, Hkv, hd}, dt, "block.v");
-  Tensor q2 = s.q.view({M, Hq * hd}), k2 = s.k.view({M, Hkv * hd}), v2 = s.v.view({M, Hkv * hd});
-  linear_forward(s.h1, p.wq, q2);
-  linear_forward(s.h1, p.wk, k2);
+  Tensor v2 = s.v.view({M, Hkv * hd});
+  project_heads(s.h1, p.wq, p.q_norm, s.q, s.q_raw, s.rstd_q);
+  project_heads(s.h1, p.wk, p.k_norm, s.k, s.k_raw, s.rstd_k);
   linear_forward(s.h1, p.wv, v2);
   style_.rope_forward(s.q, rope_, s.q);
   style_.rope_forward(s.k, rope_, s.k);
@@ -271,6 +292,23 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
     s.q = s.k = s.v = s.o = s.lse = Tensor();
     style_.rope_backward(dq, rope_, dq);
     style_.rope_backward(dk, rope_, dk);
+    if (qk_norm_) {  // through the q/k norms, to the projections' gradients
+      const NormGradTargets head_norm_grads =
+          style_.norm_grad_targets({gp.q_norm, gp.k_norm}, ParallelStyle::NormRows::heads);
+      const auto through_norm = [&](Tensor& d, Tensor& raw, Tensor& rstd, const Tensor& w, Tensor& dw,
+                                    const char* tag) {
+        const int64_t rows = d.numel() / hd;
+        Tensor d_raw = new_activation(d.shape(), dt, tag);
+        Tensor d_raw_rows = d_raw.view({rows, hd});
+        rmsnorm_backward(d.view({rows, hd}), raw.view({rows, hd}), w, rstd, eps_, d_raw_rows, dw);
+        d = d_raw;
+        raw = rstd = Tensor();
+      };
+      Tensor g_q_norm = head_norm_grads.at[0], g_k_norm = head_norm_grads.at[1];
+      through_norm(dq, s.q_raw, s.rstd_q, p.q_norm, g_q_norm, "block.dq_raw");
+      through_norm(dk, s.k_raw, s.rstd_k, p.k_norm, g_k_norm, "block.dk_raw");
+      style_.finish_norm_grads(head_norm_grads, {gp.q_norm, gp.k_norm});
+    }
     const Tensor dq2 = dq.view({M, Hq * hd}), dk2 = dk.view({M, Hkv * hd}), dv2 = dv.view({M, Hkv * hd});
     Tensor dh1 = style_.column_input_grad({{dq2, p.wq}, {dk2, p.wk}, {dv2, p.wv}}, dt, "block.dh1");  // (M_l, D)
     weight_grad(dq2, s.h1, gp.wq);

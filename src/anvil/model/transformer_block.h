@@ -1,6 +1,6 @@
 // One Llama transformer block, forward and backward side by side:
-//   attention     h1 = norm(x); q, k, v = h1·W{q,k,v}ᵀ; RoPE; o = attention(q, k, v);
-//                 x2 = x + o·Woᵀ
+//   attention     h1 = norm(x); q, k, v = h1·W{q,k,v}ᵀ; (Qwen3: q, k = norm per head);
+//                 RoPE; o = attention(q, k, v); x2 = x + o·Woᵀ
 //   feed-forward  h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
 // The block owns no activations: its forward fills a BlockSaved record that the
 // caller (a schedule) keeps until the block's backward consumes it. The
@@ -22,6 +22,7 @@ namespace anvil {
 // the f32 gradients.
 struct BlockParams {
   Tensor attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+  Tensor q_norm, k_norm;  // (head_dim) Qwen3's per-head norms, or undefined
 };
 
 // What one block keeps between its forward and its backward; fields the
@@ -31,7 +32,9 @@ struct BlockSaved {
   Tensor documents;      // the micro-batch's document bounds (attention.h), or undefined: causal (always kept)
   Tensor x;           // (M, D)   block input (always kept)
   Tensor h1, rstd1;   // (M, D), (M)   attention RMSNorm output and 1/rms
-  Tensor q, k, v;     // (B, T, H, hd) after RoPE (q, k)
+  Tensor q_raw, k_raw;    // (B, T, H, hd) the projections before the q/k norms (Qwen3 only)
+  Tensor rstd_q, rstd_k;  // (M·H)   their 1/rms per head (Qwen3 only)
+  Tensor q, k, v;     // (B, T, H, hd) after the q/k norms and RoPE (q, k)
   Tensor o, lse;      // (B, T, Hq, hd), (B, Hq, T)   attention output, log-sum-exp
   Tensor x2;          // (M, D)   residual stream after attention
   Tensor h2, rstd2;   // (M, D), (M)   feed-forward RMSNorm output and 1/rms
@@ -97,7 +100,14 @@ class TransformerBlock {
 
   ParamStore& params_;
   int first_param_, layer_;
+  // Projects h1 (M, D) onto heads (B, T, H, hd) through w; with the q/k norms,
+  // the projection goes to raw and is normalised per head into out (rstd its
+  // 1/rms), else straight into out.
+  void project_heads(const Tensor& h1, const Tensor& w, const Tensor& norm, Tensor& out, Tensor& raw,
+                     Tensor& rstd) const;
+
   int64_t dim_, head_dim_, heads_, kv_heads_, ffn_;
+  bool qk_norm_;
   float eps_;
   const RopeTable& rope_;
   const ParallelStyle& style_;

@@ -38,9 +38,10 @@ std::vector<Key> key_table(JobConfig& c) {
       {"job", "dump_folder", &c.job.dump_folder, "folder for metrics.jsonl, checkpoints and traces"},
       {"job", "description", &c.job.description, "free text printed at start"},
 
-      {"model", "name", &c.model.name, "model family", {"llama2", "llama3"}},
+      {"model", "name", &c.model.name, "model family", {"llama2", "llama3", "qwen3"}},
       {"model", "flavor", &c.model.flavor,
-       "named shape: debugmodel, 25M, 125M, 1B, 3B, 8B, 70B, 405B (llama3); 7B, 13B, 70B (llama2)"},
+       "named shape: debugmodel, 25M, 125M, 1B, 3B, 8B, 70B, 405B (llama3); 7B, 13B, 70B (llama2); "
+       "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B (qwen3)"},
       {"model", "tokenizer_path", &c.model.tokenizer_path,
        "tokenizer.json (Hugging Face byte-level BPE) or tiktoken file; empty: byte-level tokenizer"},
       {"model",

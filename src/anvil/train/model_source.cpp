@@ -44,9 +44,9 @@ fs::path newest_step(const fs::path& folder) {
 
 ModelSource find_model_source(const std::string& path, const std::string& flavor) {
   ANVIL_CHECK(fs::exists(path), "'", path, "' is not a folder (it does not exist); give an Anvil checkpoint (a ",
-              "step-N folder, or the checkpoint folder holding them) or a Hugging Face Llama folder");
+              "step-N folder, or the checkpoint folder holding them) or a Hugging Face Llama or Qwen3 folder");
   ANVIL_CHECK(fs::is_directory(path), "'", path, "' is a file; give an Anvil checkpoint folder or a Hugging Face ",
-              "Llama folder");
+              "Llama or Qwen3 folder");
   ModelSource src;
   if (fs::exists(fs::path(path) / "config.json") && !fs::exists(fs::path(path) / "state.json")) {
     src.kind = ModelSource::Kind::hugging_face;
