@@ -56,10 +56,12 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
                    : cpu_peak_flops(dt, num_threads()),
                flops_per_token(args, tc.seq_len), est.peak_reserved};
   if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
-  std::printf("anvil: %s/%s, %s parameters (%lld layers, dim %lld, %lld heads, %lld kv heads, ffn %lld, vocab %lld)\n",
+  std::printf("anvil: %s/%s, %s parameters (%lld layers, dim %lld, %lld heads, %lld kv heads, head_dim %lld%s, ffn "
+              "%lld, vocab %lld)\n",
               args.name.c_str(), args.flavor.c_str(), with_commas(args.num_params()).c_str(),
               static_cast<long long>(args.n_layers), static_cast<long long>(args.dim),
               static_cast<long long>(args.n_heads), static_cast<long long>(args.n_kv_heads),
+              static_cast<long long>(args.head_dim()), args.qk_norm ? " with q/k norms" : "",
               static_cast<long long>(args.ffn_hidden_dim()), static_cast<long long>(args.vocab_size));
   std::printf("anvil: %s compute%s, %s attention, activation checkpointing %s, %lld x %lld tokens per "
               "micro-batch, %lld micro-batch(es) per step, %d threads\n",
