@@ -95,7 +95,7 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const std::vector<
 }
 
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const std::vector<int64_t>& offsets,
-                                   Tensor& dx) {
+                                   Tensor& dx, bool accumulate) {
   const int64_t R = dy.size(0), N = dy.size(1), E = w.size(0), K = w.size(2);
   ANVIL_ASSERT(dy.ndim() == 2 && w.ndim() == 3 && w.size(1) == N && dx.ndim() == 2 && dx.size(0) == R &&
                    dx.size(1) == K && dy.dtype() == w.dtype() && dx.dtype() == dy.dtype(),
@@ -105,7 +105,9 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const std:
   const ScopedOpTime op("moe.experts.backward_input", grouped_flops(R, N, K));
   const DType dt = dy.dtype();
   const int64_t es = dtype_size(dt);
-  const auto shape_of = [&](int64_t rows) { return GemmShape{.M = rows, .N = K, .K = N, .ab = dt, .c = dt}; };
+  const auto shape_of = [&](int64_t rows) {
+    return GemmShape{.M = rows, .N = K, .K = N, .ab = dt, .c = dt, .accumulate = accumulate};
+  };
   const std::vector<Task> blocks = row_blocks(offsets, kGroupedRowBlock);
   run_tasks(
       blocks, largest_scratchpad(blocks, shape_of),

@@ -35,9 +35,9 @@ inline constexpr int64_t kGroupedWeightBlock = 512;
 
 // offsets: E + 1 row offsets, ascending from 0 to R (ExpertRoutes::offsets).
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets, Tensor& y);
-// dx overwritten.
+// dx overwritten, or added to when accumulate (an input feeding two experts' products).
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const std::vector<int64_t>& offsets,
-                                   Tensor& dx);
+                                   Tensor& dx, bool accumulate = false);
 // dw accumulated (dw[e] += ...).
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
                                     Tensor& dw);
