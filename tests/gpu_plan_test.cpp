@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -290,6 +291,23 @@ TEST(GpuPlan, UnknownHardwareAndUnmodelledLayoutsAreRefusedByName) {
   s.local_batch = 3;
   s.grad_accum = 2;
   EXPECT_THROW(estimate_gpu_run(s, gpu_hardware("a100-80g")), Error);
+}
+
+// A mixture of experts is not priced: the estimate and the search refuse it,
+// saying so, rather than report that no layout fits.
+TEST(GpuPlanSearch, AMixtureOfExpertsIsRefusedNotSearched) {
+  GpuRunSpec base;
+  base.model = model_flavor("qwen3", "30B-A3B");
+  base.seq_len = 4096;
+  for (const auto& run : {std::function<void()>([&] { (void)estimate_gpu_run(base, gpu_hardware("h100-80g")); }),
+                          std::function<void()>([&] { (void)search_gpu_layouts(base, gpu_hardware("h100-80g"), 8); })}) {
+    try {
+      run();
+      ADD_FAILURE() << "a mixture of experts was priced";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mixture-of-experts"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(GpuPlanSearch, RowsFitUseEveryGpuAndComeFastestFirst) {

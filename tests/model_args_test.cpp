@@ -64,6 +64,40 @@ TEST(ModelArgs, Qwen3ParameterCountsMatchTheModelCards) {
   EXPECT_EQ(debug.dim, 256);
 }
 
+// Qwen3-MoE's model cards: 30.5B in all, 3.3B activated, 29.9B without the
+// embeddings (input and output); 235B, 22B and 234B. Every block's
+// feed-forward is 128 experts, 8 per token, with a router of 128 × dim. The
+// counts are within one unit of the cards' last digit: the cards round 233.85
+// up to 234 but cut 3.353 down to 3.3 (activated, both embeddings counted).
+TEST(ModelArgs, Qwen3MoeParameterCountsMatchTheModelCards) {
+  struct Row {
+    const char* flavor;
+    int64_t params, active;
+    double card_total, card_active, card_non_embedding;  // billions
+    double ulp;                                          // the cards' last digit, in billions
+  };
+  for (const Row& r : {Row{"30B-A3B", 30'532'122'624, 3'353'032'704, 30.5, 3.3, 29.9, 0.1},
+                       Row{"235B-A22B", 235'093'634'560, 22'190'763'520, 235, 22, 234, 1}}) {
+    SCOPED_TRACE(std::string("qwen3/") + r.flavor);
+    const ModelArgs a = model_flavor("qwen3", r.flavor);
+    a.validate();
+    EXPECT_TRUE(a.moe());
+    EXPECT_EQ(a.num_experts, 128);
+    EXPECT_EQ(a.experts_per_token, 8);
+    EXPECT_EQ(a.num_params(), r.params);
+    EXPECT_EQ(a.active_params(), r.active);
+    const double non_embedding = static_cast<double>(a.num_params() - 2 * a.num_embedding_params());
+    EXPECT_NEAR(static_cast<double>(a.num_params()) / 1e9, r.card_total, r.ulp);
+    EXPECT_NEAR(static_cast<double>(a.active_params()) / 1e9, r.card_active, r.ulp);
+    EXPECT_NEAR(non_embedding / 1e9, r.card_non_embedding, r.ulp);
+  }
+  const ModelArgs dense = model_flavor("qwen3", "8B");
+  EXPECT_EQ(dense.active_params(), dense.num_params());
+  ModelArgs bad = model_flavor("qwen3", "debugmodel_moe");
+  bad.experts_per_token = 9;  // of 8
+  EXPECT_THROW(bad.validate(), Error);
+}
+
 TEST(ModelArgs, CpuFlavoursAreTheAdvertisedSize) {
   const ModelArgs small = model_flavor("llama3", "25M");
   const ModelArgs medium = model_flavor("llama3", "125M");

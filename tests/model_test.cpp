@@ -6,7 +6,9 @@
 #include <cstring>
 #include <string>
 
+#include "anvil/core/allocator.h"
 #include "anvil/core/rng.h"
+#include "anvil/estimate/flops.h"
 #include "anvil/model/llama.h"
 #include "test_util.h"
 
@@ -234,4 +236,25 @@ TEST(Llama, AStageOfATiedModelMustHoldBothEnds) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("ties the output head to the embedding"), std::string::npos) << e.what();
   }
+}
+
+// A mixture-of-experts flavour is refused, saying why, before a byte of its
+// parameters is allocated (235B-A22B's would not fit), and its FLOPs per token
+// count the experts a token runs.
+TEST(Llama, AMixtureOfExpertsFlavourIsRefusedBeforeAllocating) {
+  for (const char* flavor : {"debugmodel_moe", "235B-A22B"}) {
+    const ModelArgs args = model_flavor("qwen3", flavor);
+    const size_t before = TrackingAllocator::instance().live_total();
+    try {
+      Llama model(args, DType::bf16, 16);
+      ADD_FAILURE() << flavor << " was built";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mixture-of-experts"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(TrackingAllocator::instance().live_total(), before) << flavor;
+  }
+  const ModelArgs a = model_flavor("qwen3", "30B-A3B");
+  const double attention = 6.0 * static_cast<double>(a.n_layers * a.n_heads * 2 * a.head_dim() * 4096);
+  EXPECT_DOUBLE_EQ(flops_per_token(a, 4096),
+                   6.0 * static_cast<double>(a.active_params() - a.num_embedding_params()) + attention);
 }

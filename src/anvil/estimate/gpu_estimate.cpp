@@ -243,6 +243,12 @@ struct Candidate {
 
 }  // namespace
 
+void check_model_priced(const ModelArgs& a) {
+  ANVIL_CHECK(!a.moe(), a.name, "/", a.flavor,
+              " is a mixture-of-experts model, which the planner does not price yet (the experts' grouped "
+              "products and the all-to-all of expert parallelism); plan a dense flavour");
+}
+
 double torchtitan_flops_per_token(const ModelArgs& a, int64_t seq_len, TorchtitanEra era) {
   if (era == TorchtitanEra::v0_1_0) return flops_per_token(a, seq_len);
   return 6.0 * static_cast<double>(a.num_params()) +
@@ -254,6 +260,7 @@ namespace {
 // The spec's checks, in its keys' words.
 void check_gpu_run(const GpuRunSpec& sp) {
   const ModelArgs& a = sp.model;
+  check_model_priced(a);
   ANVIL_CHECK(sp.dp_replicate >= 1 && sp.dp_shard >= 1 && sp.cp >= 1 && sp.tp >= 1 && sp.pp >= 1,
               "parallel degrees must be positive");
   ANVIL_CHECK(!sp.autocast() || (sp.tp == 1 && sp.pp == 1 && sp.dp_replicate == 1),

@@ -138,4 +138,7 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& spec, const GpuHardware& hw, 
 // The FLOPs per token torchtitan's MFU uses in that era (see TorchtitanEra).
 double torchtitan_flops_per_token(const ModelArgs& args, int64_t seq_len, TorchtitanEra era);
 
+// Throws anvil::Error when the planner cannot price `args` (a mixture of experts).
+void check_model_priced(const ModelArgs& args);
+
 }  // namespace anvil

@@ -20,6 +20,7 @@ constexpr const char* kSchedules[] = {"GPipe",        "1F1B", "Interleaved1F1B",
 
 GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus,
                                  const GpuCalibration* cal) {
+  check_model_priced(base.model);  // before the search, whose candidates' errors mean "does not fit"
   GpuPlanResult out;
   const std::vector<AcPolicy> acs = {
       {AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2}, {AcMode::full, 2}};

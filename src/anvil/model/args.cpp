@@ -16,7 +16,8 @@ int64_t ModelArgs::ffn_hidden_dim() const {
 int64_t ModelArgs::params_per_layer() const {
   const int64_t hd = head_dim();
   const int64_t attention = dim * (n_heads * hd) + 2 * dim * (n_kv_heads * hd) + (n_heads * hd) * dim;
-  const int64_t feed_forward = 3 * dim * ffn_hidden_dim();
+  const int64_t feed_forward =
+      moe() ? num_experts * dim /* router */ + num_experts * 3 * dim * moe_ffn_hidden : 3 * dim * ffn_hidden_dim();
   const int64_t norms = 2 * dim + (qk_norm ? 2 * hd : 0);
   return attention + feed_forward + norms;
 }
@@ -25,6 +26,11 @@ int64_t ModelArgs::num_params() const {
   const int64_t embeddings = num_embedding_params();
   const int64_t output = tie_embeddings ? 0 : vocab_size * dim;
   return embeddings + n_layers * params_per_layer() + dim /* final norm */ + output;
+}
+
+int64_t ModelArgs::active_params() const {
+  if (!moe()) return num_params();
+  return num_params() - n_layers * (num_experts - experts_per_token) * 3 * dim * moe_ffn_hidden;
 }
 
 void ModelArgs::validate() const {
@@ -41,6 +47,10 @@ void ModelArgs::validate() const {
   ANVIL_CHECK(norm_eps > 0, where, "norm_eps must be positive");
   ANVIL_CHECK(rope_theta > 0, where, "rope_theta must be positive");
   ANVIL_CHECK(max_seq_len > 0, where, "max_seq_len must be positive");
+  ANVIL_CHECK(num_experts >= 0, where, "num_experts must be 0 (dense) or positive");
+  ANVIL_CHECK(!moe() || (experts_per_token >= 1 && experts_per_token <= num_experts && moe_ffn_hidden > 0), where,
+              "a mixture of experts needs 1 <= experts_per_token (", experts_per_token, ") <= num_experts (",
+              num_experts, ") and a positive moe_ffn_hidden (", moe_ffn_hidden, ")");
 }
 
 namespace {
@@ -149,6 +159,22 @@ std::vector<ModelArgs> all_flavors() {
     ModelArgs a = qwen3("debugmodel", 256, 6, 8, 4, 768, false);
     a.head_dim_override = 64;
     a.vocab_size = 2048;
+    out.push_back(a);
+  }
+  {
+    // Qwen3-MoE: every block's feed-forward a mixture of experts (no shared
+    // expert), as published (the dense intermediate_size is unused), and a
+    // debug flavour of 8 experts, 2 per token.
+    ModelArgs a = qwen3("debugmodel_moe", 256, 6, 8, 4, 768, false);  // the debug Qwen3's attention
+    a.head_dim_override = 64;
+    a.vocab_size = 2048;
+    a.num_experts = 8, a.experts_per_token = 2, a.moe_ffn_hidden = 128;
+    out.push_back(a);
+    a = qwen3("30B-A3B", 2048, 48, 32, 4, 6144, false);
+    a.num_experts = 128, a.experts_per_token = 8, a.moe_ffn_hidden = 768;
+    out.push_back(a);
+    a = qwen3("235B-A22B", 4096, 94, 64, 4, 12288, false);
+    a.num_experts = 128, a.experts_per_token = 8, a.moe_ffn_hidden = 1536;
     out.push_back(a);
   }
   out.push_back(qwen3("0.6B", 1024, 28, 16, 8, 3072, true));

@@ -31,13 +31,25 @@ struct ModelArgs {
   bool tie_embeddings = false;
   int64_t head_dim_override = 0;  // 0: dim / n_heads (Llama); Qwen3 gives it
   bool qk_norm = false;           // Qwen3: RMSNorm over each query and key head (weights of head_dim), before RoPE
+  // Mixture of experts (Qwen3-MoE: every block's feed-forward), off when 0:
+  // num_experts experts of width moe_ffn_hidden, experts_per_token of them
+  // per token, their weights renormalised to sum to 1 (norm_topk_prob).
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t moe_ffn_hidden = 0;
+  bool norm_topk_prob = true;
 
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : dim / n_heads; }
   // Llama's rule: hidden = int(8·dim/3), times ffn_dim_multiplier, rounded up to multiple_of.
   int64_t ffn_hidden_dim() const;
 
+  bool moe() const { return num_experts > 0; }
+
   int64_t params_per_layer() const;
   int64_t num_params() const;
+  // The parameters one token's forward uses: all but the experts it is not
+  // routed to (num_params() for a dense model).
+  int64_t active_params() const;
   int64_t num_embedding_params() const { return vocab_size * dim; }
 
   // Throws anvil::Error naming the inconsistent field.

@@ -30,9 +30,22 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
     add(p + "self_attn.v_proj.weight", {Dkv, D}, ParamInit::trunc_normal, 0.02f, g);
     add(p + "self_attn.o_proj.weight", {D, Dq}, ParamInit::trunc_normal, depth_std, g);
     add(p + "post_attention_layernorm.weight", {D}, ParamInit::ones, 0.02f, g);
-    add(p + "mlp.gate_proj.weight", {F, D}, ParamInit::trunc_normal, 0.02f, g);
-    add(p + "mlp.up_proj.weight", {F, D}, ParamInit::trunc_normal, depth_std, g);
-    add(p + "mlp.down_proj.weight", {D, F}, ParamInit::trunc_normal, depth_std, g);
+    if (a.moe()) {
+      // Qwen3-MoE's names: the router, then every expert's gate, every up and
+      // every down projection, so each projection's experts are one (E, ·, ·)
+      // run of the store, the grouped products' operand.
+      const int64_t Fm = a.moe_ffn_hidden;
+      add(p + "mlp.gate.weight", {a.num_experts, D}, ParamInit::trunc_normal, 0.02f, g);
+      for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+        for (int64_t e = 0; e < a.num_experts; ++e)
+          add(p + "mlp.experts." + std::to_string(e) + "." + proj + ".weight",
+              proj[0] == 'd' ? Shape{D, Fm} : Shape{Fm, D}, ParamInit::trunc_normal,
+              proj[0] == 'g' ? 0.02f : depth_std, g);
+    } else {
+      add(p + "mlp.gate_proj.weight", {F, D}, ParamInit::trunc_normal, 0.02f, g);
+      add(p + "mlp.up_proj.weight", {F, D}, ParamInit::trunc_normal, depth_std, g);
+      add(p + "mlp.down_proj.weight", {D, F}, ParamInit::trunc_normal, depth_std, g);
+    }
     if (a.qk_norm) {  // Qwen3's per-head norms, after the Llama block's nine (TransformerBlock's offsets)
       add(p + "self_attn.q_norm.weight", {a.head_dim()}, ParamInit::ones, 0.02f, g);
       add(p + "self_attn.k_norm.weight", {a.head_dim()}, ParamInit::ones, 0.02f, g);
@@ -71,6 +84,16 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vecto
 }
 
 namespace {
+// The model's arguments, refused before any parameter is allocated when the
+// model cannot be built.
+const ModelArgs& buildable(const ModelArgs& args) {
+  ANVIL_CHECK(!args.moe(), args.name, "/", args.flavor,
+              " is a mixture-of-experts model; the MoE layer exists (model/moe_feed_forward.h) but the blocks "
+              "that run it, its dry run and expert parallelism are not built yet, so it cannot be trained, "
+              "estimated or generated from; train a dense flavour");
+  return args;
+}
+
 std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptions& options) {
   if (!options.stages.empty()) return options.stages;
   return {{0, llama_num_modules(args)}};
@@ -78,7 +101,7 @@ std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptio
 }  // namespace
 
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, const LlamaOptions& options)
-    : args_(args),
+    : args_(buildable(args)),
       style_(options.parallel_style ? options.parallel_style : &single_process_),
       params_(style_->shard_params(llama_param_specs(args, stages_or_whole(args, options))), compute_dtype,
               options.allocate_params) {
