@@ -249,11 +249,18 @@ HfTransferStats import_into(const std::string& folder, const ModelArgs& args,
   return stats;
 }
 
+// The families Anvil writes and reads: Llama and dense Qwen3.
+void check_hf_family(const ModelArgs& a) {
+  ANVIL_CHECK(!a.moe(), model_label(a), " is a mixture of experts; Hugging Face's Qwen3MoeForCausalLM folders are ",
+              "not written or read yet");
+}
+
 }  // namespace
 
 nlohmann::ordered_json hf_config_json(const ModelArgs& a, DType export_dtype, const HfTokenIds& token_ids) {
   ANVIL_CHECK(export_dtype == DType::f32 || export_dtype == DType::bf16, "a Hugging Face export is float32 or bfloat16, not ",
               dtype_name(export_dtype));
+  check_hf_family(a);
   nlohmann::ordered_json c;
   const bool qwen3 = a.name == "qwen3";
   c["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
@@ -296,6 +303,7 @@ nlohmann::ordered_json hf_config_json(const ModelArgs& a, DType export_dtype, co
 
 void check_hf_config_matches(const nlohmann::json& config, const ModelArgs& a, const std::string& source) {
   ANVIL_CHECK(config.is_object(), "'", source, "' is not a JSON object; it is not a config.json");
+  check_hf_family(a);
   const ConfigCheck check(config, a, source);
   const bool qwen3 = a.name == "qwen3";
   check.string("model_type", qwen3 ? "qwen3" : "llama", std::nullopt);

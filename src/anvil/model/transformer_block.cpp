@@ -49,15 +49,15 @@ BlockParams TransformerBlock::grad_params() const {
 }
 
 void TransformerBlock::project_heads(const Tensor& h1, const Tensor& w, const Tensor& norm, Tensor& out, Tensor& raw,
-                                     Tensor& rstd) const {
+                                     Tensor& rstd, bool keys) const {
   const int64_t M = h1.size(0), H = out.size(2), hd = head_dim_;
   if (!qk_norm_) {
     Tensor out2 = out.view({M, H * hd});
     linear_forward(h1, w, out2);
     return;
   }
-  raw = new_activation(out.shape(), out.dtype(), out.size(2) == heads_ ? "block.q_raw" : "block.k_raw");
-  rstd = new_activation({M * H}, DType::f32, out.size(2) == heads_ ? "block.rstd_q" : "block.rstd_k");
+  raw = new_activation(out.shape(), out.dtype(), keys ? "block.k_raw" : "block.q_raw");
+  rstd = new_activation({M * H}, DType::f32, keys ? "block.rstd_k" : "block.rstd_q");
   Tensor raw2 = raw.view({M, H * hd}), out_rows = out.view({M * H, hd});
   linear_forward(h1, w, raw2);
   rmsnorm_forward(raw.view({M * H, hd}), norm, eps_, out_rows, rstd);
@@ -101,8 +101,8 @@ Tensor TransformerBlock::forward_cached(const Tensor& x, int64_t T, const std::v
     Tensor q = new_activation({B, T, Hq, hd}, dt, "block.q"), k = new_activation({B, T, Hkv, hd}, dt, "block.k"),
            v = new_activation({B, T, Hkv, hd}, dt, "block.v");
     Tensor v2 = v.view({M, Hkv * hd}), q_raw, k_raw, rstd_q, rstd_k;
-    project_heads(h1, p.wq, p.q_norm, q, q_raw, rstd_q);
-    project_heads(h1, p.wk, p.k_norm, k, k_raw, rstd_k);
+    project_heads(h1, p.wq, p.q_norm, q, q_raw, rstd_q, /*keys=*/false);
+    project_heads(h1, p.wk, p.k_norm, k, k_raw, rstd_k, /*keys=*/true);
     linear_forward(h1, p.wv, v2);
     q_raw = k_raw = rstd_q = rstd_k = Tensor();
     Tensor o = new_activation({B, T, Hq, hd}, dt, "block.o");
@@ -146,8 +146,8 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
   s.k = new_activation({B, T, Hkv, hd}, dt, "block.k");
   s.v = new_activation({B, T, Hkv, hd}, dt, "block.v");
   Tensor v2 = s.v.view({M, Hkv * hd});
-  project_heads(s.h1, p.wq, p.q_norm, s.q, s.q_raw, s.rstd_q);
-  project_heads(s.h1, p.wk, p.k_norm, s.k, s.k_raw, s.rstd_k);
+  project_heads(s.h1, p.wq, p.q_norm, s.q, s.q_raw, s.rstd_q, /*keys=*/false);
+  project_heads(s.h1, p.wk, p.k_norm, s.k, s.k_raw, s.rstd_k, /*keys=*/true);
   linear_forward(s.h1, p.wv, v2);
   style_.rope_forward(s.q, rope_, s.q);
   style_.rope_forward(s.k, rope_, s.k);

@@ -100,11 +100,11 @@ class TransformerBlock {
 
   ParamStore& params_;
   int first_param_, layer_;
-  // Projects h1 (M, D) onto heads (B, T, H, hd) through w; with the q/k norms,
-  // the projection goes to raw and is normalised per head into out (rstd its
-  // 1/rms), else straight into out.
+  // Projects h1 (M, D) onto the query (or, keys, key) heads (B, T, H, hd)
+  // through w; with the q/k norms, the projection goes to raw and is
+  // normalised per head into out (rstd its 1/rms), else straight into out.
   void project_heads(const Tensor& h1, const Tensor& w, const Tensor& norm, Tensor& out, Tensor& raw,
-                     Tensor& rstd) const;
+                     Tensor& rstd, bool keys) const;
 
   int64_t dim_, head_dim_, heads_, kv_heads_, ffn_;
   bool qk_norm_;
