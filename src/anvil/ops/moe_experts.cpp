@@ -66,6 +66,28 @@ void run_tasks(const std::vector<Task>& tasks, size_t need, Run&& run, const cha
   });
 }
 
+// out[rows of e] (+)= a[rows of e] · op(w[e]) for every expert, in row
+// blocks: `shape` is the product with its M left to each block.
+void row_block_products(const Tensor& a, const Tensor& w, const std::vector<int64_t>& offsets, Tensor& out,
+                        const GemmShape& shape) {
+  const int64_t es = dtype_size(a.dtype()), a_row = a.size(1), out_row = out.size(1),
+                w_step = w.size(1) * w.size(2);
+  const auto shape_of = [&](int64_t rows) {
+    GemmShape s = shape;
+    s.M = rows;
+    return s;
+  };
+  const std::vector<Task> blocks = row_blocks(offsets, kGroupedRowBlock);
+  run_tasks(
+      blocks, largest_scratchpad(blocks, shape_of),
+      [&](const Task& t, void* sp) {
+        gemm(shape_of(t.rows), static_cast<const char*>(a.raw()) + t.r0 * a_row * es,
+             static_cast<const char*>(w.raw()) + t.e * w_step * es, static_cast<char*>(out.raw()) + t.r0 * out_row * es,
+             sp);
+      },
+      "moe.experts.gemm_scratchpad");
+}
+
 double grouped_flops(int64_t R, int64_t N, int64_t K) {
   return 2.0 * static_cast<double>(R) * static_cast<double>(N) * static_cast<double>(K);
 }
@@ -79,19 +101,7 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const std::vector<
                "grouped linear: x ", shape_str(x.shape()), " w ", shape_str(w.shape()), " y ", shape_str(y.shape()));
   check_offsets(offsets, E, R, "grouped linear");
   const ScopedOpTime op("moe.experts.forward", grouped_flops(R, N, K));
-  const DType dt = x.dtype();
-  const int64_t es = dtype_size(dt);
-  const auto shape_of = [&](int64_t rows) {
-    return GemmShape{.M = rows, .N = N, .K = K, .trans_b = true, .ab = dt, .c = dt};
-  };
-  const std::vector<Task> blocks = row_blocks(offsets, kGroupedRowBlock);
-  run_tasks(
-      blocks, largest_scratchpad(blocks, shape_of),
-      [&](const Task& t, void* sp) {
-        gemm(shape_of(t.rows), static_cast<const char*>(x.raw()) + t.r0 * K * es,
-             static_cast<const char*>(w.raw()) + t.e * N * K * es, static_cast<char*>(y.raw()) + t.r0 * N * es, sp);
-      },
-      "moe.experts.gemm_scratchpad");
+  row_block_products(x, w, offsets, y, {.M = 0, .N = N, .K = K, .trans_b = true, .ab = x.dtype(), .c = x.dtype()});
 }
 
 void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const std::vector<int64_t>& offsets,
@@ -103,19 +113,8 @@ void grouped_linear_backward_input(const Tensor& dy, const Tensor& w, const std:
                shape_str(dx.shape()));
   check_offsets(offsets, E, R, "grouped linear backward");
   const ScopedOpTime op("moe.experts.backward_input", grouped_flops(R, N, K));
-  const DType dt = dy.dtype();
-  const int64_t es = dtype_size(dt);
-  const auto shape_of = [&](int64_t rows) {
-    return GemmShape{.M = rows, .N = K, .K = N, .ab = dt, .c = dt, .accumulate = accumulate};
-  };
-  const std::vector<Task> blocks = row_blocks(offsets, kGroupedRowBlock);
-  run_tasks(
-      blocks, largest_scratchpad(blocks, shape_of),
-      [&](const Task& t, void* sp) {
-        gemm(shape_of(t.rows), static_cast<const char*>(dy.raw()) + t.r0 * N * es,
-             static_cast<const char*>(w.raw()) + t.e * N * K * es, static_cast<char*>(dx.raw()) + t.r0 * K * es, sp);
-      },
-      "moe.experts.gemm_scratchpad");
+  row_block_products(dy, w, offsets, dx,
+                     {.M = 0, .N = K, .K = N, .ab = dy.dtype(), .c = dy.dtype(), .accumulate = accumulate});
 }
 
 void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
