@@ -27,6 +27,15 @@ stream of --data (default data/shakespeare/train): the tokens `anvil train`
 reads from that folder with the `text` dataset and no tokenizer_path.
 
 RoPE rotates halves (Hugging Face's rotate_half), as Anvil does.
+
+Mixture of experts (config num_experts > 0), written from Qwen3-MoE's sparse block: the router's
+softmax over the experts in the model's float type, the top experts_per_token by probability
+(ties to the lower expert index: a stable descending sort), their weights renormalised when
+norm_topk_prob; each expert a SwiGLU (mlp.experts.E.gate_proj/up_proj/down_proj) over the tokens
+routed to it, its outputs weighted and added back per token (index_add_). The load-balancing loss is
+Hugging Face's load_balancing_loss_func taken per sequence and layer, E * sum_e (n_e / T) * P_e, and
+the loss trained is the cross-entropy plus router_aux_loss_coef times its mean over the layers and
+the step's sequences. balanced_routing routes token t's slot j to expert (t*k + j) mod E instead.
 """
 import argparse
 import json
@@ -136,21 +145,62 @@ class Llama(torch.nn.Module):
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
-    def forward(self, tokens, targets, eos_id=None):
-        logits = self.logits(tokens, eos_id)
+    def moe(self, x, pre):
+        """Qwen3-MoE's sparse block on x (B, T, D): the output, the sum of its sequences' load-balancing
+        losses, and the chosen experts (B*T, k)."""
+        cfg = self.cfg
+        B, T, D = x.shape
+        E, k = cfg["num_experts"], cfg["experts_per_token"]
+        xf = x.reshape(B * T, D)
+        probs = torch.softmax((xf @ self.p(pre + "mlp.gate.weight").t()).to(self.dtype), dim=-1)
+        if cfg.get("balanced_routing"):
+            experts = (torch.arange(B * T)[:, None] * k + torch.arange(k)[None, :]) % E
+        else:
+            experts = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+        weights = probs.gather(1, experts)
+        if cfg.get("norm_topk_prob", True):
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(xf.dtype)
+        out = torch.zeros_like(xf)
+        for e in range(E):
+            tok, slot = (experts == e).nonzero(as_tuple=True)
+            if tok.numel() == 0:
+                continue
+            xe = xf[tok]
+            ex = f"{pre}mlp.experts.{e}."
+            ye = (F.silu(xe @ self.p(ex + "gate_proj.weight").t()) * (xe @ self.p(ex + "up_proj.weight").t())) \
+                @ self.p(ex + "down_proj.weight").t()
+            out.index_add_(0, tok, ye * weights[tok, slot, None])
+        aux = 0.0
+        for b in range(B):  # per sequence: E * sum_e (tokens choosing e / T) * mean probability of e
+            rows = slice(b * T, (b + 1) * T)
+            chose = F.one_hot(experts[rows], E).sum(dim=(0, 1)).to(probs.dtype)
+            aux = aux + E * (chose / T * probs[rows].mean(dim=0)).sum()
+        return out.view(B, T, D), aux, experts
+
+    def forward(self, tokens, targets, eos_id=None, with_moe=False):
+        logits, aux, routes = self.run(tokens, eos_id)
         targets = targets.long().view(-1)
         loss_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets, ignore_index=-100, reduction="sum")
+        if with_moe:
+            return loss_sum, int((targets != -100).sum()), aux, routes
         return loss_sum, int((targets != -100).sum())
 
     def logits(self, tokens, eos_id=None):
-        """(B, T, V) fp32 logits of every position, the whole sequence recomputed. With eos_id, attention
-        is block-causal: an explicit boolean mask keeps the pairs of one document (a document ends at its
-        EOS; the next token starts another)."""
+        logits, _, _ = self.run(tokens, eos_id)
+        return logits
+
+    def run(self, tokens, eos_id=None):
+        """(B, T, V) fp32 logits of every position, the whole sequence recomputed; with experts, also the
+        sum of the load-balancing losses over the layers and sequences, and each layer's chosen experts.
+        With eos_id, attention is block-causal: an explicit boolean mask keeps the pairs of one document
+        (a document ends at its EOS; the next token starts another)."""
         cfg = self.cfg
         B, T = tokens.shape
         Hq, Hkv = cfg["n_heads"], cfg["n_kv_heads"]
         hd = head_dim(cfg)
         h = F.embedding(tokens.long(), self.p("model.embed_tokens.weight"))
+        aux, routes = 0.0, []
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         if eos_id is not None:
             eos = (tokens == eos_id).long()
@@ -175,12 +225,18 @@ class Llama(torch.nn.Module):
             att = att.transpose(1, 2).reshape(B, T, Hq * hd)
             h = h + att @ self.p(pre + "self_attn.o_proj.weight").t()
             x = self.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"))
+            if cfg.get("num_experts"):
+                y, layer_aux, experts = self.moe(x, pre)
+                h = h + y
+                aux = aux + layer_aux
+                routes.append(experts)
+                continue
             g = x @ self.p(pre + "mlp.gate_proj.weight").t()
             u = x @ self.p(pre + "mlp.up_proj.weight").t()
             h = h + (F.silu(g) * u) @ self.p(pre + "mlp.down_proj.weight").t()
         h = self.rms_norm(h, self.p("model.norm.weight"))
         out_w = self.p("model.embed_tokens.weight") if cfg["tie_embeddings"] else self.p("lm_head.weight")
-        return (h @ out_w.t()).to(self.dtype)
+        return (h @ out_w.t()).to(self.dtype), aux, routes
 
 
 def parity(folder, threads):
@@ -196,18 +252,29 @@ def parity(folder, threads):
     eos_id = cfg.get("eos_id")  # block-causal attention when given
     micro_batches = cfg.get("micro_batches", 1)  # gradient accumulation over slices of the batch's rows
     steps = batches["tokens"].shape[0]
-    losses = []
+    # The load-balancing loss: coef times its mean over the layers and the step's sequences.
+    aux_scale = cfg.get("router_aux_loss_coef", 0.0) / (cfg["n_layers"] * batches["tokens"].shape[1])
+    losses, aux_losses, routes = [], [], {}
     for step in range(steps):
         adamw.zero_grad()
         tokens, targets = batches["tokens"][step], batches["targets"][step]
         n = int((targets != -100).sum())  # the step's tokens normalise every micro-batch's loss
-        total = 0.0
-        for tok, tgt in zip(tokens.chunk(micro_batches), targets.chunk(micro_batches)):
+        total, aux_total = 0.0, 0.0
+        for m, (tok, tgt) in enumerate(zip(tokens.chunk(micro_batches), targets.chunk(micro_batches))):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss_sum, _ = model(tok, tgt, eos_id)
-            (loss_sum / n).backward()
+                loss_sum, _, aux, layer_routes = model(tok, tgt, eos_id, with_moe=True)
+            (loss_sum / n + aux_scale * aux).backward()
             total += float(loss_sum)
+            aux_total += float(aux)
+            for l, experts in enumerate(layer_routes):  # f32 holds expert indices exactly
+                routes[f"step{step}.micro_batch{m}.layer{l}"] = experts.to(torch.float32)
+        # An expert no token reached has a zero gradient, not none: its weights still decay, as with the
+        # experts as one (E, ., .) tensor (Anvil's, and torchtitan's grouped experts).
+        for _, p in model.named():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         losses.append(total / n)
+        aux_losses.append(aux_total / (cfg["n_layers"] * tokens.shape[0]))
         if step == 0:
             write_safetensors(f"{folder}/torch_grads.safetensors", {name: p.grad for name, p in model.named()})
         if step == steps - 1 and cfg.get("last_grads"):
@@ -215,7 +282,11 @@ def parity(folder, threads):
             write_safetensors(f"{folder}/torch_grads_last.safetensors", {name: p.grad for name, p in model.named()})
             write_safetensors(f"{folder}/torch_weights_last.safetensors", {name: p.detach() for name, p in model.named()})
         adamw.step()
-    json.dump({"losses": losses}, open(f"{folder}/torch_result.json", "w"))
+    json.dump({"losses": losses, "aux_losses": aux_losses}, open(f"{folder}/torch_result.json", "w"))
+    if routes:
+        write_safetensors(f"{folder}/torch_routes.safetensors", routes)
+    if cfg.get("final_weights"):
+        write_safetensors(f"{folder}/torch_weights_final.safetensors", {name: p.detach() for name, p in model.named()})
 
 
 def read_hf_weights(folder):

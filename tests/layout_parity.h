@@ -79,6 +79,7 @@ inline const std::vector<std::string> kEveryAc = {"none", "full", "op"};
 inline const std::string kPipeline =
     "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.pipeline_parallel_degree ";
 inline const std::string kContext = "--parallelism.context_parallel_degree ";
+inline const std::string kMoe = "--model.name qwen3 --model.flavor debugmodel_moe --model.router_aux_loss_coef 0.01";
 inline const std::string kAllgather = "--parallelism.context_parallel_rotate_method allgather";
 
 inline const std::vector<Layout>& layouts() {
@@ -89,13 +90,20 @@ inline const std::vector<Layout>& layouts() {
        2,
        1,
        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1",
-       {{"", kEveryAc}}},
+       {{"", kEveryAc}, {"qwen3/debugmodel_moe", {"none"}, 1, "", kMoe}}},
       {"fsdp2",
        2,
        2,
        1,
        "--parallelism.data_parallel_shard_degree -1",
-       {{"", kEveryAc}, {"accumulation 4", kEveryAc, 4}}},
+       {{"", kEveryAc},
+        {"accumulation 4", kEveryAc, 4},
+        // A mixture of experts: its experts one (E, ., .) tensor of the gathered group, its
+        // load-balancing loss a mean over every rank's sequences; the dry run's balanced
+        // routing against a real run of it, then the learned routing.
+        {"qwen3/debugmodel_moe, balanced routing", {"none", "full", "op"}, 1, "",
+         kMoe + " --model.moe_routing balanced"},
+        {"qwen3/debugmodel_moe, accumulation 2", {"none", "op"}, 2, "", kMoe}}},
       {"fsdp4", 4, 4, 1, "--parallelism.data_parallel_shard_degree 4", {{"", kEveryAc}}},
       {"hsdp2x2",
        4,

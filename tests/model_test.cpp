@@ -241,12 +241,14 @@ TEST(Llama, AStageOfATiedModelMustHoldBothEnds) {
 // A mixture-of-experts flavour is refused, saying why, before a byte of its
 // parameters is allocated (235B-A22B's would not fit), and its FLOPs per token
 // count the experts a token runs.
-TEST(Llama, AMixtureOfExpertsFlavourIsRefusedBeforeAllocating) {
+// A mixture of experts runs on one process or under data parallelism; a
+// pipeline stage of one is refused before any parameter is allocated.
+TEST(Llama, AMixtureOfExpertsPipelineStageIsRefusedBeforeAllocating) {
   for (const char* flavor : {"debugmodel_moe", "235B-A22B"}) {
     const ModelArgs args = model_flavor("qwen3", flavor);
     const size_t before = TrackingAllocator::instance().live_total();
     try {
-      Llama model(args, DType::bf16, 16);
+      Llama model(args, DType::bf16, 16, LlamaOptions{.stages = {{0, 3}}});
       ADD_FAILURE() << flavor << " was built";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("mixture-of-experts"), std::string::npos) << e.what();

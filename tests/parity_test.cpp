@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/rng.h"
@@ -31,6 +32,12 @@ struct Run {
   std::map<std::string, Tensor> grads;       // after the first backward
   std::map<std::string, Tensor> last_grads;    // after the last (document runs)
   std::map<std::string, Tensor> last_weights;  // PyTorch's, at which it took last_grads
+  // Mixture of experts: each step's mean load-balancing loss, every layer's
+  // choice of experts ("step{s}.micro_batch{m}.layer{l}", (M, k)), and the
+  // weights after the last step.
+  std::vector<double> aux_losses;
+  std::map<std::string, Tensor> routes;
+  std::map<std::string, Tensor> final_weights;
 };
 
 // Token batches from the counter-based RNG; targets are the next tokens, with a
@@ -85,6 +92,9 @@ Run run_torch(const Llama& model, const Tensor& tokens, const Tensor& targets, c
       {"vocab_size", a.vocab_size}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
       {"max_seq_len", kSeq}, {"tie_embeddings", a.tie_embeddings}, {"head_dim", a.head_dim()},
       {"qk_norm", a.qk_norm},
+      {"num_experts", a.num_experts}, {"experts_per_token", a.experts_per_token},
+      {"norm_topk_prob", a.norm_topk_prob}, {"router_aux_loss_coef", a.moe() ? a.router_aux_loss_coef : 0.0},
+      {"balanced_routing", a.moe_balanced_routing},
       {"compute_dtype", model.compute_dtype() == DType::bf16 ? "bf16" : "f32"},
       {"rope_scaling",
        {{"enabled", a.rope_scaling.enabled}, {"factor", a.rope_scaling.factor},
@@ -113,6 +123,11 @@ Run run_torch(const Llama& model, const Tensor& tokens, const Tensor& targets, c
     run.last_grads = load_safetensors((dir / "torch_grads_last.safetensors").string()).tensors;
   if (fs::exists(dir / "torch_weights_last.safetensors"))
     run.last_weights = load_safetensors((dir / "torch_weights_last.safetensors").string()).tensors;
+  if (result.contains("aux_losses")) run.aux_losses = result.at("aux_losses").get<std::vector<double>>();
+  if (fs::exists(dir / "torch_routes.safetensors"))
+    run.routes = load_safetensors((dir / "torch_routes.safetensors").string()).tensors;
+  if (fs::exists(dir / "torch_weights_final.safetensors"))
+    run.final_weights = load_safetensors((dir / "torch_weights_final.safetensors").string()).tensors;
   return run;
 }
 
@@ -164,6 +179,8 @@ Run run_anvil_documents(Llama& model, const Tensor& tokens, const Tensor& target
   Tensor m = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adam.m");
   Tensor v = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adam.v");
   const int64_t rows = kDocBatch / micro_batches;
+  MoeStepState* moe = model.moe_state();
+  if (moe) moe->record_experts = true;
   auto grads = [&] {
     std::map<std::string, Tensor> g;
     for (size_t i = 0; i < ps.specs().size(); ++i)
@@ -180,6 +197,10 @@ Run run_anvil_documents(Llama& model, const Tensor& tokens, const Tensor& target
       for (size_t i = 0; i < ps.specs().size(); ++i)
         ps.master(static_cast<int>(i)).copy_from(last_weights.at(ps.specs()[i].name));
     double loss = 0;
+    if (moe) {  // the load-balancing loss is a mean over the step's sequences
+      moe->begin_step();
+      model.set_step_sequences(kDocBatch);
+    }
     for (int64_t j = 0; j < micro_batches; ++j) {
       const Tensor mb_tok = tok.slice(j * rows, rows), mb_tgt = tgt.slice(j * rows, rows);
       Tensor docs = Tensor::empty({rows, 2, kDocSeq}, DType::i32, MemCategory::workspace, "documents");
@@ -187,11 +208,22 @@ Run run_anvil_documents(Llama& model, const Tensor& tokens, const Tensor& target
       loss += model.forward_backward(mb_tok, mb_tgt, 1.0f / static_cast<float>(n), policy, docs).loss_sum;
     }
     run.losses.push_back(loss / static_cast<double>(n));
+    if (moe) {
+      run.aux_losses.push_back(moe->aux_sum / static_cast<double>(moe->aux_terms));
+      const int64_t L = model.args().n_layers;
+      EXPECT_EQ(static_cast<int64_t>(moe->experts.size()), micro_batches * L) << "one choice per layer and micro-batch";
+      for (int64_t j = 0; j < micro_batches && static_cast<int64_t>(moe->experts.size()) == micro_batches * L; ++j)
+        for (int64_t l = 0; l < L; ++l)
+          run.routes["step" + std::to_string(step) + ".micro_batch" + std::to_string(j) + ".layer" + std::to_string(l)] =
+              moe->experts[static_cast<size_t>(j * L + l)];
+    }
     if (step == 0) run.grads = grads();
     if (step == kDocSteps - 1) run.last_grads = grads();
     Tensor* compute = ps.compute_dtype() == DType::bf16 ? &ps.compute_flat() : nullptr;
     adamw_step(adamw_config(), step + 1, ps.master_flat(), ps.grad_flat(), m, v, compute);
   }
+  for (size_t i = 0; i < ps.specs().size(); ++i)
+    run.final_weights[ps.specs()[i].name] = ps.master(static_cast<int>(i)).to(DType::f32, MemCategory::workspace, "w");
   return run;
 }
 
@@ -292,17 +324,23 @@ void check_parity(const std::string& flavor, DType dt, Tolerances tol, bool rope
 // mask built from the same EOS tokens; every step's loss within `bound`
 // relative, and every parameter's gradient at step 1 and at step 10 (from
 // PyTorch's weights there) within `bound` relative in norm.
+// A mixture of experts also compares, at every step, each layer's choice of
+// experts (exactly: both sides break ties by expert index) and the mean
+// load-balancing loss, and at the end every weight; `prepare` sets up the
+// weights after their initialisation (a test's routing case).
 void check_document_parity(ModelArgs args, const std::string& label, int64_t micro_batches, double bound,
-                           bool float64_reference = false) {
+                           bool float64_reference = false, const std::function<void(Llama&)>& prepare = {},
+                           int32_t only_expert = -1) {
   Llama model(args, DType::f32, kDocSeq);
   model.params().init(/*seed=*/3);
   spread_head_norms(model);
+  if (prepare) prepare(model);
   auto [tokens, targets] = make_document_batches(args.vocab_size);
   const fs::path dir = anvil::testing::scratch_root() / ("anvil_parity_documents_" + label);
   fs::create_directories(dir);
   const Run torch = run_torch(model, tokens, targets, dir,
                               {{"eos_id", kEos}, {"micro_batches", micro_batches}, {"last_grads", true},
-                               {"float64", float64_reference}});
+                               {"float64", float64_reference}, {"final_weights", args.moe()}});
   ASSERT_EQ(torch.losses.size(), static_cast<size_t>(kDocSteps));
   // Every gradient within `bound`, but with a float64 reference Qwen3's q/k
   // norm weights: those sum thousands of head rows into head_dim weights, and
@@ -329,9 +367,13 @@ void check_document_parity(ModelArgs args, const std::string& label, int64_t mic
     std::printf("PyTorch's f32 q/k norm gradients at step 1: worst %.2e from double (%s); their bound %.2e\n", worst,
                 worst_name.c_str(), head_norm_bound);
   }
-  for (const AcPolicy policy : {AcPolicy{AcMode::none, 1}, AcPolicy{AcMode::full, 1}}) {
+  const std::vector<AcPolicy> policies =
+      args.moe() ? std::vector<AcPolicy>{{AcMode::none, 1}, {AcMode::selective_op, 1}, {AcMode::full, 1}}
+                 : std::vector<AcPolicy>{{AcMode::none, 1}, {AcMode::full, 1}};
+  for (const AcPolicy policy : policies) {
     model.params().init(/*seed=*/3);
     spread_head_norms(model);
+    if (prepare) prepare(model);
     const Run anvil = run_anvil_documents(model, tokens, targets, policy, micro_batches, torch.last_weights);
     double worst_loss = 0;
     for (int s = 0; s < kDocSteps; ++s)
@@ -352,6 +394,37 @@ void check_document_parity(ModelArgs args, const std::string& label, int64_t mic
     for (const auto& [name, g] : anvil.last_grads)
       EXPECT_LT(rel_error(g, to_double(torch.last_grads.at(name))), head_norm(name) ? head_norm_bound : bound)
           << name << " step 10";
+    if (!args.moe()) continue;
+    // The same expert for every token, layer and step.
+    ASSERT_EQ(anvil.routes.size(), torch.routes.size());
+    int64_t routes = 0, differ = 0, elsewhere = 0;
+    for (const auto& [name, experts] : anvil.routes) {
+      ASSERT_TRUE(torch.routes.count(name)) << name;
+      const Tensor& want = torch.routes.at(name);
+      ASSERT_EQ(want.numel(), experts.numel()) << name;
+      for (int64_t i = 0; i < experts.numel(); ++i, ++routes) {
+        differ += experts.data<int32_t>()[i] != static_cast<int32_t>(want.data<float>()[i]);
+        elsewhere += only_expert >= 0 && experts.data<int32_t>()[i] != only_expert;
+      }
+    }
+    EXPECT_EQ(elsewhere, 0) << "routes not to expert " << only_expert;
+    double worst_aux = 0, worst_weight = 0;
+    for (int s = 0; s < kDocSteps; ++s)
+      worst_aux = std::max(worst_aux, std::abs(anvil.aux_losses[static_cast<size_t>(s)] - torch.aux_losses[static_cast<size_t>(s)]) /
+                                          torch.aux_losses[static_cast<size_t>(s)]);
+    std::string worst_weight_name;
+    for (const auto& [name, w] : anvil.final_weights) {
+      const double e = rel_error(w, to_double(torch.final_weights.at(name)));
+      if (e > worst_weight) worst_weight = e, worst_weight_name = name;
+    }
+    std::printf("  mixture of experts (top %lld of %lld, aux coef %g): %lld routes over %d steps, %lld differ; aux "
+                "losses within %.2e relative (step 10: %.6f); final weights within %.2e (%s)\n",
+                static_cast<long long>(args.experts_per_token), static_cast<long long>(args.num_experts),
+                args.router_aux_loss_coef, static_cast<long long>(routes), kDocSteps, static_cast<long long>(differ),
+                worst_aux, anvil.aux_losses.back(), worst_weight, worst_weight_name.c_str());
+    EXPECT_EQ(differ, 0);
+    EXPECT_LT(worst_aux, bound);
+    EXPECT_LT(worst_weight, bound) << worst_weight_name;
   }
   fs::remove_all(dir);
 }
@@ -407,17 +480,48 @@ TEST(Parity, Model25MFp32GqaRopeScaling) { check_parity("25M", DType::f32, {5e-7
 TEST(Parity, DebugModelBf16) { check_parity("debugmodel", DType::bf16, {5e-4, 5e-2, 1e-2}); }
 TEST(Parity, Model25MBf16Gqa) { check_parity("25M", DType::bf16, {5e-4, 5e-2, 1e-2}); }
 
+// Qwen3-MoE (the debug flavour's 8 experts; its attention is the debug
+// Qwen3's) against a plain PyTorch MoE written from the Qwen3 definition, in
+// float64: 10 steps with the load-balancing loss on (coefficient 0.01), under
+// AC none, op-selective and full; every loss, the gradients at steps 1 and 10,
+// every final weight and the mean aux loss within 1e-6, and every route equal.
+ModelArgs moe_args(int64_t top_k, double aux_coef) {
+  ModelArgs args = model_flavor("qwen3", "debugmodel_moe");
+  args.experts_per_token = top_k;
+  args.router_aux_loss_coef = aux_coef;
+  return args;
+}
+TEST(Parity, MoeTop1Fp32) { check_document_parity(moe_args(1, 0.01), "moe_top1", 1, 1e-6, true); }
+TEST(Parity, MoeTop2Accumulation2Fp32) { check_document_parity(moe_args(2, 0.01), "moe_top2", 2, 1e-6, true); }
+TEST(Parity, MoeTop8Fp32) { check_document_parity(moe_args(8, 0.01), "moe_top8", 1, 1e-6, true); }
+
+// Dropless: with the router's weights zero every logit ties, so every token of
+// every layer goes to expert 0 (ties to the lower index); top 1 renormalised
+// gives the router no gradient and the aux loss is off, so they stay there
+// for all 10 steps. No token is dropped, and the run matches PyTorch's.
+TEST(Parity, MoeEveryTokenToOneExpertFp32) {
+  const auto zero_router = [](Llama& model) {
+    ParamStore& ps = model.params();
+    for (size_t i = 0; i < ps.specs().size(); ++i)
+      if (ps.specs()[i].name.ends_with(".mlp.gate.weight")) ps.master(static_cast<int>(i)).zero_();
+    ps.sync_compute_copy();
+  };
+  check_document_parity(moe_args(1, 0.0), "moe_one_expert", 1, 1e-6, true, zero_router, /*only_expert=*/0);
+}
+
 // Recomputation must reproduce the stored activations exactly: every policy
 // gives the same gradients as keeping everything, causal and block-causal
 // (the documents stay with each block's kept input).
 TEST(ActivationCheckpointing, EveryPolicyGivesTheSameGradients) {
-  for (const char* family : {"llama3", "qwen3"}) {
-    ModelArgs args = model_flavor(family, "debugmodel");
+  for (const std::string family : {"llama3", "qwen3", "qwen3/debugmodel_moe"}) {
+    const bool moe = family.ends_with("_moe");
+    ModelArgs args = moe ? model_flavor("qwen3", "debugmodel_moe") : model_flavor(family, "debugmodel");
     args.n_layers = 3;
     const DocumentBatch batch = first_document_batch(args.vocab_size);
     const Tensor &tok = batch.tokens, &tgt = batch.targets, &docs = batch.documents;
     Llama model(args, DType::f32, kDocSeq);
     model.params().init(5);
+    if (moe) model.set_step_sequences(tok.size(0));
     for (const Tensor& documents : {Tensor(), docs}) {
       model.params().zero_grad();
       model.forward_backward(tok, tgt, 1.0f, AcPolicy{AcMode::none, 1}, documents);

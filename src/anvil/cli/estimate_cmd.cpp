@@ -157,7 +157,7 @@ int estimate_command(const std::vector<std::string>& args) {
   const JobConfig cfg = parse_config(o.config_args);
   if (!o.hardware.empty())
     return gpu_estimate_command(cfg, o.hardware, o.gpus, o.json, o.calibration, o.mean_document_tokens);
-  const ModelArgs model = model_flavor(cfg.model.name, cfg.model.flavor);
+  const ModelArgs model = job_model_args(cfg);
   const int ranks = o.ranks > 0 ? o.ranks : implied_world_size(cfg);
   const LayoutEstimate est = estimate_layout(cfg, model, ranks);
   if (o.json) std::printf("%s", layout_estimate_json(est, model, cfg.training.seq_len).c_str());

@@ -49,7 +49,7 @@ GpuRunSpec model_spec(const JobConfig& cfg, double mean_document_tokens) {
   ANVIL_CHECK(cfg.training.mixed_precision_param == "bfloat16", "training.mixed_precision_param = \"",
               cfg.training.mixed_precision_param, "\": the GPU planner models bf16 compute under FSDP2");
   GpuRunSpec s;
-  s.model = model_flavor(cfg.model.name, cfg.model.flavor);
+  s.model = job_model_args(cfg);
   s.seq_len = cfg.training.seq_len;
   s.local_batch = cfg.training.local_batch_size;
   s.ac = activation_checkpoint_policy(cfg);

@@ -51,6 +51,11 @@ void ModelArgs::validate() const {
   ANVIL_CHECK(!moe() || (experts_per_token >= 1 && experts_per_token <= num_experts && moe_ffn_hidden > 0), where,
               "a mixture of experts needs 1 <= experts_per_token (", experts_per_token, ") <= num_experts (",
               num_experts, ") and a positive moe_ffn_hidden (", moe_ffn_hidden, ")");
+  // The experts of a projection are one (E, ·, ·) tensor of back-to-back
+  // parameters, each padded to 64 bytes (model/params.h).
+  ANVIL_CHECK(!moe() || moe_ffn_hidden * dim % 32 == 0, where, "moe_ffn_hidden (", moe_ffn_hidden, ") × dim (", dim,
+              ") must be a multiple of 32");
+  ANVIL_CHECK(router_aux_loss_coef >= 0, where, "router_aux_loss_coef must be 0 (none) or positive");
 }
 
 namespace {

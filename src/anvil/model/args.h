@@ -38,6 +38,11 @@ struct ModelArgs {
   int64_t experts_per_token = 0;
   int64_t moe_ffn_hidden = 0;
   bool norm_topk_prob = true;
+  // The load-balancing loss's coefficient (Hugging Face's router_aux_loss_coef; 0: none).
+  double router_aux_loss_coef = 0.001;
+  // Not architecture but a training mode: route by the forced-balance rule
+  // (ops/moe_router.h) instead of the top k, the case a dry run takes.
+  bool moe_balanced_routing = false;
 
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : dim / n_heads; }
   // Llama's rule: hidden = int(8·dim/3), times ffn_dim_multiplier, rounded up to multiple_of.

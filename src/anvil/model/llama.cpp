@@ -86,11 +86,13 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vecto
 namespace {
 // The model's arguments, refused before any parameter is allocated when the
 // model cannot be built.
-const ModelArgs& buildable(const ModelArgs& args) {
-  ANVIL_CHECK(!args.moe(), args.name, "/", args.flavor,
-              " is a mixture-of-experts model; the MoE layer exists (model/moe_feed_forward.h) but the blocks "
-              "that run it, its dry run and expert parallelism are not built yet, so it cannot be trained, "
-              "estimated or generated from; train a dense flavour");
+const ModelArgs& buildable(const ModelArgs& args, const LlamaOptions& options) {
+  ANVIL_CHECK(!args.moe() || (options.parallel_style == nullptr &&
+                              (options.stages.empty() ||
+                               (options.stages.size() == 1 && options.stages[0] == ModuleRange{0, llama_num_modules(args)}))),
+              args.name, "/", args.flavor,
+              " is a mixture-of-experts model, which runs on one process or under data parallelism (FSDP, DDP) "
+              "only: tensor, context and pipeline parallelism do not split its layers yet");
   return args;
 }
 
@@ -101,11 +103,15 @@ std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptio
 }  // namespace
 
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, const LlamaOptions& options)
-    : args_(buildable(args)),
+    : args_(buildable(args, options)),
       style_(options.parallel_style ? options.parallel_style : &single_process_),
       params_(style_->shard_params(llama_param_specs(args, stages_or_whole(args, options))), compute_dtype,
               options.allocate_params) {
   args_.validate();
+  if (args_.moe()) {
+    moe_state_.num_experts = args_.num_experts;
+    moe_state_.routes.assign(static_cast<size_t>(args_.n_layers * args_.num_experts), 0);
+  }
   rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, args.rope_scaling);
   const int last = llama_num_modules(args) - 1;
   for (const ModuleRange& r : stages_or_whole(args, options)) {
@@ -120,7 +126,7 @@ Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, co
     for (int m = std::max(r.first, 1); m < std::min(r.end, last); ++m) {
       const int layer = m - 1;
       const int first_param = params_.index_of("model.layers." + std::to_string(layer) + ".input_layernorm.weight");
-      blocks_.emplace_back(params_, first_param, layer, args_, rope_, *style_);
+      blocks_.emplace_back(params_, first_param, layer, args_, rope_, *style_, args_.moe() ? &moe_state_ : nullptr);
     }
     st.num_blocks = blocks_.size() - st.first_block;
     if (r.end == last + 1) {
@@ -130,6 +136,12 @@ Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, co
     }
     stages_.push_back(st);
   }
+}
+
+void Llama::set_step_sequences(int64_t sequences) {
+  ANVIL_ASSERT(sequences > 0, "a step of ", sequences, " sequences");
+  moe_state_.aux_grad_coef =
+      static_cast<float>(args_.router_aux_loss_coef / static_cast<double>(args_.n_layers * sequences));
 }
 
 int Llama::group_of_module(int module) const {

@@ -165,6 +165,14 @@ class Llama {
   // Not owned; null: no hooks (a single process).
   void set_hooks(ParamGroupHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
 
+  // ---- Mixture of experts ----
+  // What the MoE layers did this step and the scale of their auxiliary
+  // loss's gradient (moe_feed_forward.h); null for a dense model.
+  MoeStepState* moe_state() { return args_.moe() ? &moe_state_ : nullptr; }
+  // Before a training step of a MoE model: the sequences it trains on over
+  // every rank, over which the auxiliary loss is a mean.
+  void set_step_sequences(int64_t sequences);
+
  private:
   struct Stage {
     ModuleRange modules;
@@ -187,6 +195,7 @@ class Llama {
   std::unique_ptr<OutputHead> head_;           // null unless this rank holds the last module
   ParamGroupHooks no_hooks_;
   ParamGroupHooks* hooks_ = &no_hooks_;
+  MoeStepState moe_state_;  // the blocks hold its address: Llama is not copied or moved
 };
 
 // The whole model's parameter list, with Hugging Face names, torchtitan's

@@ -1,6 +1,5 @@
 #include "anvil/model/moe_feed_forward.h"
 
-#include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
 #include "anvil/model/parallel_style.h"
 #include "anvil/ops/matmul.h"
@@ -9,16 +8,31 @@
 
 namespace anvil {
 
-Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved) {
+namespace {
+// Σ over the sequences of their auxiliary losses; with dlogits, adds coef
+// times its gradient there. A sequence's rows are a contiguous slice.
+double sequence_aux_losses(const MoeSaved& saved, float coef, Tensor* dlogits) {
+  const int64_t M = saved.probs.size(0), S = saved.sequences, T = M / S;
+  double sum = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    Tensor d = dlogits ? dlogits->slice(s * T, T) : Tensor();
+    sum += router_aux_loss(saved.probs.slice(s * T, T), saved.experts.slice(s * T, T), coef, dlogits ? &d : nullptr);
+  }
+  return sum;
+}
+}  // namespace
+
+Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved,
+                   int64_t sequences, const Tensor& residual) {
   const int64_t M = x.size(0), D = x.size(1), E = w.router.size(0), F = w.w1.size(1), k = cfg.top_k;
   const DType dt = x.dtype();
   ANVIL_ASSERT(w.router.size(1) == D && w.w1.shape() == Shape({E, F, D}) && w.w3.shape() == w.w1.shape() &&
                    w.w2.shape() == Shape({E, D, F}) && k >= 1 && k <= E,
                "moe: x ", shape_str(x.shape()), " router ", shape_str(w.router.shape()), " w1 ",
                shape_str(w.w1.shape()), " w2 ", shape_str(w.w2.shape()), " top_k ", k);
-  // Routing reads the tokens' values; a dry run's tensors hold none.
-  ANVIL_CHECK(!dry_run(), "the dry run of a mixture-of-experts layer needs a routing case, which is not built yet");
+  ANVIL_ASSERT(sequences >= 1 && M % sequences == 0, "moe: ", M, " rows are not ", sequences, " sequences");
   saved = MoeSaved{};
+  saved.sequences = sequences;
   // The router in f32, as Hugging Face's softmax runs in float32.
   Tensor logits = new_activation({M, E}, DType::f32, "moe.router_logits");
   gemm({.M = M, .N = E, .K = D, .trans_b = true, .ab = dt, .c = DType::f32}, x.raw(), w.router.raw(), logits.raw());
@@ -27,7 +41,7 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
   saved.weights = new_activation({M, k}, DType::f32, "moe.weights");
   router_forward(logits, cfg, saved.probs, saved.experts, saved.weights);
   logits = Tensor();
-  saved.aux_loss = router_aux_loss(saved.probs, saved.experts);
+  saved.aux_loss = sequence_aux_losses(saved, 0.0f, nullptr);
   saved.routes = sort_routes(saved.experts, E);
   const std::vector<int64_t>& offsets = saved.routes.offsets;
   const int64_t R = M * k;
@@ -42,7 +56,7 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
   saved.ye = new_activation({R, D}, dt, "moe.ye");
   grouped_linear_forward(saved.s, w.w2, offsets, saved.ye);
   Tensor y = new_activation({M, D}, dt, "moe.y");
-  combine_forward(saved.ye, saved.weights, saved.routes, y);
+  combine_forward(saved.ye, saved.weights, saved.routes, y, residual);
   return y;
 }
 
@@ -76,7 +90,7 @@ void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const 
   // The router: through the top-k weights and the softmax, plus the auxiliary loss's gradient.
   Tensor dlogits = new_activation({M, E}, DType::f32, "moe.dlogits");
   router_backward(saved.probs, saved.experts, dweights, cfg, dlogits);
-  if (aux_coef != 0.0f) router_aux_loss(saved.probs, saved.experts, aux_coef, &dlogits);
+  if (aux_coef != 0.0f) sequence_aux_losses(saved, aux_coef, &dlogits);
   Tensor dlogits_dt = dt == DType::f32 ? dlogits : dlogits.to(dt, MemCategory::activations, "moe.dlogits_compute");
   linear_backward_input(dlogits_dt, w.router, dx, /*accumulate_dx=*/true);
   Tensor grouter = grads.router;

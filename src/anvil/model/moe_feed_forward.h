@@ -8,13 +8,16 @@
 //
 // Dropless (no capacity: every token reaches its k experts) and with no
 // shared expert, as in Qwen3-MoE. The load-balancing auxiliary loss (Hugging
-// Face's, ops/moe_router.h) is returned by the forward; the backward adds
-// aux_coef times its gradient to the router's. The choice of experts is
-// constant to the backward, as in every MoE implementation.
-//
-// This is the layer on its own; the block that runs it in place of the dense
-// feed-forward, the Qwen3-MoE flavours and expert parallelism build on it.
+// Face's, ops/moe_router.h) is taken per sequence — each sequence's own token
+// counts and mean probabilities — and the forward returns its sum over the
+// sequences; the backward adds aux_coef times that sum's gradient to the
+// router's. Per sequence, so a step's loss is the same however its sequences
+// are split over micro-batches and ranks. The choice of experts is constant
+// to the backward, as in every MoE implementation.
 #pragma once
+#include <algorithm>
+#include <vector>
+
 #include "anvil/core/tensor.h"
 #include "anvil/ops/moe_dispatch.h"
 #include "anvil/ops/moe_router.h"
@@ -32,14 +35,39 @@ struct MoeSaved {
   Tensor probs, experts, weights;  // (M, E) f32, (M, k) i32, (M, k) f32
   ExpertRoutes routes;
   Tensor xe, g, u, s, ye;  // (M·k, D), (M·k, F) ×3, (M·k, D): the dispatched rows and the experts' activations
-  double aux_loss = 0;     // this layer's load-balancing loss (before its coefficient)
+  int64_t sequences = 1;   // the rows are this many sequences of M / sequences tokens
+  double aux_loss = 0;     // Σ over the sequences of their load-balancing losses (before the coefficient)
 };
 
-// x (M, D) → y (M, D), x's dtype.
-Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved);
+// What a model's mixture-of-experts layers did over a step, for the metrics
+// line, and the scale of their auxiliary loss's gradient. The model owns one;
+// its blocks add to it in their training forwards (not in recomputation).
+struct MoeStepState {
+  // coef / (n_layers · the step's sequences over every rank): the router
+  // gradients are then those of coef × the mean of the aux losses over the
+  // model's layers and the step's sequences.
+  float aux_grad_coef = -1;  // negative until the model's set_step_sequences
+  int64_t num_experts = 0;
+  std::vector<int64_t> routes;  // (n_layers, E) routes per expert this step (0 for layers not held)
+  double aux_sum = 0;           // Σ of the aux losses over the layers held and the sequences
+  int64_t aux_terms = 0;        // how many were summed
+  bool record_experts = false;  // keep every training forward's choice of experts (tests)
+  std::vector<Tensor> experts;  // (M, k) i32 copies, in forward order
+  void begin_step() {
+    std::fill(routes.begin(), routes.end(), 0);
+    aux_sum = 0, aux_terms = 0;
+    experts.clear();
+  }
+};
+
+// x (M, D), `sequences` sequences of M / sequences rows → y (M, D), x's
+// dtype; with a residual (M, D), y = residual + the layer's output.
+Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved,
+                   int64_t sequences = 1, const Tensor& residual = {});
 
 // dy (M, D) → dx (M, D) (overwritten); the weights' gradients are added to
-// `grads` (f32, or the compute dtype); saved is consumed.
+// `grads` (f32, or the compute dtype); the router's includes aux_coef times the
+// gradient of saved.aux_loss. saved is consumed.
 void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, float aux_coef,
                   MoeSaved& saved, Tensor& dx, const MoeWeights& grads);
 

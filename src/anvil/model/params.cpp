@@ -56,6 +56,23 @@ Tensor ParamStore::grad(int i) const {
   return b.defined() ? group_view(b, i) : view(grads_, i);
 }
 
+Tensor ParamStore::compute_stack(int first, int count) const { return stack(bound_compute_, compute_, first, count); }
+Tensor ParamStore::grad_stack(int first, int count) const { return stack(bound_grads_, grads_, first, count); }
+
+Tensor ParamStore::stack(const std::vector<Tensor>& bound, const Tensor& flat, int first, int count) const {
+  const ParamSpec& s = specs_.at(static_cast<size_t>(first));
+  for (int j = 1; j < count; ++j) {
+    const ParamSpec& n = specs_.at(static_cast<size_t>(first + j));
+    ANVIL_ASSERT(n.shape == s.shape && n.group == s.group && n.offset == s.offset + j * s.numel(), "parameters ",
+                 s.name, " .. ", n.name, " are not one shape back to back (each must be a multiple of 32 elements)");
+  }
+  Shape shape{count};
+  shape.insert(shape.end(), s.shape.begin(), s.shape.end());
+  const Tensor& b = bound[static_cast<size_t>(s.group)];
+  const int64_t offset = b.defined() ? s.offset - groups_[static_cast<size_t>(s.group)].offset : s.offset;
+  return (b.defined() ? b : flat).slice(offset, count * s.numel()).view(shape);
+}
+
 void ParamStore::bind_group(int g, Tensor compute, Tensor grad) {
   const ParamGroup& pg = groups_.at(static_cast<size_t>(g));
   ANVIL_ASSERT(!compute.defined() || (compute.numel() >= pg.numel && compute.dtype() == compute_dtype_));

@@ -102,6 +102,11 @@ class ParamStore {
   // buffers when it has them, else into the flat buffers.
   Tensor compute(int i) const;
   Tensor grad(int i) const;
+  // Parameters [first, first + count) of one shape, back to back in their
+  // group (each a multiple of the 64-byte padding: a MoE layer's experts), as
+  // one (count, shape...) tensor: the compute copies, or the gradients.
+  Tensor compute_stack(int first, int count) const;
+  Tensor grad_stack(int first, int count) const;
 
   // Binds group g's compute weights and gradients to full-group buffers of
   // groups()[g].numel elements laid out as in the flat buffers (either may be
@@ -132,6 +137,7 @@ class ParamStore {
  private:
   Tensor view(const Tensor& flat, int i) const;
   Tensor group_view(const Tensor& group_buffer, int i) const;
+  Tensor stack(const std::vector<Tensor>& bound, const Tensor& flat, int first, int count) const;
   std::vector<ParamSpec> specs_;
   DType compute_dtype_;
   bool allocate_;

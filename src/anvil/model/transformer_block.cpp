@@ -13,39 +13,61 @@
 namespace anvil {
 
 namespace {
-// Offsets of a block's parameters from its first one, in llama_param_specs' order.
-enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kFfnNorm, kW1, kW3, kW2, kQNorm, kKNorm };
+// Offsets of a block's parameters from its first one, in llama_param_specs'
+// order. A MoE block has the router at kW1 and then its E experts' gate, up
+// and down projections; the q/k norms follow the feed-forward's parameters.
+enum BlockParam { kAttnNorm, kWq, kWk, kWv, kWo, kFfnNorm, kW1, kW3, kW2, kDenseQNorm };
+constexpr int kRouter = kW1;
 }  // namespace
 
 TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args,
-                                   const RopeTable& rope, const ParallelStyle& style)
+                                   const RopeTable& rope, const ParallelStyle& style, MoeStepState* moe_state)
     : params_(params),
       first_param_(first_param),
       layer_(layer),
       dim_(args.dim),
       head_dim_(args.head_dim()),
+      q_norm_param_(args.moe() ? kRouter + 1 + 3 * static_cast<int>(args.num_experts) : kDenseQNorm),
       qk_norm_(args.qk_norm),
+      router_{args.moe() ? args.experts_per_token : 0, args.norm_topk_prob, args.moe_balanced_routing},
+      moe_state_(moe_state),
       eps_(static_cast<float>(args.norm_eps)),
       rope_(rope),
       style_(style) {
   const std::vector<ParamSpec>& specs = params.specs();
   heads_ = specs[static_cast<size_t>(first_param + kWq)].shape[0] / head_dim_;
   kv_heads_ = specs[static_cast<size_t>(first_param + kWk)].shape[0] / head_dim_;
-  ffn_ = specs[static_cast<size_t>(first_param + kW1)].shape[0];
+  ffn_ = args.moe() ? args.moe_ffn_hidden : specs[static_cast<size_t>(first_param + kW1)].shape[0];
+  ANVIL_ASSERT(!args.moe() || moe_state != nullptr, "a mixture-of-experts block reports to its model's step state");
 }
 
-BlockParams TransformerBlock::compute_params() const {
-  auto p = [&](int k) { return params_.compute(first_param_ + k); };
-  BlockParams b{p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3), {}, {}};
-  if (qk_norm_) b.q_norm = p(kQNorm), b.k_norm = p(kKNorm);
+namespace {
+// A block's parameters through `one` (parameter i) and `stack` (count
+// parameters from i as one tensor): the compute copies or the gradients.
+template <class One, class Stack>
+BlockParams block_params(One one, Stack stack, bool moe, int experts, int q_norm, bool qk_norm) {
+  BlockParams b{one(kAttnNorm), one(kWq), one(kWk), one(kWv), one(kWo), one(kFfnNorm), {}, {}, {}, {}, {}, {}};
+  if (moe) {
+    const int E = experts;
+    b.moe = {one(kRouter), stack(kRouter + 1, E), stack(kRouter + 1 + E, E), stack(kRouter + 1 + 2 * E, E)};
+  } else {
+    b.w1 = one(kW1), b.w2 = one(kW2), b.w3 = one(kW3);
+  }
+  if (qk_norm) b.q_norm = one(q_norm), b.k_norm = one(q_norm + 1);
   return b;
+}
+}  // namespace
+
+BlockParams TransformerBlock::compute_params() const {
+  return block_params([&](int k) { return params_.compute(first_param_ + k); },
+                      [&](int k, int n) { return params_.compute_stack(first_param_ + k, n); }, router_.top_k > 0,
+                      moe_state_ ? static_cast<int>(moe_state_->num_experts) : 0, q_norm_param_, qk_norm_);
 }
 
 BlockParams TransformerBlock::grad_params() const {
-  auto p = [&](int k) { return params_.grad(first_param_ + k); };
-  BlockParams b{p(kAttnNorm), p(kWq), p(kWk), p(kWv), p(kWo), p(kFfnNorm), p(kW1), p(kW2), p(kW3), {}, {}};
-  if (qk_norm_) b.q_norm = p(kQNorm), b.k_norm = p(kKNorm);
-  return b;
+  return block_params([&](int k) { return params_.grad(first_param_ + k); },
+                      [&](int k, int n) { return params_.grad_stack(first_param_ + k, n); }, router_.top_k > 0,
+                      moe_state_ ? static_cast<int>(moe_state_->num_experts) : 0, q_norm_param_, qk_norm_);
 }
 
 void TransformerBlock::project_heads(const Tensor& h1, const Tensor& w, const Tensor& norm, Tensor& out, Tensor& raw,
@@ -70,6 +92,7 @@ Tensor TransformerBlock::forward(const Tensor& x, int64_t B, int64_t T, const Ac
   saved.documents = documents;
   saved.x = x;
   Tensor out = run_forward(saved, /*recomputing=*/false);
+  report_routing(saved);
   drop_unkept(saved, policy);
   return out;
 }
@@ -163,13 +186,22 @@ Tensor TransformerBlock::run_forward(BlockSaved& s, bool recomputing) const {
 Tensor TransformerBlock::run_feed_forward(BlockSaved& s, bool recomputing) const {
   const BlockParams p = compute_params();
   const DType dt = params_.compute_dtype();
-  const int64_t M = s.B * s.T, Ml = style_.residual_rows(M), D = dim_, F = ffn_;
+  const int64_t M = s.B * s.T, Ml = style_.residual_rows(M), D = dim_;
   const ScopedPhase phase(recomputing ? SpanCategory::recompute : SpanCategory::forward,
                           recomputing ? "feed_forward.recompute" : "feed_forward.forward", layer_);
   s.h2 = new_activation({Ml, D}, dt, "block.h2");
   s.rstd2 = new_activation({Ml}, DType::f32, "block.rstd2");
   rmsnorm_forward(s.x2, p.ffn_norm, eps_, s.h2, s.rstd2);
   s.h2 = style_.gather_rows(s.h2, "block.h2");
+  return feed_forward(s, p);
+}
+
+Tensor TransformerBlock::feed_forward(BlockSaved& s, const BlockParams& p) const {
+  const DType dt = params_.compute_dtype();
+  const int64_t M = s.B * s.T, F = ffn_;
+  if (router_.top_k > 0) {  // out = x2 + moe(h2); the layout refuses MoE under parallelisms that split rows
+    return moe_forward(s.h2, p.moe, router_, s.moe, s.B, s.x2);
+  }
   s.g = new_activation({M, F}, dt, "block.g");
   s.u = new_activation({M, F}, dt, "block.u");
   linear_forward(s.h2, p.w1, s.g);
@@ -177,6 +209,21 @@ Tensor TransformerBlock::run_feed_forward(BlockSaved& s, bool recomputing) const
   s.s = new_activation({M, F}, dt, "block.s");
   swiglu_forward(s.g, s.u, s.s);
   return style_.row_parallel_out(s.x2, s.s, p.w2, "block.out");
+}
+
+void TransformerBlock::report_routing(const BlockSaved& s) const {
+  if (router_.top_k == 0) return;
+  MoeStepState& st = *moe_state_;
+  const int64_t E = st.num_experts;
+  int64_t* routes = st.routes.data() + layer_ * E;
+  for (int64_t e = 0; e < E; ++e) routes[e] += s.moe.routes.rows(e);
+  st.aux_sum += s.moe.aux_loss;
+  st.aux_terms += s.moe.sequences;
+  if (st.record_experts) {
+    Tensor copy = Tensor::empty(s.moe.experts.shape(), DType::i32, MemCategory::workspace, "moe.recorded_experts");
+    copy.copy_from(s.moe.experts);
+    st.experts.push_back(copy);
+  }
 }
 
 void TransformerBlock::drop_unkept(BlockSaved& s, const AcPolicy& policy) const {
@@ -188,12 +235,13 @@ void TransformerBlock::drop_unkept(BlockSaved& s, const AcPolicy& policy) const 
     s = kept;
   } else if (policy.mode == AcMode::selective_op) {
     // Keep matmul and attention outputs; the norms and SwiGLU are cheap to redo.
-    s.h1 = s.rstd1 = s.h2 = s.rstd2 = s.s = Tensor();
+    s.h1 = s.rstd1 = s.h2 = s.rstd2 = s.s = s.moe.s = Tensor();
   }
 }
 
 void TransformerBlock::recompute(BlockSaved& s) const {
-  if (s.q.defined() && s.h1.defined() && s.h2.defined() && s.s.defined()) return;  // everything was kept
+  const bool moe = router_.top_k > 0;
+  if (s.q.defined() && s.h1.defined() && s.h2.defined() && (moe ? s.moe.s : s.s).defined()) return;  // all kept
   const ScopedPhase phase(SpanCategory::recompute, "recompute", layer_);
   if (!s.q.defined()) {  // only the input was kept: run the whole block again
     run_forward(s, /*recomputing=*/true);
@@ -214,7 +262,10 @@ void TransformerBlock::recompute(BlockSaved& s) const {
     rmsnorm_forward(s.x2, p.ffn_norm, eps_, s.h2, s.rstd2);
     s.h2 = style_.gather_rows(s.h2, "block.h2");
   }
-  if (!s.s.defined()) {
+  if (moe && !s.moe.s.defined()) {
+    s.moe.s = new_activation(s.moe.g.shape(), dt, "moe.s");
+    swiglu_forward(s.moe.g, s.moe.u, s.moe.s);
+  } else if (!moe && !s.s.defined()) {
     s.s = new_activation({M, F}, dt, "block.s");
     swiglu_forward(s.g, s.u, s.s);
   }
@@ -232,12 +283,41 @@ void TransformerBlock::backward_weight(WeightGradWork& work) {
   work.products.clear();  // frees what only they held
 }
 
+Tensor TransformerBlock::feed_forward_backward(BlockSaved& s, const BlockParams& p, BlockParams& gp, const Tensor& dout,
+                                               const WeightGrad& weight_grad) const {
+  const DType dt = params_.compute_dtype();
+  const int64_t M = s.B * s.T, F = ffn_;
+  if (router_.top_k > 0) {
+    // The MoE layer makes its weight gradients at once, in either pass (its
+    // grouped products are not split into the weight-gradient pass).
+    ANVIL_ASSERT(moe_state_->aux_grad_coef >= 0, "a mixture-of-experts model trains after set_step_sequences");
+    Tensor dh2 = new_activation({M, dim_}, dt, "block.dh2");
+    moe_backward(dout, s.h2, p.moe, router_, moe_state_->aux_grad_coef, s.moe, dh2, gp.moe);
+    s.h2 = Tensor();
+    return dh2;
+  }
+  Tensor dout_full = style_.gather_rows(dout, "block.dout");  // (M, D)
+  Tensor ds = new_activation({M, F}, dt, "block.ds");
+  linear_backward_input(dout_full, p.w2, ds);
+  weight_grad(dout_full, s.s, gp.w2);
+  dout_full = Tensor();
+  s.s = Tensor();
+  // dg and du overwrite g and u: they are not needed after this.
+  swiglu_backward(ds, s.g, s.u, s.g, s.u);
+  ds = Tensor();
+  Tensor dh2 = style_.column_input_grad({{s.g, p.w1}, {s.u, p.w3}}, dt, "block.dh2");  // (M_l, D)
+  weight_grad(s.g, s.h2, gp.w1);
+  weight_grad(s.u, s.h2, gp.w3);
+  s.g = s.u = s.h2 = Tensor();
+  return dh2;
+}
+
 Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork* work) {
   recompute(s);
   const BlockParams p = compute_params();
   BlockParams gp = grad_params();
   const DType dt = params_.compute_dtype();
-  const int64_t B = s.B, T = s.T, M = B * T, hd = head_dim_, Hq = heads_, Hkv = kv_heads_, F = ffn_;
+  const int64_t B = s.B, T = s.T, M = B * T, hd = head_dim_, Hq = heads_, Hkv = kv_heads_;
   // dout (M_l, D): gradient of the block output; it becomes dx2, then dx, in place.
 
   // grad += dyᵀ·x now, or in the weight-gradient pass. The output gradient
@@ -259,19 +339,7 @@ Tensor TransformerBlock::run_backward(BlockSaved& s, Tensor dout, WeightGradWork
   // Feed-forward, in reverse.
   {
     const ScopedPhase phase(SpanCategory::backward, "feed_forward.backward", layer_);
-    Tensor dout_full = style_.gather_rows(dout, "block.dout");  // (M, D)
-    Tensor ds = new_activation({M, F}, dt, "block.ds");
-    linear_backward_input(dout_full, p.w2, ds);
-    weight_grad(dout_full, s.s, gp.w2);
-    dout_full = Tensor();
-    s.s = Tensor();
-    // dg and du overwrite g and u: they are not needed after this.
-    swiglu_backward(ds, s.g, s.u, s.g, s.u);
-    ds = Tensor();
-    Tensor dh2 = style_.column_input_grad({{s.g, p.w1}, {s.u, p.w3}}, dt, "block.dh2");  // (M_l, D)
-    weight_grad(s.g, s.h2, gp.w1);
-    weight_grad(s.u, s.h2, gp.w3);
-    s.g = s.u = s.h2 = Tensor();
+    Tensor dh2 = feed_forward_backward(s, p, gp, dout, weight_grad);  // (M_l, D)
     rmsnorm_backward(dh2, s.x2, p.ffn_norm, s.rstd2, eps_, dout, g_ffn_norm, /*accumulate_dx=*/true);
     s.x2 = s.rstd2 = Tensor();
   }

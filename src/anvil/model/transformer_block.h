@@ -2,16 +2,19 @@
 //   attention     h1 = norm(x); q, k, v = h1·W{q,k,v}ᵀ; (Qwen3: q, k = norm per head);
 //                 RoPE; o = attention(q, k, v); x2 = x + o·Woᵀ
 //   feed-forward  h2 = norm(x2); out = x2 + (silu(h2·W1ᵀ) ⊙ h2·W3ᵀ)·W2ᵀ
+//                 (Qwen3-MoE: out = x2 + moe(h2), model/moe_feed_forward.h)
 // The block owns no activations: its forward fills a BlockSaved record that the
 // caller (a schedule) keeps until the block's backward consumes it. The
 // backward runs whole, or as two passes — input gradient, then weight
 // gradient — for zero-bubble pipeline schedules; both give the same numbers.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "anvil/core/tensor.h"
 #include "anvil/model/activation_checkpoint.h"
 #include "anvil/model/args.h"
+#include "anvil/model/moe_feed_forward.h"
 #include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
 #include "anvil/ops/rope.h"
@@ -23,6 +26,7 @@ namespace anvil {
 struct BlockParams {
   Tensor attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
   Tensor q_norm, k_norm;  // (head_dim) Qwen3's per-head norms, or undefined
+  MoeWeights moe;         // a mixture-of-experts feed-forward's (then w1, w2, w3 are undefined)
 };
 
 // What one block keeps between its forward and its backward; fields the
@@ -39,6 +43,7 @@ struct BlockSaved {
   Tensor x2;          // (M, D)   residual stream after attention
   Tensor h2, rstd2;   // (M, D), (M)   feed-forward RMSNorm output and 1/rms
   Tensor g, u, s;     // (M, F)   gate, up, silu(g)·u
+  MoeSaved moe;       // a mixture-of-experts feed-forward's record (in place of g, u, s)
 };
 
 // The weight-gradient products an input-gradient pass leaves for the
@@ -56,8 +61,10 @@ class TransformerBlock {
   // parameter (input_layernorm), the rest following in llama_param_specs'
   // order. layer: its number in the whole model. The heads and feed-forward
   // width it runs are its parameters' (a tensor-parallel rank holds a share).
+  // moe_state: where a mixture-of-experts block reports its routing and
+  // reads its auxiliary loss's gradient scale (the model's; null if dense).
   TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args, const RopeTable& rope,
-                   const ParallelStyle& style);
+                   const ParallelStyle& style, MoeStepState* moe_state = nullptr);
   int layer() const { return layer_; }
 
   // x (residual_rows(M), D) → the block output, same shape. saved gets x and
@@ -106,8 +113,20 @@ class TransformerBlock {
   void project_heads(const Tensor& h1, const Tensor& w, const Tensor& norm, Tensor& out, Tensor& raw,
                      Tensor& rstd, bool keys) const;
 
+  // The dense or the MoE feed-forward, forward and backward (dh2 from dout).
+  Tensor feed_forward(BlockSaved& s, const BlockParams& p) const;
+  // weight_grad(dy, x, grad): grad += dyᵀ·x, now or in the weight-gradient pass.
+  using WeightGrad = std::function<void(const Tensor& dy, const Tensor& x, Tensor& grad)>;
+  Tensor feed_forward_backward(BlockSaved& s, const BlockParams& p, BlockParams& gp, const Tensor& dout,
+                               const WeightGrad& weight_grad) const;
+  // A training forward's routing into moe_state_ (before the policy drops it).
+  void report_routing(const BlockSaved& s) const;
+
   int64_t dim_, head_dim_, heads_, kv_heads_, ffn_;
+  int q_norm_param_;  // the offset of q_norm from the first parameter (k_norm follows)
   bool qk_norm_;
+  RouterConfig router_;  // top_k 0: a dense feed-forward
+  MoeStepState* moe_state_;
   float eps_;
   const RopeTable& rope_;
   const ParallelStyle& style_;

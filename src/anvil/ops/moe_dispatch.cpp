@@ -36,8 +36,11 @@ ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts) {
   const int64_t n = r.tokens * r.top_k;
   r.order = Tensor::empty({n}, DType::i32, MemCategory::activations, "moe.route_order");
   r.row_of = Tensor::empty({n}, DType::i32, MemCategory::activations, "moe.route_rows");
+  if (dry_run()) {
+    r.offsets = balanced_offsets(n, num_experts);
+    return r;
+  }
   r.offsets.assign(static_cast<size_t>(num_experts + 1), 0);
-  if (dry_run()) return r;  // the rows per expert are the data's (a dry run sizes buffers by its own case)
   const int32_t* ex = experts.data<int32_t>();
   for (int64_t i = 0; i < n; ++i) {
     ANVIL_ASSERT(ex[i] >= 0 && ex[i] < num_experts, "route ", i, " to expert ", ex[i], " of ", num_experts);
@@ -53,6 +56,14 @@ ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts) {
     row_of[i] = static_cast<int32_t>(row);
   }
   return r;
+}
+
+std::vector<int64_t> balanced_offsets(int64_t routes, int64_t num_experts) {
+  std::vector<int64_t> offsets(static_cast<size_t>(num_experts + 1), 0);
+  for (int64_t e = 0; e < num_experts; ++e)
+    offsets[static_cast<size_t>(e + 1)] =
+        offsets[static_cast<size_t>(e)] + routes / num_experts + (e < routes % num_experts ? 1 : 0);
+  return offsets;
 }
 
 void dispatch_forward(const Tensor& x, const ExpertRoutes& routes, Tensor& xe) {
@@ -95,10 +106,14 @@ void dispatch_backward(const Tensor& dxe, const ExpertRoutes& routes, Tensor& dx
   });
 }
 
-void combine_forward(const Tensor& ye, const Tensor& weights, const ExpertRoutes& routes, Tensor& y) {
+void combine_forward(const Tensor& ye, const Tensor& weights, const ExpertRoutes& routes, Tensor& y,
+                     const Tensor& residual) {
   const int64_t D = y.size(1), k = routes.top_k;
   check_rows(ye, routes.tokens * k, D, "combine: ye");
   check_rows(y, routes.tokens, D, "combine: y");
+  if (residual.defined()) check_rows(residual, routes.tokens, D, "combine: residual");
+  ANVIL_ASSERT(!residual.defined() || residual.dtype() == y.dtype(), "combine: residual ",
+               dtype_name(residual.dtype()), " for y ", dtype_name(y.dtype()));
   ANVIL_ASSERT(weights.shape() == Shape({routes.tokens, k}) && weights.dtype() == DType::f32, "combine: weights ",
                shape_str(weights.shape()), " must be (", routes.tokens, ", ", k, ") f32");
   const ScopedOpTime op("moe.combine.forward");
@@ -107,6 +122,7 @@ void combine_forward(const Tensor& ye, const Tensor& weights, const ExpertRoutes
   const float* w = weights.data<float>();
   by_dtype(ye, y, [&](const auto* src, auto* dst) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(dst)>>;
+    const T* res = residual.defined() ? residual.data<T>() : nullptr;
     parallel_for(0, routes.tokens, 16, [&](int64_t lo, int64_t hi) {
       std::vector<float> acc(static_cast<size_t>(D));
       for (int64_t t = lo; t < hi; ++t) {
@@ -116,6 +132,8 @@ void combine_forward(const Tensor& ye, const Tensor& weights, const ExpertRoutes
           const float wj = w[t * k + j];
           for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += wj * to_f32(row[d]);
         }
+        if (res != nullptr)  // the sum, then the residual: one rounding of the block's output
+          for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += to_f32(res[t * D + d]);
         for (int64_t d = 0; d < D; ++d) dst[t * D + d] = from_f32<T>(acc[static_cast<size_t>(d)]);
       }
     });

@@ -28,14 +28,22 @@ struct ExpertRoutes {
   int64_t rows(int64_t e) const { return offsets[static_cast<size_t>(e + 1)] - offsets[static_cast<size_t>(e)]; }
 };
 
-// The routes of experts (M, k) i32 over E experts, sorted by expert.
+// The routes of experts (M, k) i32 over E experts, sorted by expert. In a
+// dry run, which has no expert choices, the rows per expert are the balanced
+// case's (balanced_offsets; the router's forced-balance rule gives the same).
 ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts);
+
+// Rows per expert when `routes` routes go round-robin over E experts: the
+// first routes mod E experts get one more than the rest.
+std::vector<int64_t> balanced_offsets(int64_t routes, int64_t num_experts);
 
 void dispatch_forward(const Tensor& x, const ExpertRoutes& routes, Tensor& xe);
 // dx (M, D) = Σ over each token's k rows of dxe (overwritten).
 void dispatch_backward(const Tensor& dxe, const ExpertRoutes& routes, Tensor& dx);
 
-void combine_forward(const Tensor& ye, const Tensor& weights, const ExpertRoutes& routes, Tensor& y);
+// With a residual (M, D) of y's dtype: y = residual + the combine.
+void combine_forward(const Tensor& ye, const Tensor& weights, const ExpertRoutes& routes, Tensor& y,
+                     const Tensor& residual = {});
 // dye (M·k, D) = weight · dy[token]; dweights (M, k) f32 = dy[token] · ye[row]; both overwritten.
 void combine_backward(const Tensor& dy, const Tensor& ye, const Tensor& weights, const ExpertRoutes& routes,
                       Tensor& dye, Tensor& dweights);

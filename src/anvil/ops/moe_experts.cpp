@@ -35,10 +35,15 @@ std::vector<Task> row_blocks(const std::vector<int64_t>& offsets, int64_t block)
   return tasks;
 }
 
-// The most scratchpad any product of `blocks` needs, shape_of(rows) giving a block's product.
+// The scratchpad for the products of `blocks` (shape_of(rows) a block's
+// product): a whole block's, or more if a smaller block needs more. A whole
+// block's whatever the routing, so the op's memory does not depend on the
+// data and the dry run's balanced case allocates what a real run does
+// (oneDNN's scratchpad grows with M up to its own blocking, so a whole
+// block's is the most in practice; a larger need would show in the allocator).
 template <class ShapeOf>
-size_t largest_scratchpad(const std::vector<Task>& blocks, ShapeOf&& shape_of) {
-  std::set<int64_t> sizes;
+size_t routing_independent_scratchpad(const std::vector<Task>& blocks, int64_t block, ShapeOf&& shape_of) {
+  std::set<int64_t> sizes{block};
   for (const Task& b : blocks) sizes.insert(b.rows);
   size_t need = 0;
   for (int64_t rows : sizes) need = std::max(need, gemm_scratchpad_bytes(shape_of(rows)));
@@ -47,12 +52,13 @@ size_t largest_scratchpad(const std::vector<Task>& blocks, ShapeOf&& shape_of) {
 
 // Runs run(task, scratchpad) for every task over the threads, each product
 // single-threaded with its thread's own oneDNN scratchpad of `need` bytes,
-// allocated before the region so the op's memory is fixed when it starts. The
-// threads take tasks from a shared counter, so uneven experts even out.
+// allocated before the region so the op's memory is fixed when it starts (one
+// per thread, however many tasks the routing made). The threads take tasks
+// from a shared counter, so uneven experts even out.
 template <class Run>
 void run_tasks(const std::vector<Task>& tasks, size_t need, Run&& run, const char* tag) {
   const int64_t n = static_cast<int64_t>(tasks.size());
-  const int64_t slots = omp_in_parallel() ? 1 : std::max<int64_t>(1, std::min<int64_t>(num_threads(), n));
+  const int64_t slots = omp_in_parallel() ? 1 : std::max<int64_t>(1, num_threads());
   const size_t stride = (need + 63) / 64 * 64;
   Tensor scratch;
   if (stride > 0)
@@ -79,7 +85,7 @@ void row_block_products(const Tensor& a, const Tensor& w, const std::vector<int6
   };
   const std::vector<Task> blocks = row_blocks(offsets, kGroupedRowBlock);
   run_tasks(
-      blocks, largest_scratchpad(blocks, shape_of),
+      blocks, routing_independent_scratchpad(blocks, kGroupedRowBlock, shape_of),
       [&](const Task& t, void* sp) {
         gemm(shape_of(t.rows), static_cast<const char*>(a.raw()) + t.r0 * a_row * es,
              static_cast<const char*>(w.raw()) + t.e * w_step * es, static_cast<char*>(out.raw()) + t.r0 * out_row * es,
@@ -138,7 +144,7 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const std
     if (offsets[e + 1] > offsets[e])
       tasks.push_back({static_cast<int64_t>(e), offsets[e], offsets[e + 1] - offsets[e]});
   run_tasks(
-      tasks, largest_scratchpad(row_blocks(offsets, kGroupedWeightBlock), shape_of),
+      tasks, routing_independent_scratchpad(row_blocks(offsets, kGroupedWeightBlock), kGroupedWeightBlock, shape_of),
       [&](const Task& t, void* sp) {
         for (int64_t r = t.r0; r < t.r0 + t.rows; r += kGroupedWeightBlock) {
           const int64_t rows = std::min(kGroupedWeightBlock, t.r0 + t.rows - r);

@@ -54,10 +54,14 @@ void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs
       for (int64_t e = 0; e < E; ++e) sum += (pt[e] = std::exp(xt[e] - m));
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
-      for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-      // Descending probability; equal probabilities in ascending expert index.
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return pt[a] > pt[b] || (pt[a] == pt[b] && a < b); });
+      if (cfg.balanced) {
+        for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>((t * k + j) % E);
+      } else {
+        for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+        // Descending probability; equal probabilities in ascending expert index.
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int32_t a, int32_t b) { return pt[a] > pt[b] || (pt[a] == pt[b] && a < b); });
+      }
       double chosen = 0;
       for (int64_t j = 0; j < k; ++j) chosen += pt[order[static_cast<size_t>(j)]];
       for (int64_t j = 0; j < k; ++j) {

@@ -23,11 +23,16 @@ namespace anvil {
 struct RouterConfig {
   int64_t top_k = 1;
   bool normalize = true;  // Qwen3-MoE's norm_topk_prob
+  // Forced balance instead of the top k: token t's slot j goes to expert
+  // (t·k + j) mod E, so every expert gets M·k/E routes (±1) whatever the
+  // logits; the weights are still the softmax's at those experts. The dry run
+  // takes this case (sort_routes), and a real run under it allocates the same.
+  bool balanced = false;
 };
 
 // logits (M, E) f32 → probs (M, E) f32 (the softmax, kept for the backward),
-// experts (M, k) i32 (in descending probability, ties to the lower index) and
-// weights (M, k) f32.
+// experts (M, k) i32 (in descending probability, ties to the lower index; or
+// the balanced rule's) and weights (M, k) f32.
 void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs, Tensor& experts, Tensor& weights);
 
 // dlogits (M, E) f32 = the gradient of Σ dweights · weights through the

@@ -41,7 +41,8 @@ std::vector<Key> key_table(JobConfig& c) {
       {"model", "name", &c.model.name, "model family", {"llama2", "llama3", "qwen3"}},
       {"model", "flavor", &c.model.flavor,
        "named shape: debugmodel, 25M, 125M, 1B, 3B, 8B, 70B, 405B (llama3); 7B, 13B, 70B (llama2); "
-       "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B (qwen3)"},
+       "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, and the mixtures of experts debugmodel_moe, 30B-A3B, "
+       "235B-A22B (qwen3)"},
       {"model", "tokenizer_path", &c.model.tokenizer_path,
        "tokenizer.json (Hugging Face byte-level BPE) or tiktoken file; empty: byte-level tokenizer"},
       {"model",
@@ -50,6 +51,21 @@ std::vector<Key> key_table(JobConfig& c) {
        "block_causal: each token attends only to the earlier tokens of its own document (documents end at the "
        "tokenizer's EOS; torchtitan's default); causal: to every earlier token of the sequence, across documents",
        {"causal", "block_causal"}},
+      {"model",
+       "moe_routing",
+       &c.model.moe_routing,
+       "mixture-of-experts models: learned routes each token to its top k experts by the router; balanced "
+       "routes token t's k slots to experts (t·k + j) mod E whatever the router says (its weights still weight "
+       "them), so every expert gets as many tokens: the case the dry run (anvil estimate, the fit check) takes, "
+       "to check it against a real run",
+       {"learned", "balanced"}},
+      {"model",
+       "router_aux_loss_coef",
+       &c.model.router_aux_loss_coef,
+       "mixture-of-experts models: the load-balancing loss's coefficient; -1: the flavour's (Qwen3-MoE's 0.001)",
+       {},
+       -1,
+       kInf},
 
       {"training",
        "dataset",
@@ -595,6 +611,16 @@ std::string config_markdown() {
 
 DType compute_dtype(const JobConfig& config) {
   return config.training.mixed_precision_param == "bfloat16" ? DType::bf16 : DType::f32;
+}
+
+ModelArgs job_model_args(const JobConfig& config) {
+  ModelArgs args = model_flavor(config.model.name, config.model.flavor);
+  args.moe_balanced_routing = config.model.moe_routing == "balanced";
+  const double coef = config.model.router_aux_loss_coef;
+  ANVIL_CHECK(coef == -1 || coef >= 0, "model.router_aux_loss_coef = ", coef,
+              " must be -1 (the flavour's) or a coefficient >= 0");
+  if (coef >= 0) args.router_aux_loss_coef = coef;
+  return args;
 }
 
 AcPolicy activation_checkpoint_policy(const JobConfig& config) {

@@ -8,6 +8,7 @@
 
 #include "anvil/core/dtype.h"
 #include "anvil/model/activation_checkpoint.h"
+#include "anvil/model/args.h"
 
 #pragma once
 
@@ -23,6 +24,8 @@ struct JobConfig {
     std::string flavor = "debugmodel";
     std::string tokenizer_path = "";
     std::string attn_mask_type = "block_causal";
+    std::string moe_routing = "learned";
+    double router_aux_loss_coef = -1;  // -1: the flavour's (Qwen3-MoE: 0.001)
   } model;
   struct Training {
     std::string dataset = "text";
@@ -132,6 +135,8 @@ std::string config_to_toml(const JobConfig& config);
 // ([activation_checkpoint] mode and selective_ac_option: "op" or a positive
 // integer k). Throws anvil::Error naming the key for a value it cannot use.
 DType compute_dtype(const JobConfig& config);
+// The model: [model] name and flavor, with the mixture-of-experts keys applied.
+ModelArgs job_model_args(const JobConfig& config);
 AcPolicy activation_checkpoint_policy(const JobConfig& config);
 
 // `anvil train --help`: every key, its type, default and meaning.

@@ -56,13 +56,22 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
                    : cpu_peak_flops(dt, num_threads()),
                flops_per_token(args, tc.seq_len), est.peak_reserved};
   if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
-  std::printf("anvil: %s/%s, %s parameters (%lld layers, dim %lld, %lld heads, %lld kv heads, head_dim %lld%s, ffn "
-              "%lld, vocab %lld)\n",
-              args.name.c_str(), args.flavor.c_str(), with_commas(args.num_params()).c_str(),
+  // A mixture of experts: its experts and routing in place of the dense width, and the parameters a token uses.
+  const std::string ffn =
+      args.moe() ? detail::concat(args.num_experts, " experts of width ", args.moe_ffn_hidden, ", ",
+                                  args.experts_per_token, " per token (", args.moe_balanced_routing ? "forced balanced"
+                                                                                                    : "learned",
+                                  " routing, load-balancing loss x ", args.router_aux_loss_coef, ")")
+                 : detail::concat("ffn ", args.ffn_hidden_dim());
+  const std::string active =
+      args.moe() ? detail::concat(", ", with_commas(args.active_params()), " active per token") : std::string();
+  std::printf("anvil: %s/%s, %s parameters%s (%lld layers, dim %lld, %lld heads, %lld kv heads, head_dim %lld%s, %s, "
+              "vocab %lld)\n",
+              args.name.c_str(), args.flavor.c_str(), with_commas(args.num_params()).c_str(), active.c_str(),
               static_cast<long long>(args.n_layers), static_cast<long long>(args.dim),
               static_cast<long long>(args.n_heads), static_cast<long long>(args.n_kv_heads),
-              static_cast<long long>(args.head_dim()), args.qk_norm ? " with q/k norms" : "",
-              static_cast<long long>(args.ffn_hidden_dim()), static_cast<long long>(args.vocab_size));
+              static_cast<long long>(args.head_dim()), args.qk_norm ? " with q/k norms" : "", ffn.c_str(),
+              static_cast<long long>(args.vocab_size));
   std::printf("anvil: %s compute%s, %s attention, activation checkpointing %s, %lld x %lld tokens per "
               "micro-batch, %lld micro-batch(es) per step, %d threads\n",
               dt == DType::bf16 ? "bf16" : "fp32", dt == DType::bf16 ? " with fp32 master weights" : "",

@@ -28,12 +28,22 @@ struct MicroBatches {
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
+// A mixture-of-experts model's step, over every rank: the routes each expert
+// of each layer took, and the load-balancing loss's mean over the layers and
+// the step's sequences (before its coefficient; not in the loss above).
+struct MoeReport {
+  int64_t num_experts = 0;    // 0: a dense model
+  std::vector<double> routes;  // (n_layers, num_experts)
+  double aux_loss = 0;
+};
+
 struct ForwardBackwardResult {
   double loss_sum = 0;      // over the micro-batches that ran
   int64_t loss_tokens = 0;  // the targets that carried loss
   // Micro-batches done when a stop was agreed; 0 when the step ran to its end
   // without one.
   int64_t stopped_after = 0;
+  MoeReport moe;  // filled by the layout (ParallelizedModel)
 };
 
 struct ForwardBackwardHooks {

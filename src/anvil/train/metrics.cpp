@@ -28,6 +28,28 @@ nlohmann::ordered_json by_category(const std::array<size_t, kNumMemCategories>& 
 }
 }  // namespace
 
+std::vector<double> expert_load(const std::vector<double>& routes, int64_t num_experts) {
+  std::vector<double> load(static_cast<size_t>(num_experts), 0.0);
+  double total = 0;
+  for (size_t i = 0; i < routes.size(); ++i) load[i % load.size()] += routes[i], total += routes[i];
+  for (double& l : load) l = total > 0 ? l * static_cast<double>(num_experts) / total : 0.0;
+  return load;
+}
+
+std::string expert_load_summary(const std::vector<double>& load) {
+  if (load.empty()) return "";
+  static const char* const kBars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+  std::string out;
+  // A fixed scale, so bars compare across lines: 0 the lowest, twice the mean and above the highest.
+  if (load.size() <= 64)
+    for (const double l : load) out += kBars[std::clamp(static_cast<int>(l / 2.0 * 8.0), 0, 7)];
+  char tail[96];
+  std::snprintf(tail, sizeof tail, "%sload max %.2f (expert %lld) min %.2f (expert %lld)", out.empty() ? "" : " ",
+                *hi, static_cast<long long>(hi - load.begin()), *lo, static_cast<long long>(lo - load.begin()));
+  return out + tail;
+}
+
 void print_step_line(const StepLog& s) {
   auto cat = [&](MemCategory c) { return s.memory.peak[static_cast<int>(c)]; };
   std::printf(
@@ -44,6 +66,9 @@ void print_step_line(const StepLog& s) {
     std::printf(" | %d ranks, max mem %s | comm %s/step, %.0f%% hidden", s.world_size,
                 human_bytes(s.max_memory_over_ranks).c_str(), human_bytes(static_cast<size_t>(s.comm_bytes_per_step)).c_str(),
                 s.comm_hidden_pct);
+  if (s.moe_experts > 0)
+    std::printf(" | aux %.4f | experts %s", s.moe_aux_loss,
+                expert_load_summary(expert_load(s.moe_routes, s.moe_experts)).c_str());
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -66,6 +91,15 @@ void MetricsLog::log(const StepLog& s) {
   j["untracked_bytes"] = s.untracked;
   j["data_loading_pct"] = s.data_pct;
   j["elapsed_s"] = s.elapsed_s;
+  if (s.moe_experts > 0) {
+    j["moe_aux_loss"] = s.moe_aux_loss;
+    j["moe_expert_load"] = expert_load(s.moe_routes, s.moe_experts);
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < s.moe_routes.size(); i += static_cast<size_t>(s.moe_experts))
+      layers.push_back(std::vector<double>(s.moe_routes.begin() + static_cast<std::ptrdiff_t>(i),
+                                           s.moe_routes.begin() + static_cast<std::ptrdiff_t>(i + s.moe_experts)));
+    j["moe_routes_by_layer"] = layers;
+  }
   if (s.world_size > 1) {
     j["world_size"] = s.world_size;
     j["max_active_bytes_max_over_ranks"] = s.max_memory_over_ranks;

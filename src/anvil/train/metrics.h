@@ -41,6 +41,11 @@ struct StepLog {
   double comm_bytes_closed_form = 0;
   double tp_comm_bytes_per_step = 0;  // tensor-parallel collectives (activations), measured
   double pp_comm_bytes_per_step = 0;  // pipeline sends and receives, measured
+  // A mixture-of-experts model: the load-balancing loss (the interval's last
+  // step) and the routes per expert of each layer over the interval.
+  int64_t moe_experts = 0;
+  double moe_aux_loss = 0;
+  std::vector<double> moe_routes;  // (n_layers, moe_experts)
   // Live bytes per category right after the optimizer step, gradients still held.
   std::array<size_t, kNumMemCategories> live_after_optimizer{};
 };
@@ -48,6 +53,12 @@ struct StepLog {
 // The console line of a logging step (every rank prints it: rank 0 to the
 // console, the others to their logs).
 void print_step_line(const StepLog& s);
+
+// The experts' load over every layer, each expert's routes over the mean
+// (1.0: balanced), and the line's summary of it: a bar per expert (up to 64
+// experts; ▅ the mean, █ twice it or more) and the most and least loaded.
+std::vector<double> expert_load(const std::vector<double>& routes, int64_t num_experts);
+std::string expert_load_summary(const std::vector<double>& load);
 
 class MetricsLog {
  public:

@@ -180,11 +180,40 @@ void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step
                       meta(), model_dtype);
 }
 
+void ParallelizedModel::begin_moe_step(const MicroBatches& batches) {
+  MoeStepState* moe = model_->moe_state();
+  if (!moe) return;
+  moe->begin_step();
+  // Whole sequences per micro-batch row (MoE runs without context parallelism), over the data-parallel ranks.
+  int64_t sequences = 0;
+  for (const Tensor& t : batches.tokens) sequences += t.size(0);
+  model_->set_step_sequences(sequences * par_.dp_size);
+}
+
+MoeReport ParallelizedModel::moe_report() {
+  MoeReport r;
+  const MoeStepState* moe = model_->moe_state();
+  if (!moe) return r;
+  r.num_experts = moe->num_experts;
+  // The routes, then the aux sum and its term count, summed over the data-parallel ranks (f32: exact counts to 2^24).
+  std::vector<float> sums(moe->routes.begin(), moe->routes.end());
+  sums.push_back(static_cast<float>(moe->aux_sum));
+  sums.push_back(static_cast<float>(moe->aux_terms));
+  par_.sum_over_dp(sums.data(), static_cast<int>(sums.size()));
+  r.routes.assign(sums.begin(), sums.end() - 2);
+  const double terms = sums.back();
+  r.aux_loss = terms > 0 ? sums[sums.size() - 2] / terms : 0.0;
+  return r;
+}
+
 ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& batches, float grad_scale,
                                                           const AcPolicy& policy, const ForwardBackwardHooks& hooks) {
+  begin_moe_step(batches);
   if (!pipeline_) {
     const ForwardBackwardHooks with_sync{[&](int64_t i, int64_t n) { before_micro_batch(i, n); }, hooks.stop_requested};
-    return forward_backward_single_stage(*model_, batches, grad_scale, policy, with_sync);
+    ForwardBackwardResult r = forward_backward_single_stage(*model_, batches, grad_scale, policy, with_sync);
+    r.moe = moe_report();
+    return r;
   }
   // Each micro-batch of local_batch_size sequences runs through the pipeline
   // as pp_micro_batches smaller ones (views of its rows).
@@ -220,6 +249,7 @@ ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& ba
     }
   }
   sum_loss_over_pp(result.loss_sum, result.loss_tokens);  // every rank reports the true loss
+  result.moe = moe_report();
   return result;
 }
 

@@ -99,6 +99,10 @@ class ParallelizedModel {
   Tensor& master();
   void sync_compute_copy();
   void before_micro_batch(int64_t i, int64_t n);
+  // A mixture-of-experts model's step: its routing statistics cleared and the
+  // auxiliary loss's scale set from the step's sequences; then its report.
+  void begin_moe_step(const MicroBatches& batches);
+  MoeReport moe_report();
   // The last stage's loss sum and token count, summed over the pp group (as f32, as over dp).
   void sum_loss_over_pp(double& loss_sum, int64_t& tokens);
 

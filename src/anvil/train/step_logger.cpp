@@ -95,6 +95,14 @@ void StepLogger::add_comm(const StepComm& c) {
   interval_pp_bytes_ += c.pp_bytes;
 }
 
+void StepLogger::add_moe(const MoeReport& r) {
+  if (r.num_experts == 0) return;
+  if (interval_moe_.routes.size() != r.routes.size()) interval_moe_.routes.assign(r.routes.size(), 0.0);
+  interval_moe_.num_experts = r.num_experts;
+  for (size_t i = 0; i < r.routes.size(); ++i) interval_moe_.routes[i] += r.routes[i];
+  interval_moe_.aux_loss = r.aux_loss;
+}
+
 void StepLogger::step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens) {
   interval_tokens_ += step_tokens;
   if (step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps) write(step, loss, grad_norm, lr);
@@ -133,6 +141,10 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   }
   log.untracked = untracked_;
   log.live_after_optimizer = steady_live_;
+  log.moe_experts = interval_moe_.num_experts;
+  log.moe_aux_loss = interval_moe_.aux_loss;
+  log.moe_routes = interval_moe_.routes;
+  interval_moe_ = {};
   if (par_.distributed() && interval_steps_ > 0) {
     const auto steps = static_cast<double>(interval_steps_);
     log.comm_bytes_per_step = static_cast<double>(interval_comm_.bytes) / steps;
@@ -154,6 +166,12 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     tb_->add_scalar("loss/train", log.loss, step);
     tb_->add_scalar("grad_norm", log.grad_norm, step);
     tb_->add_scalar("lr", log.lr, step);
+    if (log.moe_experts > 0) {
+      const std::vector<double> load = expert_load(log.moe_routes, log.moe_experts);
+      tb_->add_scalar("moe/aux_loss", log.moe_aux_loss, step);
+      tb_->add_scalar("moe/max_expert_load", *std::max_element(load.begin(), load.end()), step);
+      tb_->add_scalar("moe/min_expert_load", *std::min_element(load.begin(), load.end()), step);
+    }
     tb_->add_scalar("throughput/tokens_per_s", log.tokens_per_s, step);
     tb_->add_scalar("throughput/tflops", log.tflops, step);
     tb_->add_scalar("throughput/mfu_pct", log.mfu_pct, step);

@@ -52,6 +52,8 @@ class StepLogger {
   // again at every logged step for the metrics (untracked_bytes).
   void measure_untracked(int64_t after_step, size_t predicted_reserved);
   void record_live_after_optimizer() { steady_live_ = TrackingAllocator::instance().stats().live; }
+  // A mixture-of-experts model's step report (before step_done).
+  void add_moe(const MoeReport& r);
   // A completed step; writes the log line when it is due.
   void step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens);
   void log_validation(int64_t step, double loss, int64_t tokens);
@@ -75,6 +77,7 @@ class StepLogger {
   Clock::time_point t_start_, t_interval_;
   double data_seconds_ = 0;
   int64_t interval_tokens_ = 0;
+  MoeReport interval_moe_;  // routes summed over the interval, the last step's aux loss
   MemStats run_peaks_;  // the largest peaks of the logging intervals written so far
   size_t untracked_ = 0;  // the latest measure_untracked
   bool mfu_warned_ = false;

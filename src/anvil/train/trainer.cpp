@@ -243,6 +243,7 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
     const StepOutcome out = log_allocations_of(
         cfg, par, step, [&] { return run_train_step(run.step_ctx, run.data.batches(), step_tokens, step); });
     logger.add_comm(out.comm);
+    logger.add_moe(out.run.moe);
     if (out.end == StepOutcome::End::stopped) {
       end_op_timing(t_step);
       report_stop_in_step(run.stop.signal(), par, step, out.run.stopped_after);
@@ -292,7 +293,7 @@ TrainResult train(const JobConfig& cfg) {
   std::signal(SIGXFSZ, SIG_IGN);
   Profiler::instance().set_thread_name("main");
   const auto& tc = cfg.training;
-  ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  ModelArgs args = job_model_args(cfg);
   args.validate();
   // Every wait for other ranks has a deadline, from the first collective on.
   if (MpiRuntime::active())
