@@ -11,7 +11,7 @@ and writes
   torch_grads.safetensors  every parameter's gradient after the first step's backward
   torch_result.json        the loss of every step
 
-HF-eval mode (--hf-eval FOLDER --tokens FILE) reads a Hugging Face Llama or Qwen3 folder
+HF-eval mode (--hf-eval FOLDER --tokens FILE) reads a Hugging Face Llama, Qwen3 or Qwen3-MoE folder
 as `anvil convert export` writes it (config.json, model.safetensors or a
 model.safetensors.index.json with shards; F32, BF16 or F16), builds the model
 from config.json's fields alone, and prints the mean cross-entropy in fp32 of
@@ -303,10 +303,14 @@ def read_hf_weights(folder):
 
 
 def hf_model(folder, max_seq_len):
-    """A Hugging Face Llama or Qwen3 folder as the model above in fp32, built from config.json's fields alone."""
+    """A Hugging Face Llama, Qwen3 or Qwen3-MoE folder as the model above in fp32, built from config.json's
+    fields alone."""
     hf = json.load(open(f"{folder}/config.json"))
-    qwen3 = hf["model_type"] == "qwen3"
-    assert hf["model_type"] in ("llama", "qwen3") and hf.get("hidden_act", "silu") == "silu", hf
+    qwen3 = hf["model_type"] in ("qwen3", "qwen3_moe")
+    moe = hf["model_type"] == "qwen3_moe"
+    assert hf["model_type"] in ("llama", "qwen3", "qwen3_moe") and hf.get("hidden_act", "silu") == "silu", hf
+    if moe:  # Qwen3MoeConfig's defaults; every layer sparse
+        assert hf.get("decoder_sparse_step", 1) == 1 and not hf.get("mlp_only_layers"), "dense layers not modelled"
     assert not hf.get("attention_bias", False) and not hf.get("mlp_bias", False), "biases are not modelled here"
     assert not hf.get("use_sliding_window", False), "sliding-window attention is not modelled here"
     heads = hf["num_attention_heads"]
@@ -324,6 +328,9 @@ def hf_model(folder, max_seq_len):
            "n_kv_heads": hf.get("num_key_value_heads", heads), "norm_eps": hf.get("rms_norm_eps", 1e-6),
            "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling, "max_seq_len": max_seq_len,
            "tie_embeddings": hf.get("tie_word_embeddings", False), "head_dim": hd, "qk_norm": qwen3}
+    if moe:
+        cfg.update({"num_experts": hf.get("num_experts", 128), "experts_per_token": hf.get("num_experts_per_tok", 8),
+                    "norm_topk_prob": hf.get("norm_topk_prob", False)})
     weights = read_hf_weights(folder)
     weights = {n: w for n, w in weights.items() if not n.endswith("rotary_emb.inv_freq")}
     # The weights must be exactly what config.json describes.
@@ -337,9 +344,17 @@ def hf_model(folder, max_seq_len):
                      p + "self_attn.q_proj.weight": (heads * hd, D),
                      p + "self_attn.k_proj.weight": (cfg["n_kv_heads"] * hd, D),
                      p + "self_attn.v_proj.weight": (cfg["n_kv_heads"] * hd, D),
-                     p + "self_attn.o_proj.weight": (D, heads * hd),
-                     p + "mlp.gate_proj.weight": (F_, D), p + "mlp.up_proj.weight": (F_, D),
-                     p + "mlp.down_proj.weight": (D, F_)})
+                     p + "self_attn.o_proj.weight": (D, heads * hd)})
+        if moe:
+            E, Fm = cfg["num_experts"], hf.get("moe_intermediate_size", 768)
+            want[p + "mlp.gate.weight"] = (E, D)
+            for e in range(E):
+                want.update({f"{p}mlp.experts.{e}.gate_proj.weight": (Fm, D),
+                             f"{p}mlp.experts.{e}.up_proj.weight": (Fm, D),
+                             f"{p}mlp.experts.{e}.down_proj.weight": (D, Fm)})
+        else:
+            want.update({p + "mlp.gate_proj.weight": (F_, D), p + "mlp.up_proj.weight": (F_, D),
+                         p + "mlp.down_proj.weight": (D, F_)})
         if qwen3:
             want.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
     got = {n: tuple(w.shape) for n, w in weights.items()}

@@ -487,6 +487,91 @@ TEST(Convert, Qwen3ExportMatchesTorchAndImportsBitIdentical) {
   if (!HasFailure()) fs::remove_all(dir);
 }
 
+// Qwen3-MoE (the debug flavour: 8 experts of width 128, 2 per token): an
+// export of random weights, q/k norms spread, gives PyTorch's Qwen3-MoE (built
+// from config.json alone) Anvil's loss to the fp32 bound, names every expert's
+// projections as Qwen3MoeForCausalLM does, and imports back bit for bit.
+TEST(Convert, Qwen3MoeExportMatchesTorchAndImportsBitIdentical) {
+  const ModelArgs args = model_flavor("qwen3", "debugmodel_moe");
+  const fs::path dir = workdir("qwen3_moe");
+  Llama model(args, DType::f32, kSeq);
+  ParamStore& ps = model.params();
+  ps.init(21);
+  Weights weights;
+  const uint64_t key = RngStream{23, "convert.qwen3_moe_norms"}.key();
+  for (size_t i = 0; i < ps.specs().size(); ++i) {
+    const std::string& name = ps.specs()[i].name;
+    Tensor w = ps.master(static_cast<int>(i));
+    if (name.find("_norm.") != std::string::npos)
+      for (int64_t j = 0; j < w.numel(); ++j)
+        w.data<float>()[j] = 0.5f + static_cast<float>(uniform01(key, static_cast<uint64_t>(i * 4096 + j)));
+    weights.emplace(name, w.to(DType::f32, MemCategory::workspace, "weights"));
+  }
+  ps.sync_compute_copy();
+  const HfTransferStats written = export_hf(ps, args, (dir / "hf").string(), HfExportOptions{});
+  // embedding; 6 blocks of 2 norms, 4 attention projections, 2 q/k norms, the router and 8 x 3 experts; norm; lm_head
+  EXPECT_EQ(written.tensors, 1 + 6 * (2 + 4 + 2 + 1 + 8 * 3) + 1 + 1);
+  const auto config = nlohmann::json::parse(std::ifstream(dir / "hf" / "config.json"));
+  EXPECT_EQ(config.at("architectures"), nlohmann::json::array({"Qwen3MoeForCausalLM"}));
+  EXPECT_EQ(config.at("model_type"), "qwen3_moe");
+  EXPECT_EQ(config.at("num_experts"), 8);
+  EXPECT_EQ(config.at("num_experts_per_tok"), 2);
+  EXPECT_EQ(config.at("moe_intermediate_size"), 128);
+  EXPECT_TRUE(weights.count("model.layers.5.mlp.experts.7.down_proj.weight"));
+
+  auto [tokens, targets] = make_batch(args.vocab_size, "convert.qwen3_moe");
+  const fs::path tokens_file = dir / "tokens.safetensors";
+  save_safetensors(tokens_file.string(), {{"tokens", tokens}, {"targets", targets}});
+  const double anvil32 = anvil_loss(args, weights, tokens, targets);
+  const double torch32 = torch_loss(dir / "hf", tokens_file);
+  std::printf("qwen3 debugmodel_moe fp32 export: loss anvil %.8f torch %.8f (rel %.2e)\n", anvil32, torch32,
+              rel(anvil32, torch32));
+  EXPECT_LT(rel(anvil32, torch32), kFp32LossBound);
+
+  Weights back;
+  const HfTransferStats read = import_hf((dir / "hf").string(), args, back);
+  EXPECT_EQ(read.tensors, written.tensors);
+  expect_bit_identical(back, weights);
+  // The dense debug Qwen3 refuses the folder by its model_type; a flavour with
+  // other experts by their count.
+  std::string error = import_error(dir / "hf", model_flavor("qwen3", "debugmodel"));
+  EXPECT_NE(error.find("model_type"), std::string::npos) << error;
+  ModelArgs other = args;
+  other.num_experts = 16;
+  error = import_error(dir / "hf", other);
+  EXPECT_NE(error.find("num_experts"), std::string::npos) << error;
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
+// The fields of Qwen3-30B-A3B's config.json on the Hugging Face hub: the
+// flavour writes the same values and accepts the file; dense layers among the
+// sparse ones (mlp_only_layers) are refused.
+TEST(Convert, ConfigMatchesThePublishedQwen3MoeConfig) {
+  const auto qwen3_30b = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  const ModelArgs args = model_flavor("qwen3", "30B-A3B");
+  const auto ours = nlohmann::json::parse(hf_config_json(args, DType::bf16, {151643, 151645}).dump());
+  for (const auto& [key, value] : ours.items()) {
+    ASSERT_TRUE(qwen3_30b.contains(key)) << key;
+    EXPECT_EQ(value, qwen3_30b.at(key)) << key;
+  }
+  EXPECT_NO_THROW(check_hf_config_matches(qwen3_30b, args, "published config.json"));
+  nlohmann::json other = qwen3_30b;
+  other["mlp_only_layers"] = {0};
+  EXPECT_THROW(check_hf_config_matches(other, args, "config.json"), Error);
+  other = qwen3_30b;
+  other["num_experts_per_tok"] = 4;
+  EXPECT_THROW(check_hf_config_matches(other, args, "config.json"), Error);
+}
+
 // config.json as Qwen published it on the Hugging Face hub for Qwen3-0.6B
 // (tied embeddings, head_dim 128 over a width of 1024): the flavour produces
 // the same fields and accepts the file.

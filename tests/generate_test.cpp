@@ -102,13 +102,14 @@ GenerateOptions greedy(int64_t n) {
 
 // Greedy decoding of a small model, token for token against PyTorch
 // recomputing the whole sequence every step (fp32, the weights through a
-// Hugging Face export), GQA and not, and Qwen3 (q/k norms, head_dim apart
-// from dim / heads).
+// Hugging Face export), GQA and not, Qwen3 (q/k norms, head_dim apart
+// from dim / heads) and Qwen3-MoE (its experts routed token by token as the
+// cache decodes).
 TEST(Generate, GreedyDecodingMatchesPyTorchTokenForToken) {
   const fs::path dir = scratch_root() / "generate_oracle";
   fs::create_directories(dir);
   for (const auto& [family, flavor_name] : {std::pair{"llama3", "debugmodel"}, std::pair{"llama3", "25M"},
-                                            std::pair{"qwen3", "debugmodel"}}) {
+                                            std::pair{"qwen3", "debugmodel"}, std::pair{"qwen3", "debugmodel_moe"}}) {
     const ModelArgs args = model_flavor(family, flavor_name);
     const std::string flavor = std::string(family) + "_" + flavor_name;
     const int64_t n = 24;

@@ -249,10 +249,10 @@ HfTransferStats import_into(const std::string& folder, const ModelArgs& args,
   return stats;
 }
 
-// The families Anvil writes and reads: Llama and dense Qwen3.
+// The families Anvil writes and reads: Llama, Qwen3 and Qwen3-MoE.
 void check_hf_family(const ModelArgs& a) {
-  ANVIL_CHECK(!a.moe(), model_label(a), " is a mixture of experts; Hugging Face's Qwen3MoeForCausalLM folders are ",
-              "not written or read yet");
+  ANVIL_CHECK(!a.moe() || a.name == "qwen3", model_label(a),
+              " is a mixture of experts of a family other than Qwen3, which Anvil does not write or read");
 }
 
 }  // namespace
@@ -263,10 +263,10 @@ nlohmann::ordered_json hf_config_json(const ModelArgs& a, DType export_dtype, co
   check_hf_family(a);
   nlohmann::ordered_json c;
   const bool qwen3 = a.name == "qwen3";
-  c["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
-  c["model_type"] = qwen3 ? "qwen3" : "llama";
+  c["architectures"] = {a.moe() ? "Qwen3MoeForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
+  c["model_type"] = a.moe() ? "qwen3_moe" : qwen3 ? "qwen3" : "llama";
   c["hidden_size"] = a.dim;
-  c["intermediate_size"] = a.ffn_hidden_dim();
+  c["intermediate_size"] = a.ffn_hidden_dim();  // a MoE's dense width: what its mlp_only_layers would use (none)
   c["num_attention_heads"] = a.n_heads;
   c["num_key_value_heads"] = a.n_kv_heads;
   c["num_hidden_layers"] = a.n_layers;
@@ -294,6 +294,16 @@ nlohmann::ordered_json hf_config_json(const ModelArgs& a, DType export_dtype, co
   } else {
     c["mlp_bias"] = false;
   }
+  if (a.moe()) {  // every layer sparse (decoder_sparse_step 1, no mlp_only_layers), no shared expert
+    c["num_experts"] = a.num_experts;
+    c["num_experts_per_tok"] = a.experts_per_token;
+    c["moe_intermediate_size"] = a.moe_ffn_hidden;
+    c["norm_topk_prob"] = a.norm_topk_prob;
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = nlohmann::ordered_json::array();
+    c["router_aux_loss_coef"] = a.router_aux_loss_coef;
+    c["output_router_logits"] = false;
+  }
   c["initializer_range"] = 0.02;  // the std of Anvil's (torchtitan's) projection initialisation
   if (token_ids.bos) c["bos_token_id"] = *token_ids.bos;
   if (token_ids.eos) c["eos_token_id"] = *token_ids.eos;
@@ -306,7 +316,7 @@ void check_hf_config_matches(const nlohmann::json& config, const ModelArgs& a, c
   check_hf_family(a);
   const ConfigCheck check(config, a, source);
   const bool qwen3 = a.name == "qwen3";
-  check.string("model_type", qwen3 ? "qwen3" : "llama", std::nullopt);
+  check.string("model_type", a.moe() ? "qwen3_moe" : qwen3 ? "qwen3" : "llama", std::nullopt);
   check.integer("hidden_size", a.dim);
   check.integer("num_hidden_layers", a.n_layers);
   check.integer("num_attention_heads", a.n_heads);
@@ -314,7 +324,8 @@ void check_hf_config_matches(const nlohmann::json& config, const ModelArgs& a, c
   check.integer("num_key_value_heads", a.n_kv_heads, heads->get<int64_t>());  // LlamaConfig: as many as query heads
   // LlamaConfig's default: hidden_size / num_attention_heads; Qwen3Config's: 128.
   check.integer("head_dim", a.head_dim(), qwen3 ? 128 : a.dim / a.n_heads);
-  check.integer("intermediate_size", a.ffn_hidden_dim());
+  // A MoE's dense width shapes no weight when every layer is sparse (checked below).
+  if (!a.moe()) check.integer("intermediate_size", a.ffn_hidden_dim());
   check.integer("vocab_size", a.vocab_size);
   check.real("rms_norm_eps", a.norm_eps, 1e-6);
   check.real("rope_theta", a.rope_theta, 10000.0);
@@ -324,6 +335,17 @@ void check_hf_config_matches(const nlohmann::json& config, const ModelArgs& a, c
   check.boolean("attention_bias", false, false);
   check.boolean("mlp_bias", false, false);
   if (qwen3) check.boolean("use_sliding_window", false, false);
+  if (a.moe()) {  // Qwen3MoeConfig's defaults when absent
+    check.integer("num_experts", a.num_experts, 128);
+    check.integer("num_experts_per_tok", a.experts_per_token, 8);
+    check.integer("moe_intermediate_size", a.moe_ffn_hidden, 768);
+    check.boolean("norm_topk_prob", a.norm_topk_prob, false);
+    check.integer("decoder_sparse_step", 1, 1);
+    const nlohmann::json* dense = check.find(config, "mlp_only_layers");
+    ANVIL_CHECK(!dense || (dense->is_array() && dense->empty()), "'", source, "': mlp_only_layers is ",
+                dense ? dense->dump() : "", ": dense layers among the experts' are not modelled (every layer of ",
+                model_label(a), " is a mixture of experts)");
+  }
 }
 
 HfTransferStats export_hf(const std::map<std::string, Tensor>& weights, const ModelArgs& args,

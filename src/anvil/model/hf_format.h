@@ -1,6 +1,10 @@
-// Hugging Face interop: a Llama or Qwen3 model's weights as a transformers
-// `LlamaForCausalLM` or `Qwen3ForCausalLM` folder (config.json +
-// model.safetensors), written and read.
+// Hugging Face interop: a Llama, Qwen3 or Qwen3-MoE model's weights as a
+// transformers `LlamaForCausalLM`, `Qwen3ForCausalLM` or `Qwen3MoeForCausalLM`
+// folder (config.json + model.safetensors), written and read. A Qwen3-MoE
+// folder's experts are one tensor per expert and projection
+// (mlp.experts.E.gate_proj.weight ...), as Anvil names them; its
+// router_aux_loss_coef is written but not compared on reading (it changes
+// training, not the model: [model] router_aux_loss_coef sets it).
 //
 // Parameter names are Hugging Face's already (model/llama.h), so export and
 // import map tensors one to one. No q_proj/k_proj permutation is needed either:
@@ -30,7 +34,7 @@ struct HfTokenIds {
   std::optional<int64_t> bos, eos;
 };
 
-// A config.json transformers' LlamaForCausalLM (Qwen3ForCausalLM for qwen3) accepts for `args`, with
+// A config.json transformers' LlamaForCausalLM (Qwen3ForCausalLM or Qwen3MoeForCausalLM for qwen3) accepts for `args`, with
 // torch_dtype naming export_dtype (f32 or bf16).
 nlohmann::ordered_json hf_config_json(const ModelArgs& args, DType export_dtype, const HfTokenIds& token_ids = {});
 
