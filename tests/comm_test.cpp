@@ -343,17 +343,17 @@ int count(const std::string& text, const std::string& what) {
 
 }  // namespace
 
-// The worker holds 18 tests: all run on 4 ranks; the bf16 pairwise-defeat
+// The worker holds 19 tests: all run on 4 ranks; the bf16 pairwise-defeat
 // patterns need 4, so 2 ranks skip that one; one rank also skips the two
 // send/receive tests, which need a peer.
-TEST(MultiRank, FourRanks) { expect_worker_passes(run(mpirun(4, "--expect-world-size=4")), 18, 0); }
+TEST(MultiRank, FourRanks) { expect_worker_passes(run(mpirun(4, "--expect-world-size=4")), 19, 0); }
 
-TEST(MultiRank, TwoRanks) { expect_worker_passes(run(mpirun(2, "--expect-world-size=2")), 17, 1); }
+TEST(MultiRank, TwoRanks) { expect_worker_passes(run(mpirun(2, "--expect-world-size=2")), 18, 1); }
 
 // Started without mpirun, MPI runs as a singleton: a world of one rank.
 TEST(MultiRank, SingletonWithoutMpirun) {
   expect_worker_passes(
-      run(std::string("timeout -k 5 120 ") + ANVIL_COMM_WORKER + " --gtest_color=no --expect-world-size=1"), 15, 3);
+      run(std::string("timeout -k 5 120 ") + ANVIL_COMM_WORKER + " --gtest_color=no --expect-world-size=1"), 16, 3);
 }
 
 TEST(MultiRank, ConfigMismatchStopsEveryRankWithOneMessage) {

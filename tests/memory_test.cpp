@@ -282,10 +282,12 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, TrainerMemory, ::testing::Values(DType::f32, DT
 // block_saved_bytes (the pipeline's automatic cut weighs stages by it) against
 // a dry run of the model's forward: what every block keeps between its
 // forward and backward, under every policy and dtype, is the formula's sum
-// (and the last block's output, kept for the head), for Llama and Qwen3.
+// (and the last block's output, kept for the head), for Llama, Qwen3 and
+// Qwen3-MoE.
 TEST(MemoryEstimate, BlockSavedBytesIsWhatTheDryRunKeeps) {
-  for (const char* family : {"llama3", "qwen3"}) {
-    const ModelArgs args = model_flavor(family, "debugmodel");
+  for (const char* family : {"llama3", "qwen3", "qwen3_moe"}) {
+    const ModelArgs args = std::string(family) == "qwen3_moe" ? model_flavor("qwen3", "debugmodel_moe")
+                                                               : model_flavor(family, "debugmodel");
     const int64_t B = 2, T = 48;
     for (DType dt : {DType::f32, DType::bf16})
       for (const AcPolicy& policy : {AcPolicy{AcMode::none, 1}, AcPolicy{AcMode::selective_op, 1},

@@ -110,6 +110,11 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
               static_cast<long long>(cfg.training.seq_len));
   std::printf("layout: %s; %lld micro-batch(es) per step\n", est.par.description.c_str(),
               static_cast<long long>(est.par.accum_steps));
+  if (args.moe())
+    std::printf("mixture of experts: %lld experts, %lld per token; the dry run takes balanced routing (each "
+                "expert M·k/E of a micro-batch's M·k routes); without expert parallelism the layer's memory does "
+                "not depend on the routing, so this holds for learned routing too\n",
+                static_cast<long long>(args.num_experts), static_cast<long long>(args.experts_per_token));
   // One column per distinct role: each pipeline rank, and rank 0 when it differs.
   std::vector<const RankEstimate*> roles;
   for (const RankEstimate& r : est.ranks)

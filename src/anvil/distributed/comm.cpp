@@ -1,11 +1,13 @@
 #include "anvil/distributed/comm.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 
 #include "anvil/core/parallel_for.h"
 #include "anvil/distributed/clock_sync.h"
@@ -189,6 +191,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::broadcast: return "broadcast";
     case CommOp::send: return "send";
     case CommOp::recv: return "recv";
+    case CommOp::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -202,7 +205,8 @@ uint64_t comm_bytes(CommOp op, uint64_t payload_bytes, int group_size) {
     case CommOp::reduce_scatter: return (n - 1) * payload_bytes / n;
     case CommOp::broadcast: return n > 1 ? payload_bytes : 0;
     case CommOp::send:
-    case CommOp::recv: return payload_bytes;
+    case CommOp::recv:
+    case CommOp::all_to_all: return payload_bytes;
   }
   return 0;
 }
@@ -661,6 +665,79 @@ Work Communicator::recv_impl(const Tensor& t, int src, int tag, bool async) {
                : MPI_Recv(t.raw(), count, type, src, tag, comm, status);
   };
   return run(std::move(c), async);
+}
+
+void Communicator::all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                                const std::vector<int64_t>& recv_rows) {
+  all_to_all_v_impl(send, send_rows, recv, recv_rows, false);
+}
+Work Communicator::iall_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                                 const std::vector<int64_t>& recv_rows) {
+  return all_to_all_v_impl(send, send_rows, recv, recv_rows, true);
+}
+
+Work Communicator::all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                                     const std::vector<int64_t>& recv_rows, bool async) {
+  ANVIL_CHECK(send.defined() && recv.defined(), "all_to_all_v: undefined tensor");
+  ANVIL_CHECK(send.dtype() == recv.dtype() && send.ndim() >= 1 && recv.ndim() >= 1 &&
+                  send.numel() / std::max<int64_t>(1, send.size(0)) == recv.numel() / std::max<int64_t>(1, recv.size(0)),
+              "all_to_all_v: send ", shape_str(send.shape()), " ", dtype_name(send.dtype()), " and recv ",
+              shape_str(recv.shape()), " ", dtype_name(recv.dtype()), " must share a dtype and a row width");
+  const auto n = static_cast<size_t>(size_);
+  ANVIL_CHECK(send_rows.size() == n && recv_rows.size() == n, "all_to_all_v: ", send_rows.size(), " send and ",
+              recv_rows.size(), " receive counts for a group of ", size_);
+  const int64_t width = send.size(0) > 0 ? send.numel() / send.size(0) : recv.numel() / std::max<int64_t>(1, recv.size(0));
+  // Counts and displacements in elements, in MPI's int range.
+  auto layout = [&](const std::vector<int64_t>& rows, int64_t total_rows, const char* what) {
+    std::vector<int> counts(n), displs(n);
+    int64_t at = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ANVIL_CHECK(rows[i] >= 0, "all_to_all_v: ", what, " count ", rows[i], " for rank ", i);
+      counts[i] = mpi_count(rows[i] * width, "all_to_all_v");
+      displs[i] = mpi_count(at * width, "all_to_all_v");
+      at += rows[i];
+    }
+    ANVIL_CHECK(at == total_rows, "all_to_all_v: the ", what, " counts add to ", at, " rows but the tensor has ",
+                total_rows);
+    return std::pair{counts, displs};
+  };
+  auto [scounts, sdispls] = layout(send_rows, send.size(0), "send");
+  auto [rcounts, rdispls] = layout(recv_rows, recv.size(0), "receive");
+  const MPI_Datatype type = wire_type(send.dtype());
+  const MPI_Comm comm = comm_;
+  Call c(CommOp::all_to_all, "MPI_Alltoallv", "MPI_Ialltoallv");
+  const uint64_t row_bytes = static_cast<uint64_t>(width) * dtype_size(send.dtype());
+  for (size_t i = 0; i < n; ++i)
+    if (static_cast<int>(i) != rank_) c.wire_bytes += static_cast<uint64_t>(send_rows[i]) * row_bytes;
+  c.keep_alive = {send, recv};
+  // The count vectors live in the call until MPI is done with them.
+  auto counts = std::make_shared<std::array<std::vector<int>, 4>>(
+      std::array<std::vector<int>, 4>{std::move(scounts), std::move(sdispls), std::move(rcounts), std::move(rdispls)});
+  c.issue = [send, recv, counts, type, comm](MPI_Request* req, MPI_Status*) {
+    auto& [sc, sd, rc, rd] = *counts;
+    return req ? MPI_Ialltoallv(send.raw(), sc.data(), sd.data(), type, recv.raw(), rc.data(), rd.data(), type, comm,
+                                req)
+               : MPI_Alltoallv(send.raw(), sc.data(), sd.data(), type, recv.raw(), rc.data(), rd.data(), type, comm);
+  };
+  if (async) c.finish = [counts] {};  // holds the counts until completion
+  return run(std::move(c), async);
+}
+
+std::vector<int64_t> Communicator::all_to_all_counts(const std::vector<int64_t>& counts) {
+  ANVIL_CHECK(counts.size() == static_cast<size_t>(size_), "all_to_all_counts: ", counts.size(),
+              " counts for a group of ", size_);
+  const Tensor send = Tensor::empty({size_}, DType::i32, MemCategory::communication, "all_to_all.counts_out");
+  const Tensor recv = Tensor::empty({size_}, DType::i32, MemCategory::communication, "all_to_all.counts_in");
+  for (int i = 0; i < size_; ++i) {
+    ANVIL_CHECK(counts[static_cast<size_t>(i)] >= 0 && counts[static_cast<size_t>(i)] <= INT32_MAX,
+                "all_to_all_counts: count ", counts[static_cast<size_t>(i)], " for rank ", i);
+    if (!dry_) send.data<int32_t>()[i] = static_cast<int32_t>(counts[static_cast<size_t>(i)]);
+  }
+  all_to_all_v(send, std::vector<int64_t>(counts.size(), 1), recv, std::vector<int64_t>(counts.size(), 1));
+  if (dry_) return counts;
+  std::vector<int64_t> out(counts.size());
+  for (int i = 0; i < size_; ++i) out[static_cast<size_t>(i)] = recv.data<int32_t>()[i];
+  return out;
 }
 
 }  // namespace anvil

@@ -82,8 +82,8 @@ const char* thread_level_name(int level);
 // ---------------------------------------------------------------------------
 // Byte counting.
 
-enum class CommOp : uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, send, recv };
-inline constexpr int kNumCommOps = 6;
+enum class CommOp : uint8_t { all_reduce, all_gather, reduce_scatter, broadcast, send, recv, all_to_all };
+inline constexpr int kNumCommOps = 7;
 const char* comm_op_name(CommOp op);
 
 // Bytes one rank sends for one call, by the algorithm-independent formulas
@@ -94,6 +94,7 @@ const char* comm_op_name(CommOp op);
 //   reduce_scatter   (n−1)/n · S    (S: the full input)
 //   broadcast        S, 0 when n = 1
 //   send / recv      S              (recv counts bytes received)
+//   all_to_all       S              (S: the bytes this rank sends to the others)
 // bf16 reductions travel as fp32, so their S is 4 bytes per element.
 uint64_t comm_bytes(CommOp op, uint64_t payload_bytes, int group_size);
 
@@ -224,6 +225,20 @@ class Communicator {
   void recv(const Tensor& t, int src, int tag = 0);
   Work irecv(const Tensor& t, int src, int tag = 0);
 
+  // All-to-all with counts per rank (MPI_Alltoallv), of rows along dim 0:
+  // this rank's send_rows[i] rows of `send`, in rank order, go to rank i, and
+  // `recv` gets recv_rows[i] rows from rank i, in rank order. send and recv
+  // have one dtype and row width; the counts must agree pairwise, so exchange
+  // them first (all_to_all_counts). Mixture-of-experts dispatch and combine.
+  void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                    const std::vector<int64_t>& recv_rows);
+  Work iall_to_all_v(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                     const std::vector<int64_t>& recv_rows);
+  // counts[i] to rank i; returns what each rank sent this one. In a dry run,
+  // where no other rank speaks, the counts come back as they went (the
+  // balanced case, where every rank sends as much as it receives).
+  std::vector<int64_t> all_to_all_counts(const std::vector<int64_t>& counts);
+
   // Waits for every rank of the group (no bytes counted).
   void barrier();
 
@@ -243,6 +258,8 @@ class Communicator {
   Work broadcast_impl(const Tensor& t, int root, bool async);
   Work send_impl(const Tensor& t, int dst, int tag, bool async);
   Work recv_impl(const Tensor& t, int src, int tag, bool async);
+  Work all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                         const std::vector<int64_t>& recv_rows, bool async);
   void free_comm();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
