@@ -679,14 +679,16 @@ Work Communicator::iall_to_all_v(const Tensor& send, const std::vector<int64_t>&
 Work Communicator::all_to_all_v_impl(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
                                      const std::vector<int64_t>& recv_rows, bool async) {
   ANVIL_CHECK(send.defined() && recv.defined(), "all_to_all_v: undefined tensor");
+  // A row: every dimension after the first (either tensor may have no rows).
+  const auto row_shape = [](const Tensor& t) { return Shape(t.shape().begin() + 1, t.shape().end()); };
   ANVIL_CHECK(send.dtype() == recv.dtype() && send.ndim() >= 1 && recv.ndim() >= 1 &&
-                  send.numel() / std::max<int64_t>(1, send.size(0)) == recv.numel() / std::max<int64_t>(1, recv.size(0)),
+                  row_shape(send) == row_shape(recv),
               "all_to_all_v: send ", shape_str(send.shape()), " ", dtype_name(send.dtype()), " and recv ",
-              shape_str(recv.shape()), " ", dtype_name(recv.dtype()), " must share a dtype and a row width");
+              shape_str(recv.shape()), " ", dtype_name(recv.dtype()), " must share a dtype and a row shape");
   const auto n = static_cast<size_t>(size_);
   ANVIL_CHECK(send_rows.size() == n && recv_rows.size() == n, "all_to_all_v: ", send_rows.size(), " send and ",
               recv_rows.size(), " receive counts for a group of ", size_);
-  const int64_t width = send.size(0) > 0 ? send.numel() / send.size(0) : recv.numel() / std::max<int64_t>(1, recv.size(0));
+  const int64_t width = shape_numel(row_shape(send));
   // Counts and displacements in elements, in MPI's int range.
   auto layout = [&](const std::vector<int64_t>& rows, int64_t total_rows, const char* what) {
     std::vector<int> counts(n), displs(n);

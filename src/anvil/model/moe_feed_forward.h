@@ -25,16 +25,50 @@
 namespace anvil {
 
 // The layer's weights in the compute dtype, or (as gradients) f32:
-//   router (E, D); w1 gate and w3 up (E, F, D); w2 down (E, D, F).
+//   router (E, D); w1 gate and w3 up (El, F, D); w2 down (El, D, F), with El
+//   the experts this rank holds (E without expert parallelism).
 struct MoeWeights {
   Tensor router, w1, w3, w2;
+};
+
+// Expert parallelism: the E experts split over a group of n ranks, rank r
+// holding experts [r·E/n, (r+1)·E/n). Every rank routes its own tokens over
+// all E (the router is whole on every rank), sends each routed row to the rank
+// holding its expert and gets the expert's output back; the backward sends the
+// output gradients and returns the input gradients the same way. The model
+// layer states what it needs; distributed/expert_parallel.h carries it over
+// MPI (all-to-all-v, counts first).
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // counts (n·El): how many rows this rank sends each rank's local expert j
+  // (at r·El + j); returns how many each rank sends this one's (at s·El + j).
+  virtual std::vector<int64_t> exchange_counts(const std::vector<int64_t>& counts) = 0;
+  // send_rows[r] rows of send (in rank order) to rank r; recv_rows[s] rows
+  // from rank s into recv, in rank order.
+  virtual void exchange_rows(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                             const std::vector<int64_t>& recv_rows) = 0;
+};
+
+// Under expert parallelism, where the routed rows went and came from.
+struct ExpertTraffic {
+  std::vector<int64_t> send_rows, recv_rows;  // per rank
+  std::vector<int64_t> local_offsets;         // El + 1: the local experts' rows, expert-major
+  Tensor order;  // (received rows) i32: the received row at each expert-major position
 };
 
 // What the forward keeps for the backward.
 struct MoeSaved {
   Tensor probs, experts, weights;  // (M, E) f32, (M, k) i32, (M, k) f32
   ExpertRoutes routes;
-  Tensor xe, g, u, s, ye;  // (M·k, D), (M·k, F) ×3, (M·k, D): the dispatched rows and the experts' activations
+  // The experts' inputs and activations: the dispatched rows (M·k, D), or
+  // under expert parallelism the rows this rank's experts received (Rl, D),
+  // expert-major; g, u, s (those rows, F); ye (M·k, D) the outputs of this
+  // rank's routes, in route order.
+  Tensor xe, g, u, s, ye;
+  ExpertTraffic traffic;  // expert parallelism only
   int64_t sequences = 1;   // the rows are this many sequences of M / sequences tokens
   double aux_loss = 0;     // Σ over the sequences of their load-balancing losses (before the coefficient)
 };
@@ -62,13 +96,14 @@ struct MoeStepState {
 
 // x (M, D), `sequences` sequences of M / sequences rows → y (M, D), x's
 // dtype; with a residual (M, D), y = residual + the layer's output.
+// `exchange`: the expert-parallel group (w then holds this rank's experts).
 Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved,
-                   int64_t sequences = 1, const Tensor& residual = {});
+                   int64_t sequences = 1, const Tensor& residual = {}, ExpertExchange* exchange = nullptr);
 
 // dy (M, D) → dx (M, D) (overwritten); the weights' gradients are added to
 // `grads` (f32, or the compute dtype); the router's includes aux_coef times the
 // gradient of saved.aux_loss. saved is consumed.
 void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, float aux_coef,
-                  MoeSaved& saved, Tensor& dx, const MoeWeights& grads);
+                  MoeSaved& saved, Tensor& dx, const MoeWeights& grads, ExpertExchange* exchange = nullptr);
 
 }  // namespace anvil

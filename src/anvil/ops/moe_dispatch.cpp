@@ -1,6 +1,7 @@
 #include "anvil/ops/moe_dispatch.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -64,6 +65,36 @@ std::vector<int64_t> balanced_offsets(int64_t routes, int64_t num_experts) {
     offsets[static_cast<size_t>(e + 1)] =
         offsets[static_cast<size_t>(e)] + routes / num_experts + (e < routes % num_experts ? 1 : 0);
   return offsets;
+}
+
+namespace {
+// dst row (scatter ? index[i] : i) = src row (scatter ? i : index[i]), rows copied as bytes.
+void permute_rows(const Tensor& src, const Tensor& index, Tensor& dst, bool scatter, const char* what) {
+  const int64_t n = index.numel();
+  ANVIL_ASSERT(index.dtype() == DType::i32 && src.ndim() == 2 && dst.shape() == src.shape() &&
+                   src.dtype() == dst.dtype() && src.size(0) == n,
+               what, ": src ", shape_str(src.shape()), " dst ", shape_str(dst.shape()), " index of ", n);
+  const ScopedOpTime op(what);
+  if (dry_run() || n == 0) return;
+  const size_t row = static_cast<size_t>(src.size(1)) * dtype_size(src.dtype());
+  const int32_t* idx = index.data<int32_t>();
+  const char* s = static_cast<const char*>(src.raw());
+  char* d = static_cast<char*>(dst.raw());
+  parallel_for(0, n, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      ANVIL_ASSERT(idx[i] >= 0 && idx[i] < n, what, ": index ", idx[i], " of ", n, " rows");
+      if (scatter) std::memcpy(d + static_cast<size_t>(idx[i]) * row, s + static_cast<size_t>(i) * row, row);
+      else std::memcpy(d + static_cast<size_t>(i) * row, s + static_cast<size_t>(idx[i]) * row, row);
+    }
+  });
+}
+}  // namespace
+
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst) {
+  permute_rows(src, index, dst, false, "moe.gather_rows");
+}
+void scatter_rows(const Tensor& src, const Tensor& index, Tensor& dst) {
+  permute_rows(src, index, dst, true, "moe.scatter_rows");
 }
 
 void dispatch_forward(const Tensor& x, const ExpertRoutes& routes, Tensor& xe) {

@@ -42,6 +42,15 @@ void dispatch_forward(const Tensor& x, const ExpertRoutes& routes, Tensor& xe);
 void dispatch_backward(const Tensor& dxe, const ExpertRoutes& routes, Tensor& dx);
 
 // With a residual (M, D) of y's dtype: y = residual + the combine.
+// Expert parallelism's reordering of the rows a rank received, which come
+// source rank by source rank, into expert-major order (each local expert's
+// rows from every source together), and back:
+//   gather_rows   dst[i] = src[index[i]]
+//   scatter_rows  dst[index[i]] = src[i]
+// index (n) i32, a permutation of the n rows; src and dst (n, D), one dtype.
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst);
+void scatter_rows(const Tensor& src, const Tensor& index, Tensor& dst);
+
 void combine_forward(const Tensor& ye, const Tensor& weights, const ExpertRoutes& routes, Tensor& y,
                      const Tensor& residual = {});
 // dye (M·k, D) = weight · dy[token]; dweights (M, k) f32 = dy[token] · ye[row]; both overwritten.

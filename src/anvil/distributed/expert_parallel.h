@@ -1,0 +1,30 @@
+// Expert parallelism's exchange of routed rows over an MPI group (the model
+// layer's ExpertExchange, model/moe_feed_forward.h): first the counts per
+// (rank, local expert), one all-to-all of El values per rank, then the rows,
+// an all-to-all-v. Byte counts land in the group's counters as all_to_all.
+#pragma once
+#include <vector>
+
+#include "anvil/distributed/comm.h"
+#include "anvil/model/moe_feed_forward.h"
+
+namespace anvil {
+
+class MpiExpertExchange : public ExpertExchange {
+ public:
+  explicit MpiExpertExchange(Communicator& group) : group_(group) {}
+  int size() const override { return group_.size(); }
+  int rank() const override { return group_.rank(); }
+  // In a dry run no other rank speaks, and the counts come back as they went:
+  // the balanced case, where each rank receives as many rows as it sends.
+  std::vector<int64_t> exchange_counts(const std::vector<int64_t>& counts) override;
+  void exchange_rows(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                     const std::vector<int64_t>& recv_rows) override {
+    group_.all_to_all_v(send, send_rows, recv, recv_rows);
+  }
+
+ private:
+  Communicator& group_;
+};
+
+}  // namespace anvil
