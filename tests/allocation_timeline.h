@@ -79,7 +79,7 @@ inline void expect_peaks_equal(const std::filesystem::path& dump, int r, const M
 inline size_t expect_dry_run_matches_log(const std::filesystem::path& dump, const JobConfig& cfg, int ranks,
                                          int threads) {
   const ScopedThreads scoped(threads);
-  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const ModelArgs args = job_model_args(cfg);
   size_t events = 0;
   for (int r = 0; r < ranks; ++r) {
     const std::filesystem::path log = dump / "allocations" / ("rank-" + std::to_string(r) + ".jsonl");

@@ -89,11 +89,13 @@ std::vector<std::string> words_of(const std::string& s) {
   return out;
 }
 
-// Four cases given by hand — FSDP 2 at seq_len 256, batch 4, no checkpointing
+// Six cases given by hand — FSDP 2 at seq_len 256, batch 4, no checkpointing
 // (the total was once 5% off there); a pipeline saving in the background at
 // steps 2 and 4, whose second save gathers its state while training has run
-// beside the first's copy; Qwen3 alone and over TP 2 — then 32 drawn with a fixed seed; a draw the
-// trainer's own layout check refuses is drawn again.
+// beside the first's copy; Qwen3 alone and over TP 2; Qwen3-MoE routing as
+// it learns (not the dry run's balanced case) alone, saving in the background,
+// and over HSDP 2 × 2 with accumulation — then 32 drawn with a fixed seed; a
+// draw the trainer's own layout check refuses is drawn again.
 std::vector<SweepCase> sweep_cases() {
   std::vector<SweepCase> cases{{"debug_fsdp2_T256_B4", 2,
                                 "--training.seq_len 256 --training.local_batch_size 4 "
@@ -112,11 +114,23 @@ std::vector<SweepCase> sweep_cases() {
                                 "--model.name qwen3 --parallelism.tensor_parallel_degree 2 "
                                 "--parallelism.data_parallel_shard_degree 1 --training.seq_len 32 "
                                 "--training.local_batch_size 2 --activation_checkpoint.mode none "
+                                "--training.mixed_precision_param float32"},
+                               {"qwen3_moe_single_T48_B2_bf16_acfull_async_save", 1,
+                                "--model.name qwen3 --model.flavor debugmodel_moe --training.seq_len 48 "
+                                "--training.local_batch_size 2 --activation_checkpoint.mode full "
+                                "--checkpoint.enable --checkpoint.interval 2 --checkpoint.async_mode async "
+                                "--training.steps 3 --training.mixed_precision_param bfloat16"},
+                               {"qwen3_moe_hsdp2x2_T32_B2_accum2_f32_acop", 4,
+                                "--model.name qwen3 --model.flavor debugmodel_moe "
+                                "--parallelism.data_parallel_replicate_degree 2 "
+                                "--parallelism.data_parallel_shard_degree 2 --training.seq_len 32 "
+                                "--training.local_batch_size 2 --training.global_batch_size 16 "
+                                "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op "
                                 "--training.mixed_precision_param float32"}};
   std::mt19937 rng(20261125);
   auto pick = [&](size_t n) { return static_cast<size_t>(std::uniform_int_distribution<size_t>(0, n - 1)(rng)); };
   const int64_t seq_lens[] = {16, 24, 32, 48, 64};
-  while (cases.size() < 36) {
+  while (cases.size() < 38) {
     const SweepLayout& layout = kLayouts[pick(std::size(kLayouts))];
     const int64_t T = seq_lens[pick(std::size(seq_lens))];
     const int64_t mb = 1 + static_cast<int64_t>(pick(2));
@@ -131,7 +145,7 @@ std::vector<SweepCase> sweep_cases() {
     if (layout.pipeline) flags += " --parallelism.pipeline_parallel_microbatch_size " + std::to_string(mb);
     try {  // the trainer's own check of the layout against the world and the model
       const JobConfig cfg = parse_config(words_of(flags));
-      (void)resolve_parallel(cfg, model_flavor(cfg.model.name, cfg.model.flavor), layout.ranks, 0);
+      (void)resolve_parallel(cfg, job_model_args(cfg), layout.ranks, 0);
     } catch (const Error&) {
       continue;
     }
@@ -171,7 +185,7 @@ TEST_P(DryRunSweep, StepTwoAndPeaksEqualARealRun) {
   const JobConfig cfg = parse_config(words_of(flags));
   const size_t events = anvil::testing::expect_dry_run_matches_log(dump, cfg, c.ranks, threads);
   const anvil::testing::ScopedThreads scoped(threads);
-  const LayoutEstimate est = estimate_layout(cfg, model_flavor(cfg.model.name, cfg.model.flavor), c.ranks);
+  const LayoutEstimate est = estimate_layout(cfg, job_model_args(cfg), c.ranks);
   // The layout's estimate (one dry run per rank role) holds for every rank too.
   for (int r = 0; r < c.ranks; ++r)
     anvil::testing::expect_peaks_equal(dump, r, est.ranks[static_cast<size_t>(r)].memory);

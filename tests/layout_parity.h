@@ -560,7 +560,7 @@ inline EstimateCheck expect_estimate_matches_allocator(const std::filesystem::pa
   for (std::string w; in >> w;)
     if (w != "train") words.push_back(w);
   const JobConfig cfg = parse_config(words);
-  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const ModelArgs args = job_model_args(cfg);
   const LayoutEstimate est = estimate_layout(cfg, args, ranks);
   // Step 2 of every rank, event by event, against its dry run.
   // (TrainRuns runs a single process on 2 threads, mpirun's ranks on 1 each.)

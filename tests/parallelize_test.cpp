@@ -68,7 +68,7 @@ double step(ParallelizedModel& layout, const MicroBatches& mb, int64_t step_numb
 
 TEST(ParallelizedModel, MomentsAppearAtTheFirstOptimizerStepAndTheNormIsTheGradients) {
   const JobConfig cfg = small_config();
-  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const ModelArgs args = job_model_args(cfg);
   const ParallelDims par = setup_parallel(cfg, args);
   const size_t before = live_optimizer_bytes();
   ParallelizedModel layout(cfg, args, par, DType::f32);
@@ -91,7 +91,7 @@ TEST(ParallelizedModel, MomentsAppearAtTheFirstOptimizerStepAndTheNormIsTheGradi
 
 TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
   const JobConfig cfg = small_config();
-  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const ModelArgs args = job_model_args(cfg);
   const ParallelDims par = setup_parallel(cfg, args);
   const MicroBatches first = random_batches(2, 2, 32, args.vocab_size, 2);
   const MicroBatches second = random_batches(2, 2, 32, args.vocab_size, 3);
@@ -118,7 +118,7 @@ TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
 
 TEST(SingleStageSchedule, StopsAfterTheMicroBatchAtWhichAStopIsAgreed) {
   const JobConfig cfg = small_config();
-  const ModelArgs args = model_flavor(cfg.model.name, cfg.model.flavor);
+  const ModelArgs args = job_model_args(cfg);
   const ParallelDims par = setup_parallel(cfg, args);
   ParallelizedModel layout(cfg, args, par, DType::f32);
   const MicroBatches mb = random_batches(3, 2, 32, args.vocab_size, 4);

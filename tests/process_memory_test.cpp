@@ -51,7 +51,7 @@ std::vector<double> rss_errors(const fs::path& dump, const std::string& args, in
   for (std::string w; in >> w;)
     if (w != "train") words.push_back(w);
   const JobConfig cfg = parse_config(words);
-  const LayoutEstimate est = estimate_layout(cfg, model_flavor(cfg.model.name, cfg.model.flavor), ranks);
+  const LayoutEstimate est = estimate_layout(cfg, job_model_args(cfg), ranks);
   std::vector<double> rss(static_cast<size_t>(ranks), 0), untracked(static_cast<size_t>(ranks), 0);
   std::ifstream metrics(dump / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
