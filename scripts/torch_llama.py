@@ -35,7 +35,8 @@ norm_topk_prob; each expert a SwiGLU (mlp.experts.E.gate_proj/up_proj/down_proj)
 routed to it, its outputs weighted and added back per token (index_add_). The load-balancing loss is
 Hugging Face's load_balancing_loss_func taken per sequence and layer, E * sum_e (n_e / T) * P_e, and
 the loss trained is the cross-entropy plus router_aux_loss_coef times its mean over the layers and
-the step's sequences. balanced_routing routes token t's slot j to expert (t*k + j) mod E instead.
+the step's sequences. balanced_routing routes the token at position p of its sequence's slot j to expert
+(p*k + j) mod E instead.
 """
 import argparse
 import json
@@ -154,7 +155,7 @@ class Llama(torch.nn.Module):
         xf = x.reshape(B * T, D)
         probs = torch.softmax((xf @ self.p(pre + "mlp.gate.weight").t()).to(self.dtype), dim=-1)
         if cfg.get("balanced_routing"):
-            experts = (torch.arange(B * T)[:, None] * k + torch.arange(k)[None, :]) % E
+            experts = ((torch.arange(B * T) % T)[:, None] * k + torch.arange(k)[None, :]) % E
         else:
             experts = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
         weights = probs.gather(1, experts)

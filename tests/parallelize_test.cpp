@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "anvil/core/allocator.h"
 #include "anvil/ops/grad_norm.h"
@@ -136,6 +139,42 @@ TEST(SingleStageSchedule, StopsAfterTheMicroBatchAtWhichAStopIsAgreed) {
   EXPECT_EQ(calls, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {1, 3}}));
   EXPECT_EQ(r.loss_tokens, 2 * 2 * 32);
   EXPECT_NEAR(r.loss_sum, expected_loss, 1e-6 * expected_loss);
+}
+
+// Expert parallelism splits a mixture of experts over exactly the DDP ranks;
+// anything else is refused before any rank allocates, naming the keys.
+TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
+  const auto error_of = [](const std::string& flags, int world) {
+    std::vector<std::string> args;
+    std::istringstream in(flags);
+    for (std::string w; in >> w;) args.push_back(w);
+    const JobConfig cfg = parse_config(args);
+    try {
+      (void)resolve_parallel(cfg, job_model_args(cfg), world, 0);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string moe = "--model.name qwen3 --model.flavor debugmodel_moe --parallelism.expert_parallel_degree 2 ";
+  EXPECT_EQ(error_of(moe + "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1",
+                     2),
+            "");
+  EXPECT_NE(error_of("--parallelism.expert_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2 "
+                     "--parallelism.data_parallel_shard_degree 1",
+                     2)
+                .find("has none"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "--parallelism.data_parallel_shard_degree 2", 2).find("data_parallel_replicate_degree 2"),
+            std::string::npos);
+  EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.expert_parallel_degree 3 "
+                     "--parallelism.data_parallel_replicate_degree 3 --parallelism.data_parallel_shard_degree 1",
+                     3)
+                .find("must divide"),
+            std::string::npos);
+  EXPECT_NE(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", 2)
+                .find("tensor, context and pipeline parallelism"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -7,7 +7,8 @@ namespace anvil {
 double ddp_bytes_per_step(const std::vector<ParamGroup>& groups, int n) {
   double bytes = 0;
   for (const ParamGroup& g : groups)
-    bytes += static_cast<double>(comm_bytes(CommOp::all_reduce, 4 * static_cast<uint64_t>(g.numel), n));
+    for (const auto& [offset, numel] : g.data_parallel_runs)
+      bytes += static_cast<double>(comm_bytes(CommOp::all_reduce, 4 * static_cast<uint64_t>(numel), n));
   return bytes;
 }
 

@@ -21,9 +21,13 @@ void DdpGradSync::before_backward(int) {
 void DdpGradSync::after_backward(int group) {
   if (!sync_ || dp_.size() == 1) return;
   const ParamGroup& g = params_.groups()[static_cast<size_t>(group)];
-  const Tensor bucket = params_.grad_flat().slice(g.offset, g.numel);
-  const int id = tracker_.start("ddp.all_reduce", layer_of(group), CommOp::all_reduce, bucket.nbytes(), dp_.size());
-  in_flight_.push_back({dp_.iall_reduce(bucket), id});
+  // The group's bucket: all of it, or its runs around a mixture of experts'
+  // expert weights, whose gradients are already whole on the rank holding them.
+  for (const auto& [offset, numel] : g.data_parallel_runs) {
+    const Tensor bucket = params_.grad_flat().slice(offset, numel);
+    const int id = tracker_.start("ddp.all_reduce", layer_of(group), CommOp::all_reduce, bucket.nbytes(), dp_.size());
+    in_flight_.push_back({dp_.iall_reduce(bucket), id});
+  }
   progress();
 }
 

@@ -58,7 +58,18 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& a) {
   return specs;
 }
 
-std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vector<ModuleRange>& stages) {
+namespace {
+// The expert a parameter belongs to ("model.layers.L.mlp.experts.e.…"), or -1.
+int64_t expert_of(const ParamSpec& s) {
+  const size_t found = s.name.find(".mlp.experts.");
+  if (found == std::string::npos) return -1;
+  const size_t at = found + 13;
+  return std::stoll(s.name.substr(at, s.name.find('.', at) - at));
+}
+}  // namespace
+
+std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vector<ModuleRange>& stages,
+                                         const ExpertShard& experts) {
   const int n = llama_num_modules(args);
   ANVIL_CHECK(!stages.empty(), "a rank of ", args.name, "/", args.flavor, " must hold at least one stage");
   std::vector<int> group_of(static_cast<size_t>(n), -1);  // whole-model module → this rank's group
@@ -73,10 +84,19 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vecto
   }
   ANVIL_CHECK(!args.tie_embeddings || (stages.size() == 1 && (stages[0].first == 0) == (stages[0].end == n)),
               args.name, "/", args.flavor, " ties the output head to the embedding, so one stage must hold both");
+  ANVIL_CHECK(experts.size == 1 || (args.moe() && args.num_experts % experts.size == 0), args.name, "/",
+              args.flavor, " cannot split its ", args.num_experts, " experts over ", experts.size,
+              " expert-parallel ranks", args.moe() ? "" : " (it has none)");
+  const int64_t per_rank = args.moe() ? args.num_experts / experts.size : 0;
   std::vector<ParamSpec> specs;
   for (ParamSpec& s : llama_param_specs(args)) {
     const int g = group_of[static_cast<size_t>(s.group)];
     if (g < 0) continue;
+    const int64_t expert = expert_of(s);
+    if (experts.size > 1 && expert >= 0) {
+      if (expert / per_rank != experts.rank) continue;  // another rank's expert
+      s.expert = true;
+    }
     s.group = g;
     specs.push_back(std::move(s));
   }
@@ -105,8 +125,12 @@ std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptio
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, const LlamaOptions& options)
     : args_(buildable(args, options)),
       style_(options.parallel_style ? options.parallel_style : &single_process_),
-      params_(style_->shard_params(llama_param_specs(args, stages_or_whole(args, options))), compute_dtype,
-              options.allocate_params) {
+      params_(style_->shard_params(llama_param_specs(args, stages_or_whole(args, options), options.expert_shard)),
+              compute_dtype, options.allocate_params),
+      expert_exchange_(options.expert_exchange) {
+  ANVIL_ASSERT((options.expert_shard.size > 1) == (expert_exchange_ != nullptr) &&
+                   (!expert_exchange_ || expert_exchange_->size() == options.expert_shard.size),
+               "expert parallelism over ", options.expert_shard.size, " ranks needs their exchange");
   args_.validate();
   if (args_.moe()) {
     moe_state_.num_experts = args_.num_experts;
@@ -126,7 +150,8 @@ Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, co
     for (int m = std::max(r.first, 1); m < std::min(r.end, last); ++m) {
       const int layer = m - 1;
       const int first_param = params_.index_of("model.layers." + std::to_string(layer) + ".input_layernorm.weight");
-      blocks_.emplace_back(params_, first_param, layer, args_, rope_, *style_, args_.moe() ? &moe_state_ : nullptr);
+      blocks_.emplace_back(params_, first_param, layer, args_, rope_, *style_, args_.moe() ? &moe_state_ : nullptr,
+                           expert_exchange_);
     }
     st.num_blocks = blocks_.size() - st.first_block;
     if (r.end == last + 1) {

@@ -55,6 +55,12 @@ struct ModuleRange {
   bool operator==(const ModuleRange&) const = default;
 };
 
+// The experts of a mixture of experts one rank holds under expert parallelism.
+struct ExpertShard {
+  int rank = 0, size = 1;
+  bool operator==(const ExpertShard&) const = default;
+};
+
 struct LlamaOptions {
   // The stages this rank holds, in ascending module order, disjoint (several
   // for looped and V-shaped pipeline schedules); empty: the whole model as one.
@@ -64,6 +70,11 @@ struct LlamaOptions {
   // false: no flat parameter buffers; every group is bound while in use by
   // someone who owns its weights (FSDP).
   bool allocate_params = true;
+  // Expert parallelism (a mixture of experts): this rank holds experts
+  // [rank·E/size, (rank+1)·E/size) of every layer and exchanges routed rows
+  // through `expert_exchange` (not owned; null when size is 1).
+  ExpertShard expert_shard = {};
+  ExpertExchange* expert_exchange = nullptr;
 };
 
 // One micro-batch's state on a stage between its forward and its backward
@@ -196,6 +207,7 @@ class Llama {
   ParamGroupHooks no_hooks_;
   ParamGroupHooks* hooks_ = &no_hooks_;
   MoeStepState moe_state_;  // the blocks hold its address: Llama is not copied or moved
+  ExpertExchange* expert_exchange_ = nullptr;
 };
 
 // The whole model's parameter list, with Hugging Face names, torchtitan's
@@ -206,7 +218,8 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& args);
 // ranges), their groups renumbered from 0 in module order. Throws
 // anvil::Error for an empty, out-of-range or overlapping range, or stages
 // that split tied embeddings from the head.
-std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vector<ModuleRange>& stages);
+std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vector<ModuleRange>& stages,
+                                         const ExpertShard& experts = {});
 inline std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, int first, int end) {
   return llama_param_specs(args, std::vector<ModuleRange>{{first, end}});
 }

@@ -135,7 +135,9 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
   saved.probs = new_activation({M, E}, DType::f32, "moe.router_probs");
   saved.experts = new_activation({M, k}, DType::i32, "moe.experts");
   saved.weights = new_activation({M, k}, DType::f32, "moe.weights");
-  router_forward(logits, cfg, saved.probs, saved.experts, saved.weights);
+  RouterConfig routing = cfg;
+  routing.sequence_length = M / sequences;
+  router_forward(logits, routing, saved.probs, saved.experts, saved.weights);
   logits = Tensor();
   saved.aux_loss = sequence_aux_losses(saved, 0.0f, nullptr);
   saved.routes = sort_routes(saved.experts, E);

@@ -32,9 +32,16 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool a
     ANVIL_ASSERT(s.group >= 0 && (groups_.empty() || s.group == static_cast<int>(groups_.size()) - 1 ||
                                   s.group == static_cast<int>(groups_.size())),
                  "parameter groups must be consecutive: ", s.name);
-    if (s.group == static_cast<int>(groups_.size())) groups_.push_back({static_cast<int>(i), 0, s.offset, 0, s.module, s.layer});
-    groups_.back().end = static_cast<int>(i) + 1;
-    groups_.back().numel = numel_ - groups_.back().offset;
+    if (s.group == static_cast<int>(groups_.size()))
+      groups_.push_back({static_cast<int>(i), 0, s.offset, 0, s.module, s.layer, {}});
+    ParamGroup& g = groups_.back();
+    g.end = static_cast<int>(i) + 1;
+    g.numel = numel_ - g.offset;
+    if (!s.expert) {
+      auto& runs = g.data_parallel_runs;
+      if (!runs.empty() && runs.back().first + runs.back().second == s.offset) runs.back().second += padded(s.numel());
+      else runs.emplace_back(s.offset, padded(s.numel()));
+    }
   }
   bound_compute_.resize(groups_.size());
   bound_grads_.resize(groups_.size());

@@ -21,16 +21,18 @@ constexpr int kRouter = kW1;
 }  // namespace
 
 TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args,
-                                   const RopeTable& rope, const ParallelStyle& style, MoeStepState* moe_state)
+                                   const RopeTable& rope, const ParallelStyle& style, MoeStepState* moe_state,
+                                   ExpertExchange* exchange)
     : params_(params),
       first_param_(first_param),
       layer_(layer),
       dim_(args.dim),
       head_dim_(args.head_dim()),
-      q_norm_param_(args.moe() ? kRouter + 1 + 3 * static_cast<int>(args.num_experts) : kDenseQNorm),
       qk_norm_(args.qk_norm),
       router_{args.moe() ? args.experts_per_token : 0, args.norm_topk_prob, args.moe_balanced_routing},
+      local_experts_(args.moe() ? static_cast<int>(args.num_experts / (exchange ? exchange->size() : 1)) : 0),
       moe_state_(moe_state),
+      exchange_(exchange),
       eps_(static_cast<float>(args.norm_eps)),
       rope_(rope),
       style_(style) {
@@ -38,6 +40,7 @@ TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int laye
   heads_ = specs[static_cast<size_t>(first_param + kWq)].shape[0] / head_dim_;
   kv_heads_ = specs[static_cast<size_t>(first_param + kWk)].shape[0] / head_dim_;
   ffn_ = args.moe() ? args.moe_ffn_hidden : specs[static_cast<size_t>(first_param + kW1)].shape[0];
+  q_norm_param_ = args.moe() ? kRouter + 1 + 3 * local_experts_ : kDenseQNorm;
   ANVIL_ASSERT(!args.moe() || moe_state != nullptr, "a mixture-of-experts block reports to its model's step state");
 }
 
@@ -61,13 +64,13 @@ BlockParams block_params(One one, Stack stack, bool moe, int experts, int q_norm
 BlockParams TransformerBlock::compute_params() const {
   return block_params([&](int k) { return params_.compute(first_param_ + k); },
                       [&](int k, int n) { return params_.compute_stack(first_param_ + k, n); }, router_.top_k > 0,
-                      moe_state_ ? static_cast<int>(moe_state_->num_experts) : 0, q_norm_param_, qk_norm_);
+                      local_experts_, q_norm_param_, qk_norm_);
 }
 
 BlockParams TransformerBlock::grad_params() const {
   return block_params([&](int k) { return params_.grad(first_param_ + k); },
                       [&](int k, int n) { return params_.grad_stack(first_param_ + k, n); }, router_.top_k > 0,
-                      moe_state_ ? static_cast<int>(moe_state_->num_experts) : 0, q_norm_param_, qk_norm_);
+                      local_experts_, q_norm_param_, qk_norm_);
 }
 
 void TransformerBlock::project_heads(const Tensor& h1, const Tensor& w, const Tensor& norm, Tensor& out, Tensor& raw,
@@ -200,7 +203,7 @@ Tensor TransformerBlock::feed_forward(BlockSaved& s, const BlockParams& p) const
   const DType dt = params_.compute_dtype();
   const int64_t M = s.B * s.T, F = ffn_;
   if (router_.top_k > 0) {  // out = x2 + moe(h2); the layout refuses MoE under parallelisms that split rows
-    return moe_forward(s.h2, p.moe, router_, s.moe, s.B, s.x2);
+    return moe_forward(s.h2, p.moe, router_, s.moe, s.B, s.x2, exchange_);
   }
   s.g = new_activation({M, F}, dt, "block.g");
   s.u = new_activation({M, F}, dt, "block.u");
@@ -292,7 +295,7 @@ Tensor TransformerBlock::feed_forward_backward(BlockSaved& s, const BlockParams&
     // grouped products are not split into the weight-gradient pass).
     ANVIL_ASSERT(moe_state_->aux_grad_coef >= 0, "a mixture-of-experts model trains after set_step_sequences");
     Tensor dh2 = new_activation({M, dim_}, dt, "block.dh2");
-    moe_backward(dout, s.h2, p.moe, router_, moe_state_->aux_grad_coef, s.moe, dh2, gp.moe);
+    moe_backward(dout, s.h2, p.moe, router_, moe_state_->aux_grad_coef, s.moe, dh2, gp.moe, exchange_);
     s.h2 = Tensor();
     return dh2;
   }

@@ -63,8 +63,10 @@ class TransformerBlock {
   // width it runs are its parameters' (a tensor-parallel rank holds a share).
   // moe_state: where a mixture-of-experts block reports its routing and
   // reads its auxiliary loss's gradient scale (the model's; null if dense).
+  // exchange: the expert-parallel group, whose share of the experts the
+  // block's parameters hold (null: all of them).
   TransformerBlock(ParamStore& params, int first_param, int layer, const ModelArgs& args, const RopeTable& rope,
-                   const ParallelStyle& style, MoeStepState* moe_state = nullptr);
+                   const ParallelStyle& style, MoeStepState* moe_state = nullptr, ExpertExchange* exchange = nullptr);
   int layer() const { return layer_; }
 
   // x (residual_rows(M), D) → the block output, same shape. saved gets x and
@@ -126,7 +128,9 @@ class TransformerBlock {
   int q_norm_param_;  // the offset of q_norm from the first parameter (k_norm follows)
   bool qk_norm_;
   RouterConfig router_;  // top_k 0: a dense feed-forward
+  int local_experts_;    // the experts this rank holds (all of them without expert parallelism)
   MoeStepState* moe_state_;
+  ExpertExchange* exchange_;
   float eps_;
   const RopeTable& rope_;
   const ParallelStyle& style_;

@@ -55,7 +55,8 @@ void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
       if (cfg.balanced) {
-        for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>((t * k + j) % E);
+        const int64_t p = cfg.sequence_length > 0 ? t % cfg.sequence_length : t;
+        for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>((p * k + j) % E);
       } else {
         for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
         // Descending probability; equal probabilities in ascending expert index.

@@ -23,11 +23,14 @@ namespace anvil {
 struct RouterConfig {
   int64_t top_k = 1;
   bool normalize = true;  // Qwen3-MoE's norm_topk_prob
-  // Forced balance instead of the top k: token t's slot j goes to expert
-  // (t·k + j) mod E, so every expert gets M·k/E routes (±1) whatever the
-  // logits; the weights are still the softmax's at those experts. The dry run
-  // takes this case (sort_routes), and a real run under it allocates the same.
+  // Forced balance instead of the top k: the token at position p of its
+  // sequence sends slot j to expert (p·k + j) mod E, so every expert gets
+  // M·k/E routes (±1) whatever the logits, and a token's experts do not
+  // depend on how the sequences are split over micro-batches and ranks; the
+  // weights are still the softmax's at those experts. The dry run takes this
+  // case (sort_routes), and a real run under it allocates the same.
   bool balanced = false;
+  int64_t sequence_length = 0;  // the rows' sequences' length, for `balanced` (0: one sequence of all M rows)
 };
 
 // logits (M, E) f32 → probs (M, E) f32 (the softmax, kept for the backward),

@@ -55,7 +55,7 @@ std::vector<Key> key_table(JobConfig& c) {
        "moe_routing",
        &c.model.moe_routing,
        "mixture-of-experts models: learned routes each token to its top k experts by the router; balanced "
-       "routes token t's k slots to experts (t·k + j) mod E whatever the router says (its weights still weight "
+       "routes the k slots of the token at position p of its sequence to experts (p·k + j) mod E whatever the router says (its weights still weight "
        "them), so every expert gets as many tokens: the case the dry run (anvil estimate, the fit check) takes, "
        "to check it against a real run",
        {"learned", "balanced"}},
@@ -222,6 +222,15 @@ std::vector<Key> key_table(JobConfig& c) {
        &c.parallelism.context_parallel_degree,
        "context-parallel ranks: each holds 2 of the 2·degree chunks of every sequence (training.seq_len must "
        "divide into them); FSDP then shards over data_parallel_shard_degree x this (docs/context_parallel.md)",
+       {},
+       1,
+       kInf},
+      {"parallelism",
+       "expert_parallel_degree",
+       &c.parallelism.expert_parallel_degree,
+       "mixture-of-experts models: ranks the experts are split over, each holding num_experts / degree of every "
+       "layer and exchanging routed tokens all-to-all with the others; the data-parallel ranks (DDP: "
+       "data_parallel_replicate_degree, with data_parallel_shard_degree 1) must be exactly these (docs/moe.md)",
        {},
        1,
        kInf},

@@ -89,6 +89,7 @@ struct JobConfig {
     int64_t data_parallel_shard_degree = -1;
     int64_t tensor_parallel_degree = 1;
     int64_t context_parallel_degree = 1;
+    int64_t expert_parallel_degree = 1;
     std::string context_parallel_load_balancer = "headtail";
     std::string context_parallel_rotate_method = "ring";
     int64_t pipeline_parallel_degree = 1;

@@ -130,6 +130,18 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
               args.flavor, " is a mixture-of-experts model, which trains on one process or under data parallelism "
               "(FSDP, HSDP, DDP) only: tensor, context and pipeline parallelism do not split its layers yet; set "
               "parallelism.tensor_parallel_degree, context_parallel_degree and pipeline_parallel_degree to 1");
+  const int64_t ep = p.expert_parallel_degree;
+  if (ep > 1) {
+    ANVIL_CHECK(args.moe(), "parallelism.expert_parallel_degree ", ep, " splits a mixture of experts' experts, but ",
+                args.name, "/", args.flavor, " has none; set it to 1");
+    ANVIL_CHECK(args.num_experts % ep == 0, "parallelism.expert_parallel_degree ", ep, " must divide ", args.name,
+                "/", args.flavor, "'s ", args.num_experts, " experts");
+    ANVIL_CHECK(layout.dp_shard() == 1 && layout.dp_replicate() == ep, "parallelism.expert_parallel_degree ", ep,
+                " splits the experts over the data-parallel ranks, which must be exactly those ranks under DDP: set "
+                "data_parallel_replicate_degree ", ep, " and data_parallel_shard_degree 1 (now ",
+                layout.dp_replicate(), " and ", layout.dp_shard(),
+                "); FSDP over the experts and expert replicas are not built yet");
+  }
   // The rows a micro-batch runs with: the local batch, or under pipeline
   // parallelism each of its pipeline micro-batches.
   int64_t rows = cfg.training.local_batch_size;
@@ -198,6 +210,7 @@ ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int w
   par.pp_size = layout.pp();
   par.cp_rank = layout.group_rank(par.rank, MeshGroup::cp);
   par.cp_size = layout.cp();
+  par.ep_size = static_cast<int>(p.expert_parallel_degree);
   par.cp_balancer = cp_load_balancer(p.context_parallel_load_balancer);
   par.cp_rotate = cp_rotate_method(p.context_parallel_rotate_method);
   if (layout.dp_shard() * layout.cp() > 1) {
@@ -210,6 +223,7 @@ ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int w
     par.mode = DataParallelMode::ddp;
     par.description = detail::concat("DDP over ", layout.dp_replicate(), " ranks");
   }
+  if (par.ep_size > 1) par.description += detail::concat(" x EP ", par.ep_size, " (experts split over the DDP ranks)");
   if (layout.cp() > 1)
     par.description += detail::concat(" x CP ", layout.cp(), " (", p.context_parallel_load_balancer, ", ",
                                       p.context_parallel_rotate_method, ")");

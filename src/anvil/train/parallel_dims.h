@@ -39,6 +39,7 @@ struct ParallelDims {
   int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data
   int pp_rank = 0, pp_size = 1;  // a pp group's ranks read the same data
   int cp_rank = 0, cp_size = 1;  // a cp group's ranks read the same sequences, each keeping its chunks
+  int ep_size = 1;  // expert parallelism: the data-parallel ranks split the experts (ep rank = dp rank)
   CpLoadBalancer cp_balancer = CpLoadBalancer::headtail;
   CpRotateMethod cp_rotate = CpRotateMethod::ring;
   // Under pipeline parallelism: each micro-batch of local_batch_size sequences

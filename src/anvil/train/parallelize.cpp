@@ -11,6 +11,7 @@
 #include "anvil/distributed/comm_volume.h"
 #include "anvil/distributed/context_parallel.h"
 #include "anvil/distributed/ddp.h"
+#include "anvil/distributed/expert_parallel.h"
 #include "anvil/distributed/fsdp.h"
 #include "anvil/distributed/tensor_parallel.h"
 #include "anvil/model/llama.h"
@@ -32,7 +33,9 @@ namespace {
 // one made for it) runs RoPE and attention through `cp`.
 void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype,
                  bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
-                 std::unique_ptr<ParallelStyle>& plain_style, std::unique_ptr<Llama>& model) {
+                 std::unique_ptr<ParallelStyle>& plain_style, std::unique_ptr<ExpertExchange>& experts,
+                 std::unique_ptr<Llama>& model) {
+  if (par.ep_size > 1) experts = std::make_unique<MpiExpertExchange>(par.mesh->dp());
   if (par.tp_size > 1)
     tp = std::make_unique<TensorParallelStyle>(
         par.mesh->tp(), args,
@@ -46,7 +49,11 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
   }
   model = std::make_unique<Llama>(
       args, compute_dtype, cfg.training.seq_len,
-      LlamaOptions{.stages = rank_stages(args, par), .parallel_style = style, .allocate_params = allocate_params});
+      LlamaOptions{.stages = rank_stages(args, par),
+                   .parallel_style = style,
+                   .allocate_params = allocate_params,
+                   .expert_shard = {par.ep_size > 1 ? par.dp_rank : 0, par.ep_size},
+                   .expert_exchange = experts.get()});
 }
 
 }  // namespace
@@ -66,7 +73,7 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   // rank's shards and lends each group's gathered weights while the group runs.
   const bool fsdp_mode = par.mode == DataParallelMode::fsdp;
   std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
-  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, tp_, cp_, plain_style_, model_);
+  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, tp_, cp_, plain_style_, experts_, model_);
   ParamStore& ps = model_->params();
   const ReshardPolicy reshard = parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward);
   if (fsdp_mode) {

@@ -32,6 +32,7 @@ class TensorParallelStyle;
 class ContextParallel;
 class ParallelStyle;
 class PipelineExecutor;
+class ExpertExchange;
 
 // This rank's communication since the last take.
 struct StepComm {
@@ -115,6 +116,7 @@ class ParallelizedModel {
   // style that carries it when there is no tensor parallelism.
   std::unique_ptr<ContextParallel> cp_;
   std::unique_ptr<ParallelStyle> plain_style_;
+  std::unique_ptr<ExpertExchange> experts_;  // expert parallelism's exchange over the dp group
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;

@@ -45,7 +45,7 @@ class RankStateLayout {
   int64_t global_numel() const;
   // True when a rank's state is the whole model's as it stands (one process,
   // DDP): loads read straight into it, with no staging copy.
-  bool is_global() const { return !fsdp_ && !tensor_parallel_ && par_.pp_size == 1; }
+  bool is_global() const { return !fsdp_ && !tensor_parallel_ && par_.pp_size == 1 && par_.ep_size == 1; }
 
   // rank_state as the whole model's flat buffer, on pp rank 0 (undefined on
   // the other pp ranks). Collective over dp_shard, tp and pp.
@@ -57,7 +57,7 @@ class RankStateLayout {
   void from_local(const Tensor& local, Tensor& rank_state) const;
   // Σx² over the global tensor of which rank_state is this rank's part, each
   // global element counted once, the same on every rank. Collective over
-  // dp_shard, tp and pp.
+  // dp_shard, tp and pp (and dp under expert parallelism).
   double global_sum_of_squares(const Tensor& rank_state) const;
 
  private:
