@@ -85,6 +85,30 @@ TEST(Estimate, FsdpDividesTheParametersAndAcChangesTheActivations) {
 // dry run allocates them and never reads them (its tensors are addresses
 // only), however large. 8 sequences of 8192 tokens hold 512 KiB of bounds, a
 // block of their own; the dry run once read them to pick the attention grid.
+// Under expert parallelism the tokens a rank's experts receive depend on the
+// routing: the dry run takes model.moe_estimate_load times the balanced share,
+// and the received rows (per route: the experts' input, gate, up, SwiGLU and
+// output, plus the returned rows) grow with it; the parameters do not. Each
+// rank holds half the experts, so its parameters are below one process's.
+TEST(Estimate, ExpertParallelMemoryFollowsTheNamedLoad) {
+  const std::string moe = "--model.name qwen3 --model.flavor debugmodel_moe --training.seq_len 64 "
+                          "--training.local_batch_size 2 --training.mixed_precision_param float32 ";
+  const std::string ep = "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1 "
+                         "--parallelism.expert_parallel_degree 2 ";
+  const auto at = [&](const std::string& flags, int ranks) {
+    const JobConfig cfg = config(moe + flags);
+    return estimate_layout(cfg, job_model_args(cfg), ranks).ranks[0].memory;
+  };
+  const MemoryEstimate single = at("", 1), balanced = at(ep, 2), twice = at(ep + "--model.moe_estimate_load 2", 2);
+  EXPECT_LT(balanced.bytes(MemCategory::parameters), single.bytes(MemCategory::parameters));
+  EXPECT_EQ(twice.bytes(MemCategory::parameters), balanced.bytes(MemCategory::parameters));
+  EXPECT_GT(twice.bytes(MemCategory::activations), balanced.bytes(MemCategory::activations));
+  // M·k = 2·64·2 routed rows per micro-batch and layer: the second load keeps, per layer, another M·k rows of
+  // the experts' input (D 256) and their g, u, s (F 128) in f32 at least.
+  const size_t extra_per_layer = static_cast<size_t>(256) * (256 + 3 * 128) * 4;
+  EXPECT_GE(twice.bytes(MemCategory::activations) - balanced.bytes(MemCategory::activations), 6 * extra_per_layer);
+}
+
 TEST(Estimate, BlockCausalDryRunReadsNoDocuments) {
   const std::string flags = "--training.seq_len 8192 --training.local_batch_size 8";
   const JobConfig block_causal = config(flags);

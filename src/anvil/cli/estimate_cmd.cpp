@@ -110,7 +110,13 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
               static_cast<long long>(cfg.training.seq_len));
   std::printf("layout: %s; %lld micro-batch(es) per step\n", est.par.description.c_str(),
               static_cast<long long>(est.par.accum_steps));
-  if (args.moe())
+  if (args.moe() && est.par.ep_size > 1)
+    std::printf("mixture of experts: %lld experts, %lld per token, split over %d expert-parallel ranks; the dry run "
+                "has every rank's experts receive %.2f times the balanced share of the routed tokens "
+                "(model.moe_estimate_load); a learned routing's busiest rank sets the real memory\n",
+                static_cast<long long>(args.num_experts), static_cast<long long>(args.experts_per_token),
+                est.par.ep_size, cfg.model.moe_estimate_load);
+  else if (args.moe())
     std::printf("mixture of experts: %lld experts, %lld per token; the dry run takes balanced routing (each "
                 "expert M·k/E of a micro-batch's M·k routes); without expert parallelism the layer's memory does "
                 "not depend on the routing, so this holds for learned routing too\n",

@@ -1,6 +1,7 @@
 #include "anvil/distributed/expert_parallel.h"
 
 #include <climits>
+#include <cmath>
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
@@ -20,7 +21,12 @@ std::vector<int64_t> MpiExpertExchange::exchange_counts(const std::vector<int64_
   }
   const std::vector<int64_t> rows(static_cast<size_t>(n), per_rank);
   group_.all_to_all_v(out, rows, in, rows);
-  if (dry) return counts;
+  if (dry) {
+    std::vector<int64_t> assumed(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i)
+      assumed[i] = static_cast<int64_t>(std::ceil(static_cast<double>(counts[i]) * dry_load_));
+    return assumed;
+  }
   std::vector<int64_t> got(counts.size());
   for (size_t i = 0; i < got.size(); ++i) got[i] = in.data<int32_t>()[i];
   return got;

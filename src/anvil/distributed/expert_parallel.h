@@ -12,11 +12,14 @@ namespace anvil {
 
 class MpiExpertExchange : public ExpertExchange {
  public:
-  explicit MpiExpertExchange(Communicator& group) : group_(group) {}
+  // dry_load: in a dry run, the rows every rank's experts receive as a
+  // multiple of what it sends (1: the balanced case).
+  explicit MpiExpertExchange(Communicator& group, double dry_load = 1.0) : group_(group), dry_load_(dry_load) {}
   int size() const override { return group_.size(); }
   int rank() const override { return group_.rank(); }
-  // In a dry run no other rank speaks, and the counts come back as they went:
-  // the balanced case, where each rank receives as many rows as it sends.
+  // In a dry run no other rank speaks, and the counts come back as they went
+  // times dry_load (rounded up): with 1, the balanced case, where each rank
+  // receives as many rows as it sends.
   std::vector<int64_t> exchange_counts(const std::vector<int64_t>& counts) override;
   void exchange_rows(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
                      const std::vector<int64_t>& recv_rows) override {
@@ -25,6 +28,7 @@ class MpiExpertExchange : public ExpertExchange {
 
  private:
   Communicator& group_;
+  double dry_load_;
 };
 
 }  // namespace anvil

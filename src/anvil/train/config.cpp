@@ -66,6 +66,15 @@ std::vector<Key> key_table(JobConfig& c) {
        {},
        -1,
        kInf},
+      {"model",
+       "moe_estimate_load",
+       &c.model.moe_estimate_load,
+       "mixture-of-experts models under expert parallelism: the routed tokens the dry run (anvil estimate, the fit "
+       "check) has every rank's experts receive, as a multiple of the balanced share; 1: balanced. A learned "
+       "routing's busiest rank sets the memory, so name the worst load to plan for it (docs/moe.md)",
+       {},
+       1,
+       kInf},
 
       {"training",
        "dataset",

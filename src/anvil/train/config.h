@@ -26,6 +26,7 @@ struct JobConfig {
     std::string attn_mask_type = "block_causal";
     std::string moe_routing = "learned";
     double router_aux_loss_coef = -1;  // -1: the flavour's (Qwen3-MoE: 0.001)
+    double moe_estimate_load = 1.0;    // the dry run's tokens per expert-parallel rank, × the balanced share
   } model;
   struct Training {
     std::string dataset = "text";

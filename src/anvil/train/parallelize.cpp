@@ -35,7 +35,7 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
                  bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
                  std::unique_ptr<ParallelStyle>& plain_style, std::unique_ptr<ExpertExchange>& experts,
                  std::unique_ptr<Llama>& model) {
-  if (par.ep_size > 1) experts = std::make_unique<MpiExpertExchange>(par.mesh->dp());
+  if (par.ep_size > 1) experts = std::make_unique<MpiExpertExchange>(par.mesh->dp(), cfg.model.moe_estimate_load);
   if (par.tp_size > 1)
     tp = std::make_unique<TensorParallelStyle>(
         par.mesh->tp(), args,
