@@ -439,18 +439,13 @@ TEST(Convert, GqaWithLlama31RopeScalingMatchesTorchAndRoundTrips) {
   if (!HasFailure()) fs::remove_all(dir);
 }
 
-// Qwen3 (q/k norms, head_dim 64 apart from dim / heads, GQA): an export of
-// random weights, its q/k norm weights spread away from one, gives PyTorch's
-// Qwen3 (built from the config.json alone) the loss Anvil computes, to the
-// fp32 bound above, and imports back bit for bit.
-TEST(Convert, Qwen3ExportMatchesTorchAndImportsBitIdentical) {
-  const ModelArgs args = model_flavor("qwen3", "debugmodel");
-  const fs::path dir = workdir("qwen3");
-  Llama model(args, DType::f32, kSeq);
-  ParamStore& ps = model.params();
+// A model's initial weights with its norm weights spread over [0.5, 1.5)
+// (so that they are exercised, not all one), synced to its compute copy; a
+// copy of each is returned by name.
+Weights spread_norms(ParamStore& ps, const char* key_name) {
   ps.init(21);
   Weights weights;
-  const uint64_t key = RngStream{23, "convert.qwen3_norms"}.key();
+  const uint64_t key = RngStream{23, key_name}.key();
   for (size_t i = 0; i < ps.specs().size(); ++i) {
     const std::string& name = ps.specs()[i].name;
     Tensor w = ps.master(static_cast<int>(i));
@@ -460,6 +455,38 @@ TEST(Convert, Qwen3ExportMatchesTorchAndImportsBitIdentical) {
     weights.emplace(name, w.to(DType::f32, MemCategory::workspace, "weights"));
   }
   ps.sync_compute_copy();
+  return weights;
+}
+
+// The export in dir/hf of `weights`, `written` tensors: PyTorch's loss of a
+// batch (its model built from config.json alone) equals Anvil's to the fp32
+// bound, and the folder imports back bit for bit.
+void expect_torch_loss_and_round_trip(const ModelArgs& args, const fs::path& dir, const Weights& weights,
+                                      int64_t written, const std::string& batch_key) {
+  auto [tokens, targets] = make_batch(args.vocab_size, batch_key);
+  const fs::path tokens_file = dir / "tokens.safetensors";
+  save_safetensors(tokens_file.string(), {{"tokens", tokens}, {"targets", targets}});
+  const double anvil32 = anvil_loss(args, weights, tokens, targets);
+  const double torch32 = torch_loss(dir / "hf", tokens_file);
+  std::printf("%s %s fp32 export: loss anvil %.8f torch %.8f (rel %.2e)\n", args.name.c_str(), args.flavor.c_str(),
+              anvil32, torch32, rel(anvil32, torch32));
+  EXPECT_LT(rel(anvil32, torch32), kFp32LossBound);
+  Weights back;
+  const HfTransferStats read = import_hf((dir / "hf").string(), args, back);
+  EXPECT_EQ(read.tensors, written);
+  expect_bit_identical(back, weights);
+}
+
+// Qwen3 (q/k norms, head_dim 64 apart from dim / heads, GQA): an export of
+// random weights, its q/k norm weights spread away from one, gives PyTorch's
+// Qwen3 (built from the config.json alone) the loss Anvil computes, to the
+// fp32 bound above, and imports back bit for bit.
+TEST(Convert, Qwen3ExportMatchesTorchAndImportsBitIdentical) {
+  const ModelArgs args = model_flavor("qwen3", "debugmodel");
+  const fs::path dir = workdir("qwen3");
+  Llama model(args, DType::f32, kSeq);
+  ParamStore& ps = model.params();
+  const Weights weights = spread_norms(ps, "convert.qwen3_norms");
   const HfTransferStats written = export_hf(ps, args, (dir / "hf").string(), HfExportOptions{});
   EXPECT_EQ(written.tensors, 1 + 6 * 11 + 1 + 1);  // embedding, 6 blocks of 11, final norm, lm_head
   const auto config = nlohmann::json::parse(std::ifstream(dir / "hf" / "config.json"));
@@ -467,20 +494,7 @@ TEST(Convert, Qwen3ExportMatchesTorchAndImportsBitIdentical) {
   EXPECT_EQ(config.at("model_type"), "qwen3");
   EXPECT_EQ(config.at("head_dim"), 64);
   EXPECT_EQ(config.at("use_sliding_window"), false);
-
-  auto [tokens, targets] = make_batch(args.vocab_size, "convert.qwen3");
-  const fs::path tokens_file = dir / "tokens.safetensors";
-  save_safetensors(tokens_file.string(), {{"tokens", tokens}, {"targets", targets}});
-  const double anvil32 = anvil_loss(args, weights, tokens, targets);
-  const double torch32 = torch_loss(dir / "hf", tokens_file);
-  std::printf("qwen3 debugmodel fp32 export: loss anvil %.8f torch %.8f (rel %.2e)\n", anvil32, torch32,
-              rel(anvil32, torch32));
-  EXPECT_LT(rel(anvil32, torch32), kFp32LossBound);
-
-  Weights back;
-  const HfTransferStats read = import_hf((dir / "hf").string(), args, back);
-  EXPECT_EQ(read.tensors, written.tensors);
-  expect_bit_identical(back, weights);
+  expect_torch_loss_and_round_trip(args, dir, weights, written.tensors, "convert.qwen3");
   // A Llama flavour refuses the folder by its model_type.
   const std::string error = import_error(dir / "hf", model_flavor("llama3", "debugmodel"));
   EXPECT_NE(error.find("model_type"), std::string::npos) << error;
@@ -496,18 +510,7 @@ TEST(Convert, Qwen3MoeExportMatchesTorchAndImportsBitIdentical) {
   const fs::path dir = workdir("qwen3_moe");
   Llama model(args, DType::f32, kSeq);
   ParamStore& ps = model.params();
-  ps.init(21);
-  Weights weights;
-  const uint64_t key = RngStream{23, "convert.qwen3_moe_norms"}.key();
-  for (size_t i = 0; i < ps.specs().size(); ++i) {
-    const std::string& name = ps.specs()[i].name;
-    Tensor w = ps.master(static_cast<int>(i));
-    if (name.find("_norm.") != std::string::npos)
-      for (int64_t j = 0; j < w.numel(); ++j)
-        w.data<float>()[j] = 0.5f + static_cast<float>(uniform01(key, static_cast<uint64_t>(i * 4096 + j)));
-    weights.emplace(name, w.to(DType::f32, MemCategory::workspace, "weights"));
-  }
-  ps.sync_compute_copy();
+  const Weights weights = spread_norms(ps, "convert.qwen3_moe_norms");
   const HfTransferStats written = export_hf(ps, args, (dir / "hf").string(), HfExportOptions{});
   // embedding; 6 blocks of 2 norms, 4 attention projections, 2 q/k norms, the router and 8 x 3 experts; norm; lm_head
   EXPECT_EQ(written.tensors, 1 + 6 * (2 + 4 + 2 + 1 + 8 * 3) + 1 + 1);
@@ -518,20 +521,7 @@ TEST(Convert, Qwen3MoeExportMatchesTorchAndImportsBitIdentical) {
   EXPECT_EQ(config.at("num_experts_per_tok"), 2);
   EXPECT_EQ(config.at("moe_intermediate_size"), 128);
   EXPECT_TRUE(weights.count("model.layers.5.mlp.experts.7.down_proj.weight"));
-
-  auto [tokens, targets] = make_batch(args.vocab_size, "convert.qwen3_moe");
-  const fs::path tokens_file = dir / "tokens.safetensors";
-  save_safetensors(tokens_file.string(), {{"tokens", tokens}, {"targets", targets}});
-  const double anvil32 = anvil_loss(args, weights, tokens, targets);
-  const double torch32 = torch_loss(dir / "hf", tokens_file);
-  std::printf("qwen3 debugmodel_moe fp32 export: loss anvil %.8f torch %.8f (rel %.2e)\n", anvil32, torch32,
-              rel(anvil32, torch32));
-  EXPECT_LT(rel(anvil32, torch32), kFp32LossBound);
-
-  Weights back;
-  const HfTransferStats read = import_hf((dir / "hf").string(), args, back);
-  EXPECT_EQ(read.tensors, written.tensors);
-  expect_bit_identical(back, weights);
+  expect_torch_loss_and_round_trip(args, dir, weights, written.tensors, "convert.qwen3_moe");
   // The dense debug Qwen3 refuses the folder by its model_type; a flavour with
   // other experts by their count.
   std::string error = import_error(dir / "hf", model_flavor("qwen3", "debugmodel"));
