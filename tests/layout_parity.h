@@ -600,8 +600,9 @@ inline EstimateCheck expect_estimate_matches_allocator(const std::filesystem::pa
     }
   }
   EXPECT_GT(steps, 0) << "no step lines in " << (dump / "metrics.jsonl");
-  // The tensor- and pipeline-parallel bytes rank 0 sent (and, pp, received)
-  // in step 2, which saves no checkpoint: the replay's count of every collective.
+  // The tensor-, pipeline- and expert-parallel bytes rank 0 sent (and, pp,
+  // received) in step 2, which saves no checkpoint: the replay's count of
+  // every collective.
   if (ranks > 1) {
     std::ifstream again(dump / "metrics.jsonl");
     for (std::string line; std::getline(again, line);) {
@@ -610,6 +611,7 @@ inline EstimateCheck expect_estimate_matches_allocator(const std::filesystem::pa
       const RankEstimate& r0 = est.ranks[0];
       EXPECT_EQ(j["tp_comm_bytes_per_step"].get<double>(), r0.tensor_parallel_bytes) << "tensor-parallel bytes";
       EXPECT_EQ(j["pp_comm_bytes_per_step"].get<double>(), r0.pipeline_bytes) << "pipeline bytes";
+      EXPECT_EQ(j["ep_comm_bytes_per_step"].get<double>(), r0.expert_parallel_bytes) << "expert-parallel bytes";
     }
   }
   EstimateCheck worst;

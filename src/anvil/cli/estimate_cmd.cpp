@@ -70,7 +70,8 @@ std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& arg
     rank["by_category"] = cats;
     rank["comm_bytes_per_step"] = {{"data_parallel", r.data_parallel_bytes},
                                    {"tensor_parallel", r.tensor_parallel_bytes},
-                                   {"pipeline", r.pipeline_bytes}};
+                                   {"pipeline", r.pipeline_bytes},
+                                   {"expert_parallel", r.expert_parallel_bytes}};
     ranks.push_back(rank);
     dp = std::max(dp, r.data_parallel_bytes);
     pp = std::max(pp, r.pipeline_bytes);

@@ -69,6 +69,7 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
     if (step == 2) {
       out.tensor_parallel_bytes = static_cast<double>(s.comm.tp_bytes);
       out.pipeline_bytes = static_cast<double>(s.comm.pp_bytes);
+      out.expert_parallel_bytes = static_cast<double>(s.comm.ep_bytes);
     }
     // The trainer logs the step (every rank's figures gathered over the world).
     if (as_step % cfg.metrics.log_freq == 0 || as_step == cfg.training.steps) {

@@ -35,6 +35,7 @@ struct RankEstimate {
   // (distributed/comm_volume.h); tensor-parallel and pipeline as the dry
   // run's communicators counted them in its second step (comm.h's comm_bytes).
   double data_parallel_bytes = 0, pipeline_bytes = 0, tensor_parallel_bytes = 0;
+  double expert_parallel_bytes = 0;  // the experts' all-to-alls, under the dry run's routing case
 };
 
 struct LayoutEstimate {

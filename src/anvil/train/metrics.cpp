@@ -66,6 +66,8 @@ void print_step_line(const StepLog& s) {
     std::printf(" | %d ranks, max mem %s | comm %s/step, %.0f%% hidden", s.world_size,
                 human_bytes(s.max_memory_over_ranks).c_str(), human_bytes(static_cast<size_t>(s.comm_bytes_per_step)).c_str(),
                 s.comm_hidden_pct);
+  if (s.ep_comm_bytes_per_step > 0)
+    std::printf(", experts' all-to-all %s/step", human_bytes(static_cast<size_t>(s.ep_comm_bytes_per_step)).c_str());
   if (s.moe_experts > 0)
     std::printf(" | aux %.4f | experts %s", s.moe_aux_loss,
                 expert_load_summary(expert_load(s.moe_routes, s.moe_experts)).c_str());
@@ -121,6 +123,7 @@ void MetricsLog::log(const StepLog& s) {
     j["comm_bytes_closed_form"] = s.comm_bytes_closed_form;
     j["tp_comm_bytes_per_step"] = s.tp_comm_bytes_per_step;
     j["pp_comm_bytes_per_step"] = s.pp_comm_bytes_per_step;
+    j["ep_comm_bytes_per_step"] = s.ep_comm_bytes_per_step;
     j["comm_in_flight_s_per_step"] = s.comm_in_flight_s;
     j["comm_blocked_s_per_step"] = s.comm_blocked_s;
     j["comm_hidden_pct"] = s.comm_hidden_pct;

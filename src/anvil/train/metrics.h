@@ -41,6 +41,7 @@ struct StepLog {
   double comm_bytes_closed_form = 0;
   double tp_comm_bytes_per_step = 0;  // tensor-parallel collectives (activations), measured
   double pp_comm_bytes_per_step = 0;  // pipeline sends and receives, measured
+  double ep_comm_bytes_per_step = 0;  // expert parallelism's all-to-alls, measured
   // A mixture-of-experts model: the load-balancing loss (the interval's last
   // step) and the routes per expert of each layer over the interval.
   int64_t moe_experts = 0;

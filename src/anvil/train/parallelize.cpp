@@ -318,6 +318,10 @@ StepComm ParallelizedModel::take_comm_stats() {
     out.pp_bytes = par_.mesh->pp().counters().total_bytes();
     par_.mesh->pp().reset_counters();
   }
+  if (experts_) {  // the dp group's all-to-alls are expert parallelism's alone (DDP all-reduces)
+    out.ep_bytes = par_.mesh->dp().counters().bytes_of(CommOp::all_to_all);
+    par_.mesh->dp().reset_counters();
+  }
   return out;
 }
 

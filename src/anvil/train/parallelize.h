@@ -39,6 +39,7 @@ struct StepComm {
   CommStats data_parallel;  // FSDP's or DDP's collectives (gradients, weights)
   uint64_t tp_bytes = 0;    // tensor-parallel collectives (activations), counted by the tp communicator
   uint64_t pp_bytes = 0;    // over the pp group: boundary tensors and their gradients, loss and norm sums
+  uint64_t ep_bytes = 0;    // expert parallelism's all-to-alls over the dp group: routed rows, their gradients, counts
 };
 
 // A loss sum and its token count summed over the data-parallel ranks (as f32,

@@ -93,6 +93,7 @@ void StepLogger::add_comm(const StepComm& c) {
   ++interval_steps_;
   interval_tp_bytes_ += c.tp_bytes;
   interval_pp_bytes_ += c.pp_bytes;
+  interval_ep_bytes_ += c.ep_bytes;
 }
 
 void StepLogger::add_moe(const MoeReport& r) {
@@ -154,11 +155,13 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     log.comm_bytes_closed_form = comm_closed_form_;
     log.tp_comm_bytes_per_step = static_cast<double>(interval_tp_bytes_) / steps;
     log.pp_comm_bytes_per_step = static_cast<double>(interval_pp_bytes_) / steps;
+    log.ep_comm_bytes_per_step = static_cast<double>(interval_ep_bytes_) / steps;
   }
   interval_comm_ = {};
   interval_steps_ = 0;
   interval_tp_bytes_ = 0;
   interval_pp_bytes_ = 0;
+  interval_ep_bytes_ = 0;
   gather_rank_figures(par_, log);
   print_step_line(log);
   if (metrics_) metrics_->log(log);

@@ -86,6 +86,7 @@ class StepLogger {
   int64_t interval_steps_ = 0;
   uint64_t interval_tp_bytes_ = 0;
   uint64_t interval_pp_bytes_ = 0;
+  uint64_t interval_ep_bytes_ = 0;
 };
 
 }  // namespace anvil
