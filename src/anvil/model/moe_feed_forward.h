@@ -13,7 +13,9 @@
 // sequences; the backward adds aux_coef times that sum's gradient to the
 // router's. Per sequence, so a step's loss is the same however its sequences
 // are split over micro-batches and ranks. The choice of experts is constant
-// to the backward, as in every MoE implementation.
+// to the backward, as in every MoE implementation. Under expert parallelism
+// the rows between the dispatch and the combine travel to the ranks holding
+// their experts and back (ExpertExchange, below).
 #pragma once
 #include <algorithm>
 #include <vector>

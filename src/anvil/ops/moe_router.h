@@ -11,8 +11,8 @@
 // the M tokens; the model multiplies it by router_aux_loss_coef. Its gradient
 // flows through P_e only (n_e counts choices).
 //
-// This is the routing step alone (the MoE layer, expert parallelism and the
-// Qwen3 models that use it come next); forward and backward in f32.
+// This is the routing step alone (model/moe_feed_forward.h runs the layer
+// around it); forward and backward in f32.
 #pragma once
 #include <cstdint>
 
