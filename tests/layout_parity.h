@@ -174,7 +174,11 @@ inline const std::vector<Layout>& layouts() {
         {"accumulation 2", {"none"}, 2},
         // Stage 0: the embedding and 4 blocks; stage 1: 2 blocks and the head.
         {"head counted as 3 blocks", {"none"}, 1, "--parallelism.pipeline_parallel_last_stage_less_layers 3"},
-        {"automatic split", {"none"}, 1, "--parallelism.pipeline_parallel_auto_split true"}},
+        {"automatic split", {"none"}, 1, "--parallelism.pipeline_parallel_auto_split true"},
+        // A mixture of experts in stages: each stage's layers add their routes and aux losses, and
+        // every stage scales its routers' gradients by the whole model's layer count.
+        {"qwen3/debugmodel_moe, balanced routing", kEveryAc, 1, "", kMoe + " --model.moe_routing balanced"},
+        {"qwen3/debugmodel_moe, accumulation 2", {"none"}, 2, "", kMoe}},
        2,
        2,
        1e-6},
@@ -219,7 +223,10 @@ inline const std::vector<Layout>& layouts() {
        1,
        1,
        kPipeline + "2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble",
-       {{"", kEveryAc}, {"accumulation 2", {"none"}, 2}},
+       {{"", kEveryAc},
+        {"accumulation 2", {"none"}, 2},
+        // The split backward: a MoE layer makes its weight gradients in the input-gradient pass.
+        {"qwen3/debugmodel_moe", {"none", "op"}, 1, "", kMoe}},
        2,
        2,
        1e-6},
@@ -525,6 +532,17 @@ class TrainRuns {
     return metric_by_step(dir_ / dump / "metrics.jsonl", key);
   }
   std::map<int64_t, double> losses(const std::string& dump) const { return metric(dump, "loss"); }
+  // A mixture of experts' routes per layer and expert, by step (empty for a dense model).
+  std::map<int64_t, std::vector<std::vector<double>>> routes_by_layer(const std::string& dump) const {
+    std::map<int64_t, std::vector<std::vector<double>>> out;
+    std::ifstream in(dir_ / dump / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss") && j.contains("moe_routes_by_layer"))
+        out[j["step"].get<int64_t>()] = j["moe_routes_by_layer"].get<std::vector<std::vector<double>>>();
+    }
+    return out;
+  }
 
   // ||a − b|| / ||b|| over every tensor of the two runs' checkpoints of `step` (`file`: model or optimizer).
   double checkpoint_difference(const std::string& a, const std::string& b, int step = 10,
@@ -701,6 +719,16 @@ inline void expect_matches_single_process(const ParityCase& c) {
   }
   const double wdiff = r.checkpoint_difference(tag, ref);
   EXPECT_LE(wdiff, layout.bound);
+  // A mixture of experts: every step's routes per layer and expert, summed over
+  // the ranks and stages, are the single process's exactly (a token routed
+  // elsewhere would also move the loss), and its load-balancing loss within the bound.
+  const auto routes_want = r.routes_by_layer(ref), routes_got = r.routes_by_layer(tag);
+  EXPECT_EQ(routes_got, routes_want);
+  if (!routes_want.empty()) {
+    const auto aux_want = r.metric(ref, "moe_aux_loss"), aux_got = r.metric(tag, "moe_aux_loss");
+    for (const auto& [step, aux] : aux_want)
+      EXPECT_LE(std::abs(aux_got.at(step) - aux), layout.bound * aux) << "step " << step << ": aux loss";
+  }
   if (v.data_dependent_memory)
     std::printf("%-34s AC %-5s worst loss difference %.2e, grad norm %.2e, final weights %.2e (relative); the "
                 "layout's memory follows its routing, not compared; the single process's step 2 (%zu allocations "

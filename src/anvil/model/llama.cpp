@@ -107,12 +107,9 @@ namespace {
 // The model's arguments, refused before any parameter is allocated when the
 // model cannot be built.
 const ModelArgs& buildable(const ModelArgs& args, const LlamaOptions& options) {
-  ANVIL_CHECK(!args.moe() || (options.parallel_style == nullptr &&
-                              (options.stages.empty() ||
-                               (options.stages.size() == 1 && options.stages[0] == ModuleRange{0, llama_num_modules(args)}))),
-              args.name, "/", args.flavor,
-              " is a mixture-of-experts model, which runs on one process or under data parallelism (FSDP, DDP) "
-              "only: tensor, context and pipeline parallelism do not split its layers yet");
+  ANVIL_CHECK(!args.moe() || options.parallel_style == nullptr, args.name, "/", args.flavor,
+              " is a mixture-of-experts model, which runs on one process, under data parallelism (FSDP, DDP) and "
+              "under pipeline parallelism only: tensor and context parallelism do not split its layers yet");
   return args;
 }
 

@@ -126,10 +126,10 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
               "--hardware ...); Anvil's trainer does not shard over one rank: set it false (or remove it) to train");
   ANVIL_CHECK(cfg.training.seq_len <= args.max_seq_len, "training.seq_len ", cfg.training.seq_len, " exceeds ",
               args.name, "/", args.flavor, "'s max_seq_len ", args.max_seq_len);
-  ANVIL_CHECK(!args.moe() || (layout.tp() == 1 && layout.cp() == 1 && layout.pp() == 1), args.name, "/",
-              args.flavor, " is a mixture-of-experts model, which trains on one process or under data parallelism "
-              "(FSDP, HSDP, DDP) only: tensor, context and pipeline parallelism do not split its layers yet; set "
-              "parallelism.tensor_parallel_degree, context_parallel_degree and pipeline_parallel_degree to 1");
+  ANVIL_CHECK(!args.moe() || (layout.tp() == 1 && layout.cp() == 1), args.name, "/", args.flavor,
+              " is a mixture-of-experts model, which trains on one process, under data parallelism (FSDP, HSDP, DDP) "
+              "and under pipeline parallelism only: tensor and context parallelism do not split its layers yet; set "
+              "parallelism.tensor_parallel_degree and context_parallel_degree to 1");
   const int64_t ep = p.expert_parallel_degree;
   if (ep > 1) {
     ANVIL_CHECK(args.moe(), "parallelism.expert_parallel_degree ", ep, " splits a mixture of experts' experts, but ",

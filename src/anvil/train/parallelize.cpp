@@ -1,5 +1,6 @@
 #include "anvil/train/parallelize.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -202,11 +203,18 @@ MoeReport ParallelizedModel::moe_report() {
   const MoeStepState* moe = model_->moe_state();
   if (!moe) return r;
   r.num_experts = moe->num_experts;
-  // The routes, then the aux sum and its term count, summed over the data-parallel ranks (f32: exact counts to 2^24).
+  // The routes, then the aux sum and its term count, summed over the data-parallel ranks and the pipeline
+  // stages (f32: exact counts to 2^24).
   std::vector<float> sums(moe->routes.begin(), moe->routes.end());
   sums.push_back(static_cast<float>(moe->aux_sum));
   sums.push_back(static_cast<float>(moe->aux_terms));
   par_.sum_over_dp(sums.data(), static_cast<int>(sums.size()));
+  if (pipeline_) {  // each stage holds its own layers: their routes and aux terms add up over the stages
+    Tensor t = Tensor::empty({static_cast<int64_t>(sums.size())}, DType::f32, MemCategory::communication, "pp.moe");
+    std::copy(sums.begin(), sums.end(), t.data<float>());
+    par_.mesh->pp().all_reduce(t);
+    std::copy(t.data<float>(), t.data<float>() + sums.size(), sums.begin());
+  }
   r.routes.assign(sums.begin(), sums.end() - 2);
   const double terms = sums.back();
   r.aux_loss = terms > 0 ? sums[sums.size() - 2] / terms : 0.0;
