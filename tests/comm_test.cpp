@@ -99,8 +99,9 @@ TEST(MeshLayout, GroupsOfHsdpWithTp) {
 // group_index; tp groups are runs of consecutive ranks.
 TEST(MeshLayout, GroupsPartitionTheWorld) {
   const MeshGroup kinds[] = {MeshGroup::pp, MeshGroup::dp_replicate, MeshGroup::dp_shard,    MeshGroup::cp,
-                             MeshGroup::tp, MeshGroup::dp,           MeshGroup::dp_shard_cp, MeshGroup::dp_cp};
-  int layouts = 0, with_cp = 0;
+                             MeshGroup::tp, MeshGroup::dp,           MeshGroup::dp_shard_cp, MeshGroup::dp_cp,
+                             MeshGroup::ep, MeshGroup::expert_shard};
+  int layouts = 0, with_cp = 0, with_ep = 0;
   for (int n = 1; n <= 12; ++n)
     for (int pp = 1; pp <= n; ++pp)
       for (int rep = 1; rep <= n; ++rep)
@@ -110,36 +111,76 @@ TEST(MeshLayout, GroupsPartitionTheWorld) {
               if (pp * rep * shard * cp * tp != n) continue;
               ++layouts;
               with_cp += cp > 1;
-              const MeshLayout m(pp, rep, shard, cp, tp);
-              EXPECT_EQ(m.group_size(MeshGroup::dp), rep * shard);
-              EXPECT_EQ(m.group_size(MeshGroup::dp_shard_cp), shard * cp);
-              EXPECT_EQ(m.group_size(MeshGroup::dp_cp), rep * shard * cp);
-              for (MeshGroup g : kinds) {
-                std::vector<int> seen(static_cast<size_t>(n), 0);
-                std::set<int> indices;
+              for (int ep = 1; ep <= n; ++ep) {
+                if (ep > 1 && shard % ep != 0 && !(shard == 1 && rep % ep == 0)) continue;
+                with_ep += ep > 1;
+                const MeshLayout m(pp, rep, shard, cp, tp, ep);
+                EXPECT_EQ(m.group_size(MeshGroup::dp), rep * shard);
+                // Expert parallelism: ep consecutive dp ranks, and FSDP over the experts' holders.
+                EXPECT_EQ(m.group_size(MeshGroup::ep) * m.group_size(MeshGroup::expert_shard),
+                          shard % ep == 0 ? shard : ep)
+                    << m.str();
                 for (int r = 0; r < n; ++r) {
-                  const auto ranks = m.group_ranks(r, g);
-                  ASSERT_EQ(static_cast<int>(ranks.size()), m.group_size(g));
-                  EXPECT_EQ(ranks[static_cast<size_t>(m.group_rank(r, g))], r) << m.str();
-                  indices.insert(m.group_index(r, g));
-                  if (ranks[0] == r)  // count each group once, from its first member
-                    for (int q : ranks) ++seen[static_cast<size_t>(q)];
-                  if (g == MeshGroup::tp) {
-                    for (size_t i = 1; i < ranks.size(); ++i) {
-                      EXPECT_EQ(ranks[i], ranks[i - 1] + 1) << m.str();
-                    }
+                  const auto ep_ranks = m.group_ranks(r, MeshGroup::ep), dp_ranks = m.group_ranks(r, MeshGroup::dp);
+                  const int d = m.group_rank(r, MeshGroup::dp);
+                  EXPECT_EQ(ep_ranks,
+                            std::vector<int>(dp_ranks.begin() + d / ep * ep, dp_ranks.begin() + d / ep * ep + ep));
+                  for (int q : m.group_ranks(r, MeshGroup::expert_shard)) {
+                    EXPECT_EQ(m.group_rank(q, MeshGroup::ep), m.group_rank(r, MeshGroup::ep)) << m.str();
+                    EXPECT_EQ(m.group_index(q, MeshGroup::dp_shard), m.group_index(r, MeshGroup::dp_shard)) << m.str();
                   }
                 }
-                for (int s : seen) {
-                  EXPECT_EQ(s, 1) << m.str() << " " << mesh_group_name(g);
+                EXPECT_EQ(m.group_size(MeshGroup::dp_shard_cp), shard * cp);
+                EXPECT_EQ(m.group_size(MeshGroup::dp_cp), rep * shard * cp);
+                for (MeshGroup g : kinds) {
+                  std::vector<int> seen(static_cast<size_t>(n), 0);
+                  std::set<int> indices;
+                  for (int r = 0; r < n; ++r) {
+                    const auto ranks = m.group_ranks(r, g);
+                    ASSERT_EQ(static_cast<int>(ranks.size()), m.group_size(g));
+                    EXPECT_EQ(ranks[static_cast<size_t>(m.group_rank(r, g))], r) << m.str();
+                    indices.insert(m.group_index(r, g));
+                    if (ranks[0] == r)  // count each group once, from its first member
+                      for (int q : ranks) ++seen[static_cast<size_t>(q)];
+                    if (g == MeshGroup::tp) {
+                      for (size_t i = 1; i < ranks.size(); ++i) {
+                        EXPECT_EQ(ranks[i], ranks[i - 1] + 1) << m.str();
+                      }
+                    }
+                  }
+                  for (int s : seen) {
+                    EXPECT_EQ(s, 1) << m.str() << " " << mesh_group_name(g);
+                  }
+                  EXPECT_EQ(static_cast<int>(indices.size()) * m.group_size(g), n)
+                      << m.str() << " " << mesh_group_name(g);
                 }
-                EXPECT_EQ(static_cast<int>(indices.size()) * m.group_size(g), n)
-                    << m.str() << " " << mesh_group_name(g);
               }
             }
   // Ordered factorisations of n into 5 factors, n = 1..12.
   EXPECT_EQ(layouts, 1 + 5 + 5 + 15 + 5 + 25 + 5 + 35 + 15 + 25 + 5 + 75);
   EXPECT_EQ(with_cp, layouts - (1 + 4 + 4 + 10 + 4 + 16 + 4 + 20 + 10 + 16 + 4 + 40));
+  EXPECT_GT(with_ep, 100);
+}
+
+// Expert parallelism 2 over FSDP 4 (and 2 replicas): ranks 0 and 1 split the
+// experts, ranks 0 and 2 hold the same ones and shard them.
+TEST(MeshLayout, GroupsOfExpertParallelOverFsdp) {
+  const MeshLayout m(1, 2, 4, 1, 1, 2);
+  EXPECT_EQ(m.str(), "pp 1 x dp_replicate 2 x dp_shard 4 x tp 1 x ep 2");
+  EXPECT_EQ(m.group_ranks(5, MeshGroup::ep), (std::vector<int>{4, 5}));
+  EXPECT_EQ(m.group_ranks(5, MeshGroup::expert_shard), (std::vector<int>{5, 7}));
+  EXPECT_EQ(m.group_rank(7, MeshGroup::expert_shard), 1);
+  EXPECT_EQ(m.group_ranks(5, MeshGroup::dp_replicate), (std::vector<int>{1, 5}));  // replicas hold the same experts
+  // Over DDP (dp_shard 1) the ep group is consecutive replicas, each rank's experts whole on it.
+  const MeshLayout ddp(1, 4, 1, 1, 1, 2);
+  EXPECT_EQ(ddp.group_ranks(3, MeshGroup::ep), (std::vector<int>{2, 3}));
+  EXPECT_EQ(ddp.group_ranks(3, MeshGroup::expert_shard), (std::vector<int>{3}));
+  try {
+    MeshLayout(1, 1, 4, 1, 1, 3);
+    ADD_FAILURE() << "ep 3 over dp_shard 4 was laid out";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert_parallel_degree 3"), std::string::npos) << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -486,7 +486,8 @@ TEST(Split, ColorAndKeyOrderTheNewGroup) {
   EXPECT_TRUE(moved.valid());
 }
 
-// Every way of laying the world out as pp × dp_replicate × dp_shard × cp × tp.
+// Every way of laying the world out as pp × dp_replicate × dp_shard × cp × tp,
+// and expert parallelism 2 over each even dp_shard.
 std::vector<MeshLayout> all_layouts(int n) {
   std::vector<MeshLayout> out;
   for (int pp = 1; pp <= n; ++pp)
@@ -494,12 +495,16 @@ std::vector<MeshLayout> all_layouts(int n) {
       for (int shard = 1; shard <= n; ++shard)
         for (int cp = 1; cp <= n; ++cp)
           for (int tp = 1; tp <= n; ++tp)
-            if (pp * rep * shard * cp * tp == n) out.emplace_back(pp, rep, shard, cp, tp);
+            if (pp * rep * shard * cp * tp == n) {
+              out.emplace_back(pp, rep, shard, cp, tp);
+              if (shard > 1 && shard % 2 == 0) out.emplace_back(pp, rep, shard, cp, tp, 2);  // expert parallel 2
+            }
   return out;
 }
 
 constexpr MeshGroup kGroups[] = {MeshGroup::pp, MeshGroup::dp_replicate, MeshGroup::dp_shard,    MeshGroup::cp,
-                                 MeshGroup::tp, MeshGroup::dp,           MeshGroup::dp_shard_cp, MeshGroup::dp_cp};
+                                 MeshGroup::tp, MeshGroup::dp,           MeshGroup::dp_shard_cp, MeshGroup::dp_cp,
+                                 MeshGroup::ep, MeshGroup::expert_shard};
 
 // For every layout, every group's communicator holds exactly the ranks the
 // layout maths says, in that order (an all-gather of world ranks shows it).

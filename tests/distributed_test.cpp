@@ -113,6 +113,59 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
   }
 }
 
+// A mixture of experts' checkpoint holds every expert whole however the
+// experts were split: saved at step 5 under expert parallelism 2 over FSDP 4
+// (each rank holding half of 4 experts), it resumes on one process, under EP 2
+// over DDP 2 and under EP 2 over FSDP 2, each reaching the uninterrupted run's
+// losses.
+TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
+  const std::string batch =
+      "--model.name qwen3 --model.flavor debugmodel_moe --model.router_aux_loss_coef 0.01 "
+      "--training.global_batch_size 4 --lr_scheduler.decay_ratio 0 ";
+  const std::string ep4 =
+      "--parallelism.data_parallel_shard_degree 4 --parallelism.expert_parallel_degree 2 "
+      "--training.local_batch_size 1 ";
+  const Output whole = runs().mpi(4, "moe_xl_whole", batch + ep4);
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;
+  const Output saved = runs().mpi(4, "moe_xl_saved", batch + ep4 + "--checkpoint.interval 5 --training.steps 5");
+  ASSERT_EQ(saved.exit_code, 0) << saved.text;
+  const auto want = runs().losses("moe_xl_whole");
+  ASSERT_EQ(want.size(), 10u);
+  const struct {
+    const char* name;
+    int ranks;
+    std::string flags;
+  } targets[] = {{"single", 1, "--training.local_batch_size 4"},
+                 {"ep2_ddp2", 2,
+                  "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
+                  "--parallelism.data_parallel_shard_degree 1 --parallelism.expert_parallel_degree 2"},
+                 {"ep2_fsdp2", 2,
+                  "--training.local_batch_size 2 --parallelism.data_parallel_shard_degree 2 "
+                  "--parallelism.expert_parallel_degree 2"}};
+  for (const auto& t : targets) {
+    SCOPED_TRACE(t.name);
+    const std::string dump = std::string("moe_xl_to_") + t.name;
+    fs::remove_all(workdir() / dump);
+    fs::create_directories(workdir() / dump);
+    fs::copy(workdir() / "moe_xl_saved" / "checkpoint", workdir() / dump / "checkpoint", fs::copy_options::recursive);
+    const Output out =
+        t.ranks == 1 ? runs().run(layout("single"), dump, batch + t.flags) : runs().mpi(t.ranks, dump, batch + t.flags);
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    EXPECT_NE(out.text.find("resumed from"), std::string::npos) << out.text;
+    const auto got = runs().losses(dump);
+    ASSERT_EQ(got.size(), 5u) << out.text;
+    double worst = 0;
+    for (const auto& [step, loss] : got) {
+      ASSERT_GE(step, 6);
+      const double rel = std::abs(loss - want.at(step)) / std::abs(want.at(step));
+      worst = std::max(worst, rel);
+      EXPECT_LE(rel, 1e-5) << "step " << step;
+    }
+    std::printf("EP 2 x FSDP 4 MoE checkpoint resumed as %-9s: worst loss difference %.2e over steps 6-10\n", t.name,
+                worst);
+  }
+}
+
 // When a rank dies mid-step the others must not wait forever in their next
 // collective: the job ends with a message naming the rank. mpirun_prefix's
 // `timeout` turns a hang into exit code 124, which the test refuses.
@@ -343,15 +396,22 @@ TEST(Distributed, BytesMovedMatchTheClosedFormsAndTheTraceShowsThem) {
 }
 
 // The trainer's closed form (distributed/comm_volume.h) against the traffic it
-// measures, for HSDP and for FSDP with gradient accumulation.
+// measures, for HSDP, for FSDP with gradient accumulation, and for FSDP under
+// expert parallelism (each block's experts gathered and reduced over the ranks
+// holding them: none but the rank itself over 2 ranks, 2 ranks over 4).
 TEST(Distributed, ClosedFormTrafficHoldsForHsdpAndAccumulation) {
+  const std::string ep =
+      "--model.name qwen3 --model.flavor debugmodel_moe --model.moe_routing balanced "
+      "--parallelism.expert_parallel_degree 2 --training.local_batch_size 1 ";
   const struct {
     const char* dump;
     int ranks;
     std::string flags;
   } cases[] = {{"bytes_hsdp", 4, "--training.local_batch_size 1 " + layout("hsdp2x2").flags},
-              {"bytes_accum", 2, "--training.local_batch_size 1 --training.global_batch_size 6"},
-              {"bytes_never", 2, "--training.local_batch_size 1 --parallelism.fsdp_reshard_after_forward never"}};
+               {"bytes_accum", 2, "--training.local_batch_size 1 --training.global_batch_size 6"},
+               {"bytes_never", 2, "--training.local_batch_size 1 --parallelism.fsdp_reshard_after_forward never"},
+               {"bytes_ep_fsdp2", 2, ep},
+               {"bytes_ep_fsdp4", 4, ep + "--parallelism.data_parallel_shard_degree 4"}};
   for (const auto& r : cases) {
     SCOPED_TRACE(r.dump);
     const Output out = runs().mpi(r.ranks, r.dump, "--training.steps 2 " + r.flags);

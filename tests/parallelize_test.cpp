@@ -165,15 +165,39 @@ TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
                      2)
                 .find("has none"),
             std::string::npos);
-  EXPECT_NE(error_of(moe + "--parallelism.data_parallel_shard_degree 2", 2).find("data_parallel_replicate_degree 2"),
+  // Over FSDP: the experts split over consecutive shard ranks, whole on each (2 ranks) or sharded (4).
+  EXPECT_EQ(error_of(moe + "--parallelism.data_parallel_shard_degree 2", 2), "");
+  EXPECT_EQ(error_of(moe + "--parallelism.data_parallel_shard_degree 4", 4), "");
+  EXPECT_EQ(
+      error_of(moe + "--parallelism.data_parallel_shard_degree 2 --parallelism.data_parallel_replicate_degree 2", 4),
+      "");
+  // DDP replicas of the experts, an ep that does not divide dp_shard, and pipelines are refused.
+  EXPECT_NE(
+      error_of(moe + "--parallelism.data_parallel_replicate_degree 4 --parallelism.data_parallel_shard_degree 1", 4)
+          .find("equal data_parallel_replicate_degree (now 4)"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(moe + "--parallelism.data_parallel_shard_degree 3", 3).find("must divide data_parallel_shard_degree 3"),
+      std::string::npos);
+  EXPECT_NE(error_of(moe + "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1 "
+                           "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_microbatch_size 1 "
+                           "--training.local_batch_size 2",
+                     4)
+                .find("does not compose with pipeline_parallel_degree 2"),
             std::string::npos);
   EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.expert_parallel_degree 3 "
                      "--parallelism.data_parallel_replicate_degree 3 --parallelism.data_parallel_shard_degree 1",
                      3)
                 .find("must divide"),
             std::string::npos);
+  // Expert parallelism takes data-parallel ranks: over tensor-parallel ones alone it has none.
   EXPECT_NE(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", 2)
-                .find("tensor, context and pipeline parallelism"),
+                .find("splits the experts over data-parallel ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.tensor_parallel_degree 2 "
+                     "--parallelism.data_parallel_shard_degree 1",
+                     2)
+                .find("tensor and context parallelism"),
             std::string::npos);
 }
 

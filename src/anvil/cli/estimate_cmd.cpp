@@ -151,15 +151,17 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
   std::printf("\n  %-16s", "with the cache");  // the allocator's cached blocks: what the process holds
   for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_reserved).c_str());
   std::printf("\n  (available on this machine: %s)\n", human_bytes(available_memory_bytes()).c_str());
-  double dp = 0, pp = 0, tp = 0;
+  double dp = 0, pp = 0, tp = 0, ep = 0;
   for (const RankEstimate& r : est.ranks)
     dp = std::max(dp, r.data_parallel_bytes), pp = std::max(pp, r.pipeline_bytes),
-    tp = std::max(tp, r.tensor_parallel_bytes);
-  if (dp > 0 || pp > 0 || tp > 0)
-    std::printf("communication per rank per step: data parallel %s, tensor parallel %s, pipeline %s (sent and "
-                "received)\n",
-                human_bytes(static_cast<size_t>(dp)).c_str(), human_bytes(static_cast<size_t>(tp)).c_str(),
-                human_bytes(static_cast<size_t>(pp)).c_str());
+    tp = std::max(tp, r.tensor_parallel_bytes), ep = std::max(ep, r.expert_parallel_bytes);
+  if (dp > 0 || pp > 0 || tp > 0 || ep > 0)
+    std::printf(
+        "communication per rank per step: data parallel %s, tensor parallel %s, pipeline %s%s (sent and "
+        "received)\n",
+        human_bytes(static_cast<size_t>(dp)).c_str(), human_bytes(static_cast<size_t>(tp)).c_str(),
+        human_bytes(static_cast<size_t>(pp)).c_str(),
+        ep > 0 ? (", experts' all-to-all " + human_bytes(static_cast<size_t>(ep))).c_str() : "");
 }
 
 }  // namespace

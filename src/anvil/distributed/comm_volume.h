@@ -22,8 +22,9 @@ double ddp_bytes_per_step(const std::vector<ParamGroup>& groups, int n);
 // micro_batches: the forward-backward passes per step (accumulation steps, times
 // the pipeline's micro-batches under pipeline parallelism). gather_once: the
 // weights are held for the step (FsdpParams::hold_gathered_for_step), one
-// all-gather per group per step.
+// all-gather per group per step. expert_n: the ranks sharding a group's
+// expert weights (FsdpParams), which are gathered and reduced over them apart.
 double fsdp_bytes_per_step(const std::vector<ParamGroup>& groups, int n, int replicas, int compute_dtype_bytes,
-                           ReshardPolicy reshard, int64_t micro_batches, bool gather_once = false);
+                           ReshardPolicy reshard, int64_t micro_batches, bool gather_once = false, int expert_n = 1);
 
 }  // namespace anvil

@@ -13,6 +13,15 @@
 // HSDP adds dp_replicate copies of the whole sharded arrangement: the shard
 // gradients are then all-reduced across the replicas (finish()).
 //
+// Under expert parallelism a block's expert weights (ParamSpec::expert: this
+// rank's experts, which the other ranks of its ep group do not hold) are
+// sharded apart from the rest of the group, over the expert_shard group (the
+// dp_shard ranks holding the same experts; one rank when ep = dp_shard). A
+// group's shard is then [its slice of the dense part | its slice of the
+// experts], and its gathered buffers hold the dense part's n shards, then the
+// experts' — the layout ParamStore binds (set_bound_layout). Each part is
+// gathered and reduce-scattered over its own group.
+//
 // With gradient accumulation every micro-batch reduce-scatters into the shard:
 // keeping unsharded gradients across micro-batches would cost a full model's
 // fp32 gradients per rank, the very memory ZeRO-3 exists to save; the price is
@@ -41,13 +50,18 @@ int64_t fsdp_shard_numel(int64_t group_numel, int n);
 // "always" none, by default the block just before the head, whose backward
 // comes at once. (The head's forward and backward are one pass: it gathers once.)
 bool fsdp_keep_after_forward(const std::vector<ParamGroup>& groups, int group, ReshardPolicy reshard);
+// A group's elements outside expert weights (its data_parallel_runs), and in them.
+int64_t fsdp_dense_numel(const ParamGroup& g);
+inline int64_t fsdp_expert_numel(const ParamGroup& g) { return g.numel - fsdp_dense_numel(g); }
 
 class FsdpParams : public ParamGroupHooks {
  public:
   // `model` is a ParamStore built without buffers (allocate = false) whose
   // groups this binds while they are in use. replicate: the HSDP replica group,
-  // or null.
-  FsdpParams(ParamStore& model, Communicator& shard, Communicator* replicate, ReshardPolicy reshard);
+  // or null. expert_shard: the group sharding expert weights (needed when the
+  // model has some: ParamSpec::expert).
+  FsdpParams(ParamStore& model, Communicator& shard, Communicator* replicate, ReshardPolicy reshard,
+             Communicator* expert_shard = nullptr);
 
   // This rank's shards: contiguous over the groups, group g at shard_offset(g).
   Tensor& master() { return master_; }
@@ -85,13 +99,29 @@ class FsdpParams : public ParamGroupHooks {
   CommTracker& tracker() { return tracker_; }
 
  private:
-  struct Pending {
-    Work work;
-    Tensor full, partial;  // full gradients being reduced; partial receives this rank's sum
-    Tensor pieces;         // every rank's rows of this rank's shard, summed into partial
-    int group;
-    int id;  // in tracker_
+  // A group's two parts: its dense weights over shard_, its experts over
+  // expert_shard_ (none in a dense group).
+  struct Part {
+    Communicator* comm = nullptr;
+    int n = 1;                                      // ranks sharing it
+    int64_t numel = 0;                              // elements (padded parameters)
+    int64_t shard = 0;                              // this rank's slice
+    int64_t shard_at = 0;                           // the slice's offset in the group's shard
+    int64_t gathered_at = 0;                        // the n slices' offset in the gathered buffers
+    std::vector<std::pair<int64_t, int64_t>> runs;  // {flat offset, numel}: where its elements lie, in order
   };
+  struct Pending {
+    Work work[2];
+    Tensor full, partial[2];  // full gradients being reduced; partial receives this rank's sum of each part
+    Tensor pieces[2];         // every rank's rows of this rank's shard, summed into partial
+    int group;
+    int id[2] = {-1, -1};  // in tracker_
+  };
+  struct Gathering {
+    Work work[2];
+    int id[2] = {-1, -1};  // in tracker_
+  };
+  const std::vector<Part>& parts(int group) const { return parts_[static_cast<size_t>(group)]; }
   void gather(int group, bool async);
   void wait_gather(int group);
   void complete(Pending& p);
@@ -101,10 +131,12 @@ class FsdpParams : public ParamGroupHooks {
   ParamStore& model_;
   Communicator& shard_;
   Communicator* replicate_;
+  Communicator* expert_shard_;
   ReshardPolicy reshard_;
   bool hold_for_step_ = false;
   int n_;
   std::vector<int64_t> shard_numel_, shard_offset_;
+  std::vector<std::vector<Part>> parts_;  // per group: the dense part, then the experts' if any
   int64_t shard_total_ = 0;
   Tensor master_, compute_, grads_;
   std::vector<Tensor> gathered_;    // per group: the full compute weights while held
@@ -113,8 +145,7 @@ class FsdpParams : public ParamGroupHooks {
   // schedule starts micro-batch i + 1's input-gradient pass before micro-batch
   // i's weight pass ends; the full gradients are reduced when the last ends.
   std::vector<int> open_backwards_;
-  std::vector<Work> gathering_;   // per group: a gather in flight
-  std::vector<int> gather_id_;    // per group: its id in tracker_
+  std::vector<Gathering> gathering_;  // per group: a gather in flight
   CommTracker tracker_;
   std::vector<Pending> reducing_;
 };

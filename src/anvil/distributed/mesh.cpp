@@ -31,6 +31,9 @@ std::array<bool, kNumMeshDims> spans(MeshGroup g) {
       return {false, false, true, true, false};
     case MeshGroup::dp_cp:
       return {false, true, true, true, false};
+    case MeshGroup::ep:
+    case MeshGroup::expert_shard:
+      break;  // parts of dp: MeshLayout's group functions place them
   }
   return {};
 }
@@ -66,14 +69,23 @@ const char* mesh_group_name(MeshGroup g) {
       return "dp_shard_cp";
     case MeshGroup::dp_cp:
       return "dp_cp";
+    case MeshGroup::ep:
+      return "ep";
+    case MeshGroup::expert_shard:
+      return "expert_shard";
   }
   return "?";
 }
 
-MeshLayout::MeshLayout(int pp, int dp_replicate, int dp_shard, int cp, int tp)
-    : degrees_{pp, dp_replicate, dp_shard, cp, tp} {
+MeshLayout::MeshLayout(int pp, int dp_replicate, int dp_shard, int cp, int tp, int ep)
+    : degrees_{pp, dp_replicate, dp_shard, cp, tp}, ep_(ep) {
   for (int d = 0; d < kNumMeshDims; ++d)
     ANVIL_CHECK(degrees_[d] >= 1, "[parallelism] ", kDegreeKeys[d], " is ", degrees_[d], "; it must be at least 1");
+  ANVIL_CHECK(ep >= 1, "[parallelism] expert_parallel_degree is ", ep, "; it must be at least 1");
+  ANVIL_CHECK(dp_shard % ep == 0 || (dp_shard == 1 && dp_replicate % ep == 0), "[parallelism] expert_parallel_degree ",
+              ep, " splits the experts over data-parallel ranks: it must divide data_parallel_shard_degree ", dp_shard,
+              dp_shard == 1 ? detail::concat(" or, with that 1, data_parallel_replicate_degree ", dp_replicate)
+                            : std::string());
 }
 
 MeshLayout MeshLayout::resolve(const ParallelDegrees& degrees, int world_size) {
@@ -131,8 +143,12 @@ MeshLayout MeshLayout::resolve(const ParallelDegrees& degrees, int world_size) {
                                                                 : std::string());
     }
   }
+  ANVIL_CHECK(degrees.expert_parallel >= 1 && degrees.expert_parallel <= world_size,
+              "[parallelism] expert_parallel_degree is ", degrees.expert_parallel, "; it must be between 1 and the ",
+              world_size, " ranks");
   return MeshLayout(static_cast<int>(deg(MeshDim::pp)), static_cast<int>(deg(MeshDim::dp_replicate)),
-                    static_cast<int>(shard), static_cast<int>(deg(MeshDim::cp)), static_cast<int>(deg(MeshDim::tp)));
+                    static_cast<int>(shard), static_cast<int>(deg(MeshDim::cp)), static_cast<int>(deg(MeshDim::tp)),
+                    static_cast<int>(degrees.expert_parallel));
 }
 
 MeshCoord MeshLayout::coord_of(int rank) const {
@@ -156,6 +172,8 @@ int MeshLayout::rank_of(const MeshCoord& c) const {
 }
 
 int MeshLayout::group_size(MeshGroup g) const {
+  if (g == MeshGroup::ep) return ep_;
+  if (g == MeshGroup::expert_shard) return dp_shard() % ep_ == 0 ? dp_shard() / ep_ : 1;
   const auto in = spans(g);
   int n = 1;
   for (int d = 0; d < kNumMeshDims; ++d)
@@ -164,6 +182,8 @@ int MeshLayout::group_size(MeshGroup g) const {
 }
 
 int MeshLayout::group_rank(int rank, MeshGroup g) const {
+  if (g == MeshGroup::ep) return group_rank(rank, MeshGroup::dp) % ep_;
+  if (g == MeshGroup::expert_shard) return group_size(g) == 1 ? 0 : coord_of(rank)[MeshDim::dp_shard] / ep_;
   const MeshCoord c = coord_of(rank);
   const auto in = spans(g);
   int r = 0;
@@ -173,6 +193,13 @@ int MeshLayout::group_rank(int rank, MeshGroup g) const {
 }
 
 int MeshLayout::group_index(int rank, MeshGroup g) const {
+  if (g == MeshGroup::ep)  // ep consecutive dp ranks
+    return group_index(rank, MeshGroup::dp) * (dp() / ep_) + group_rank(rank, MeshGroup::dp) / ep_;
+  if (g == MeshGroup::expert_shard) {  // the dp_shard ranks of one ep rank
+    if (group_size(g) == 1) return rank;
+    const MeshCoord c = coord_of(rank);
+    return group_index(rank, MeshGroup::dp_shard) * ep_ + c[MeshDim::dp_shard] % ep_;
+  }
   const MeshCoord c = coord_of(rank);
   const auto in = spans(g);
   int i = 0;
@@ -191,7 +218,8 @@ std::vector<int> MeshLayout::group_ranks(int rank, MeshGroup g) const {
 
 std::string MeshLayout::str() const {
   return detail::concat("pp ", pp(), " x dp_replicate ", dp_replicate(), " x dp_shard ", dp_shard(),
-                        cp() > 1 ? detail::concat(" x cp ", cp()) : std::string(), " x tp ", tp());
+                        cp() > 1 ? detail::concat(" x cp ", cp()) : std::string(), " x tp ", tp(),
+                        ep_ > 1 ? detail::concat(" x ep ", ep_) : std::string());
 }
 
 void check_tensor_parallel_heads(int64_t n_heads, int64_t n_kv_heads, int tp) {

@@ -11,6 +11,13 @@
 // of different sequences do) and dp_cp = dp_replicate × dp_shard × cp (every
 // rank whose gradients sum, and whose losses and tokens count together).
 //
+// Expert parallelism borrows its ranks from the data-parallel ones, as
+// torchtitan's does: the ep group is ep consecutive dp ranks (inside dp_shard
+// when ep divides it, else — dp_shard 1 — consecutive replicas), which split a
+// mixture of experts' experts; expert_shard is the dp_shard ranks holding the
+// same experts (dp_shard / ep of them, or the rank alone), over which FSDP
+// shards those experts.
+//
 // The layout maths and the checks of a configuration against the world and the
 // model are pure functions, testable without MPI; only DeviceMesh talks to MPI.
 #pragma once
@@ -32,6 +39,7 @@ struct ParallelDegrees {
   int64_t data_parallel_shard = -1;
   int64_t tensor_parallel = 1;
   int64_t context_parallel = 1;
+  int64_t expert_parallel = 1;
 };
 
 // The mesh's dimensions, outermost first.
@@ -40,8 +48,8 @@ inline constexpr int kNumMeshDims = 5;
 
 // The groups ranks communicate in: one per dimension, and the combinations
 // above.
-enum class MeshGroup : uint8_t { pp, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp };
-inline constexpr int kNumMeshGroups = 8;
+enum class MeshGroup : uint8_t { pp, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp, ep, expert_shard };
+inline constexpr int kNumMeshGroups = 10;
 const char* mesh_group_name(MeshGroup g);
 
 // A rank's position in the mesh, one index per MeshDim.
@@ -54,8 +62,9 @@ struct MeshCoord {
 
 class MeshLayout {
  public:
-  // Every degree at least 1 (anvil::Error otherwise).
-  MeshLayout(int pp, int dp_replicate, int dp_shard, int cp, int tp);
+  // Every degree at least 1, and ep dividing dp_shard or (dp_shard 1)
+  // dp_replicate (anvil::Error otherwise).
+  MeshLayout(int pp, int dp_replicate, int dp_shard, int cp, int tp, int ep = 1);
 
   // The layout for `world_size` ranks: resolves data_parallel_shard = -1 and
   // checks that the degrees multiply to the world size. The message names the
@@ -69,6 +78,7 @@ class MeshLayout {
   int cp() const { return degree(MeshDim::cp); }
   int tp() const { return degree(MeshDim::tp); }
   int dp() const { return dp_replicate() * dp_shard(); }
+  int ep() const { return ep_; }
   int world_size() const { return pp() * dp() * cp() * tp(); }
 
   // rank = (((pp·R + dp_replicate)·S + dp_shard)·C + cp)·T + tp
@@ -85,10 +95,12 @@ class MeshLayout {
   std::vector<int> group_ranks(int rank, MeshGroup g) const;
 
   // "pp 1 x dp_replicate 2 x dp_shard 2 x tp 1", with "x cp C" before tp when C > 1
+  // and "x ep E" after it when E > 1
   std::string str() const;
 
  private:
   std::array<int, kNumMeshDims> degrees_;
+  int ep_ = 1;
 };
 
 // Tensor parallelism splits attention by heads, so tp must divide both the

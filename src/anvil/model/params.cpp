@@ -45,6 +45,8 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool a
   }
   bound_compute_.resize(groups_.size());
   bound_grads_.resize(groups_.size());
+  for (const ParamSpec& s : specs_) bound_offset_.push_back(s.offset - groups_[static_cast<size_t>(s.group)].offset);
+  for (const ParamGroup& g : groups_) bound_numel_.push_back(g.numel);
   if (!allocate) return;
   master_ = Tensor::empty({numel_}, DType::f32, MemCategory::parameters, "params.master_f32");
   compute_ = compute_dtype == DType::f32
@@ -68,24 +70,40 @@ Tensor ParamStore::grad_stack(int first, int count) const { return stack(bound_g
 
 Tensor ParamStore::stack(const std::vector<Tensor>& bound, const Tensor& flat, int first, int count) const {
   const ParamSpec& s = specs_.at(static_cast<size_t>(first));
+  const int64_t bound_first = bound_offset_[static_cast<size_t>(first)];
   for (int j = 1; j < count; ++j) {
     const ParamSpec& n = specs_.at(static_cast<size_t>(first + j));
-    ANVIL_ASSERT(n.shape == s.shape && n.group == s.group && n.offset == s.offset + j * s.numel(), "parameters ",
-                 s.name, " .. ", n.name, " are not one shape back to back (each must be a multiple of 32 elements)");
+    ANVIL_ASSERT(n.shape == s.shape && n.group == s.group && n.offset == s.offset + j * s.numel() &&
+                     bound_offset_[static_cast<size_t>(first + j)] == bound_first + j * s.numel(),
+                 "parameters ", s.name, " .. ", n.name,
+                 " are not one shape back to back (each must be a multiple of 32 elements)");
   }
   Shape shape{count};
   shape.insert(shape.end(), s.shape.begin(), s.shape.end());
   const Tensor& b = bound[static_cast<size_t>(s.group)];
-  const int64_t offset = b.defined() ? s.offset - groups_[static_cast<size_t>(s.group)].offset : s.offset;
+  const int64_t offset = b.defined() ? bound_first : s.offset;
   return (b.defined() ? b : flat).slice(offset, count * s.numel()).view(shape);
 }
 
 void ParamStore::bind_group(int g, Tensor compute, Tensor grad) {
-  const ParamGroup& pg = groups_.at(static_cast<size_t>(g));
-  ANVIL_ASSERT(!compute.defined() || (compute.numel() >= pg.numel && compute.dtype() == compute_dtype_));
-  ANVIL_ASSERT(!grad.defined() || (grad.numel() >= pg.numel && grad.dtype() == DType::f32));
+  const int64_t need = bound_numel_[static_cast<size_t>(g)];
+  ANVIL_ASSERT(!compute.defined() || (compute.numel() >= need && compute.dtype() == compute_dtype_), "group ", g);
+  ANVIL_ASSERT(!grad.defined() || (grad.numel() >= need && grad.dtype() == DType::f32), "group ", g);
   bound_compute_[static_cast<size_t>(g)] = std::move(compute);
   bound_grads_[static_cast<size_t>(g)] = std::move(grad);
+}
+
+void ParamStore::set_bound_layout(int g, const std::vector<int64_t>& offsets, int64_t numel) {
+  const ParamGroup& pg = groups_.at(static_cast<size_t>(g));
+  ANVIL_ASSERT(static_cast<int>(offsets.size()) == pg.end - pg.first, "group ", g, ": ", offsets.size(),
+               " offsets for ", pg.end - pg.first, " parameters");
+  for (int i = pg.first; i < pg.end; ++i) {
+    const int64_t at = offsets[static_cast<size_t>(i - pg.first)];
+    ANVIL_ASSERT(at >= 0 && at + specs_[static_cast<size_t>(i)].numel() <= numel, "parameter ",
+                 specs_[static_cast<size_t>(i)].name, " outside its group's bound buffers");
+    bound_offset_[static_cast<size_t>(i)] = at;
+  }
+  bound_numel_[static_cast<size_t>(g)] = numel;
 }
 
 void ParamStore::unbind_group(int g) {
@@ -95,8 +113,7 @@ void ParamStore::unbind_group(int g) {
 
 Tensor ParamStore::group_view(const Tensor& group_buffer, int i) const {
   const ParamSpec& s = specs_.at(static_cast<size_t>(i));
-  const int64_t local = s.offset - groups_[static_cast<size_t>(s.group)].offset;
-  return group_buffer.slice(local, s.numel()).view(s.shape);
+  return group_buffer.slice(bound_offset_[static_cast<size_t>(i)], s.numel()).view(s.shape);
 }
 
 Tensor ParamStore::view(const Tensor& flat, int i) const {

@@ -117,9 +117,15 @@ class ParamStore {
   Tensor grad_stack(int first, int count) const;
 
   // Binds group g's compute weights and gradients to full-group buffers of
-  // groups()[g].numel elements laid out as in the flat buffers (either may be
-  // an undefined Tensor: not needed now). unbind_group goes back to the flat ones.
+  // bound_numel(g) elements laid out as in the flat buffers, or as
+  // set_bound_layout says (either may be an undefined Tensor: not needed now).
+  // unbind_group goes back to the flat ones.
   void bind_group(int g, Tensor compute, Tensor grad);
+  // Where group g's parameters sit in its bound buffers, in elements from
+  // their start (one per parameter of the group), and those buffers' length:
+  // FSDP's gathered groups whose expert weights are sharded apart from the rest.
+  void set_bound_layout(int g, const std::vector<int64_t>& offsets, int64_t numel);
+  int64_t bound_numel(int g) const { return bound_numel_[static_cast<size_t>(g)]; }
   void unbind_group(int g);
 
   Tensor& master_flat() { return master_; }
@@ -152,6 +158,8 @@ class ParamStore {
   int64_t numel_ = 0;
   std::vector<ParamGroup> groups_;
   std::vector<Tensor> bound_compute_, bound_grads_;  // per group; undefined: use the flat buffers
+  std::vector<int64_t> bound_offset_;                // per parameter: its offset in its group's bound buffers
+  std::vector<int64_t> bound_numel_;                 // per group: the bound buffers' length
   Tensor master_, compute_, grads_;
 };
 

@@ -55,7 +55,8 @@ std::vector<Key> key_table(JobConfig& c) {
        "moe_routing",
        &c.model.moe_routing,
        "mixture-of-experts models: learned routes each token to its top k experts by the router; balanced "
-       "routes the k slots of the token at position p of its sequence to experts (p·k + j) mod E whatever the router says (its weights still weight "
+       "routes the k slots of the token at position p of its sequence to experts (p·k + j) mod E whatever the router "
+       "says (its weights still weight "
        "them), so every expert gets as many tokens: the case the dry run (anvil estimate, the fit check) takes, "
        "to check it against a real run",
        {"learned", "balanced"}},
@@ -237,9 +238,10 @@ std::vector<Key> key_table(JobConfig& c) {
       {"parallelism",
        "expert_parallel_degree",
        &c.parallelism.expert_parallel_degree,
-       "mixture-of-experts models: ranks the experts are split over, each holding num_experts / degree of every "
-       "layer and exchanging routed tokens all-to-all with the others; the data-parallel ranks (DDP: "
-       "data_parallel_replicate_degree, with data_parallel_shard_degree 1) must be exactly these (docs/moe.md)",
+       "mixture-of-experts models: consecutive data-parallel ranks the experts are split over, each holding "
+       "num_experts / degree of every layer and exchanging routed tokens all-to-all with the others; under FSDP it "
+       "divides data_parallel_shard_degree (each expert then sharded over shard_degree / degree ranks), under DDP it "
+       "equals data_parallel_replicate_degree (docs/moe.md)",
        {},
        1,
        kInf},

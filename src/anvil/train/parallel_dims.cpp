@@ -136,11 +136,16 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
                 args.name, "/", args.flavor, " has none; set it to 1");
     ANVIL_CHECK(args.num_experts % ep == 0, "parallelism.expert_parallel_degree ", ep, " must divide ", args.name,
                 "/", args.flavor, "'s ", args.num_experts, " experts");
-    ANVIL_CHECK(layout.dp_shard() == 1 && layout.dp_replicate() == ep, "parallelism.expert_parallel_degree ", ep,
-                " splits the experts over the data-parallel ranks, which must be exactly those ranks under DDP: set "
-                "data_parallel_replicate_degree ", ep, " and data_parallel_shard_degree 1 (now ",
-                layout.dp_replicate(), " and ", layout.dp_shard(),
-                "); FSDP over the experts and expert replicas are not built yet");
+    ANVIL_CHECK(layout.dp_shard() > 1 || layout.dp_replicate() == ep, "parallelism.expert_parallel_degree ", ep,
+                " splits the experts over the data-parallel ranks; under DDP (data_parallel_shard_degree 1) it must "
+                "equal data_parallel_replicate_degree (now ",
+                layout.dp_replicate(),
+                "): DDP replicas of the experts are not built; or shard the model with data_parallel_shard_degree, "
+                "a multiple of ",
+                ep);
+    ANVIL_CHECK(layout.pp() == 1, "parallelism.expert_parallel_degree ", ep,
+                " does not compose with pipeline_parallel_degree ", layout.pp(),
+                " yet (checkpoints of experts split over ranks and stages are not built); set one of them to 1");
   }
   // The rows a micro-batch runs with: the local batch, or under pipeline
   // parallelism each of its pipeline micro-batches.
@@ -188,8 +193,9 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
 ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank) {
   ParallelDims par;
   const auto& p = cfg.parallelism;
-  const ParallelDegrees degrees{p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
-                                p.data_parallel_shard_degree, p.tensor_parallel_degree, p.context_parallel_degree};
+  const ParallelDegrees degrees{p.pipeline_parallel_degree,   p.data_parallel_replicate_degree,
+                                p.data_parallel_shard_degree, p.tensor_parallel_degree,
+                                p.context_parallel_degree,    p.expert_parallel_degree};
   const MeshLayout layout = MeshLayout::resolve(degrees, world_size);
   validate_layout(cfg, args, layout);
   if (layout.pp() > 1) {
@@ -210,7 +216,8 @@ ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int w
   par.pp_size = layout.pp();
   par.cp_rank = layout.group_rank(par.rank, MeshGroup::cp);
   par.cp_size = layout.cp();
-  par.ep_size = static_cast<int>(p.expert_parallel_degree);
+  par.ep_rank = layout.group_rank(par.rank, MeshGroup::ep);
+  par.ep_size = layout.ep();
   par.cp_balancer = cp_load_balancer(p.context_parallel_load_balancer);
   par.cp_rotate = cp_rotate_method(p.context_parallel_rotate_method);
   if (layout.dp_shard() * layout.cp() > 1) {
@@ -223,7 +230,16 @@ ParallelDims resolve_parallel(const JobConfig& cfg, const ModelArgs& args, int w
     par.mode = DataParallelMode::ddp;
     par.description = detail::concat("DDP over ", layout.dp_replicate(), " ranks");
   }
-  if (par.ep_size > 1) par.description += detail::concat(" x EP ", par.ep_size, " (experts split over the DDP ranks)");
+  if (par.ep_size > 1)
+    par.description +=
+        layout.dp_shard() > 1
+            ? detail::concat(
+                  " x EP ", par.ep_size, " (experts split over ", par.ep_size, " consecutive FSDP ranks",
+                  layout.group_size(MeshGroup::expert_shard) > 1
+                      ? detail::concat(", each expert sharded over ", layout.group_size(MeshGroup::expert_shard))
+                      : std::string(),
+                  ")")
+            : detail::concat(" x EP ", par.ep_size, " (experts split over the DDP ranks)");
   if (layout.cp() > 1)
     par.description += detail::concat(" x CP ", layout.cp(), " (", p.context_parallel_load_balancer, ", ",
                                       p.context_parallel_rotate_method, ")");

@@ -39,7 +39,7 @@ struct ParallelDims {
   int tp_rank = 0, tp_size = 1;  // ranks of a tp group read the same data
   int pp_rank = 0, pp_size = 1;  // a pp group's ranks read the same data
   int cp_rank = 0, cp_size = 1;  // a cp group's ranks read the same sequences, each keeping its chunks
-  int ep_size = 1;  // expert parallelism: the data-parallel ranks split the experts (ep rank = dp rank)
+  int ep_rank = 0, ep_size = 1;  // expert parallelism: ep consecutive data-parallel ranks split the experts
   CpLoadBalancer cp_balancer = CpLoadBalancer::headtail;
   CpRotateMethod cp_rotate = CpRotateMethod::ring;
   // Under pipeline parallelism: each micro-batch of local_batch_size sequences
@@ -61,6 +61,8 @@ struct ParallelDims {
   // FSDP's shard group: dp_shard, or dp_shard × cp under context parallelism.
   Communicator& fsdp_shard_group() const;
   int fsdp_shard_degree() const { return layout.dp_shard() * layout.cp(); }
+  // Over how many ranks FSDP shards a rank's experts (MoE under FSDP): dp_shard / ep.
+  int expert_shard_degree() const { return layout.group_size(MeshGroup::expert_shard); }
   // The largest of every rank's `value` (collective over the world; small
   // integers such as a signal number).
   int max_over_world(int value) const;

@@ -36,7 +36,8 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
                  bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
                  std::unique_ptr<ParallelStyle>& plain_style, std::unique_ptr<ExpertExchange>& experts,
                  std::unique_ptr<Llama>& model) {
-  if (par.ep_size > 1) experts = std::make_unique<MpiExpertExchange>(par.mesh->dp(), cfg.model.moe_estimate_load);
+  if (par.ep_size > 1)
+    experts = std::make_unique<MpiExpertExchange>(par.mesh->group(MeshGroup::ep), cfg.model.moe_estimate_load);
   if (par.tp_size > 1)
     tp = std::make_unique<TensorParallelStyle>(
         par.mesh->tp(), args,
@@ -48,13 +49,12 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
     if (!style) style = (plain_style = std::make_unique<ParallelStyle>()).get();
     style->set_sequence_layout(cp.get());
   }
-  model = std::make_unique<Llama>(
-      args, compute_dtype, cfg.training.seq_len,
-      LlamaOptions{.stages = rank_stages(args, par),
-                   .parallel_style = style,
-                   .allocate_params = allocate_params,
-                   .expert_shard = {par.ep_size > 1 ? par.dp_rank : 0, par.ep_size},
-                   .expert_exchange = experts.get()});
+  model = std::make_unique<Llama>(args, compute_dtype, cfg.training.seq_len,
+                                  LlamaOptions{.stages = rank_stages(args, par),
+                                               .parallel_style = style,
+                                               .allocate_params = allocate_params,
+                                               .expert_shard = {par.ep_rank, par.ep_size},
+                                               .expert_exchange = experts.get()});
 }
 
 }  // namespace
@@ -79,8 +79,10 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   const ReshardPolicy reshard = parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward);
   if (fsdp_mode) {
     const bool hsdp = par.mesh->layout().dp_replicate() > 1;
+    // Under expert parallelism each rank's experts are sharded over the ranks holding the same ones.
     fsdp_ =
-        std::make_unique<FsdpParams>(ps, par.fsdp_shard_group(), hsdp ? &par.mesh->dp_replicate() : nullptr, reshard);
+        std::make_unique<FsdpParams>(ps, par.fsdp_shard_group(), hsdp ? &par.mesh->dp_replicate() : nullptr, reshard,
+                                     par.ep_size > 1 ? &par.mesh->group(MeshGroup::expert_shard) : nullptr);
     model_->set_hooks(fsdp_.get());
     // Under pipeline parallelism each micro-batch would gather every group
     // again: by default the stage's gathered weights stay for the whole step
@@ -93,9 +95,9 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   }
   // What the layout should send per step, to set against what it does.
   if (fsdp_)
-    comm_closed_form_ = fsdp_bytes_per_step(ps.groups(), par.fsdp_shard_degree(), par.mesh->layout().dp_replicate(),
-                                            compute_dtype == DType::bf16 ? 2 : 4, reshard,
-                                            par.accum_steps * par.pp_micro_batches, hold_gathered_);
+    comm_closed_form_ = fsdp_bytes_per_step(
+        ps.groups(), par.fsdp_shard_degree(), par.mesh->layout().dp_replicate(), compute_dtype == DType::bf16 ? 2 : 4,
+        reshard, par.accum_steps * par.pp_micro_batches, hold_gathered_, par.expert_shard_degree());
   else if (ddp_)
     comm_closed_form_ = ddp_bytes_per_step(ps.groups(), par.dp_size);
   state_layout_ = std::make_unique<RankStateLayout>(args, par, ps, fsdp_.get(), tp_ != nullptr);
@@ -326,9 +328,10 @@ StepComm ParallelizedModel::take_comm_stats() {
     out.pp_bytes = par_.mesh->pp().counters().total_bytes();
     par_.mesh->pp().reset_counters();
   }
-  if (experts_) {  // the dp group's all-to-alls are expert parallelism's alone (DDP all-reduces)
-    out.ep_bytes = par_.mesh->dp().counters().bytes_of(CommOp::all_to_all);
-    par_.mesh->dp().reset_counters();
+  if (experts_) {  // the ep group carries expert parallelism's all-to-alls alone
+    Communicator& ep = par_.mesh->group(MeshGroup::ep);
+    out.ep_bytes = ep.counters().bytes_of(CommOp::all_to_all);
+    ep.reset_counters();
   }
   return out;
 }

@@ -33,30 +33,30 @@ const std::vector<ParamSpec>& RankStateLayout::global_specs() const { return who
 int64_t RankStateLayout::global_numel() const { return whole_->numel(); }
 
 namespace {
-// Under expert parallelism (DDP ranks splitting the experts): the whole
-// model's buffer from every rank's, each element written by one rank — its
-// expert's holder, or dp rank 0 for the weights every rank holds alike — and
-// summed over the ranks (x + 0 + … is exact).
-Tensor gather_experts(Communicator& dp, const std::vector<ParamSpec>& local_specs, const Tensor& local,
+// Under expert parallelism: the whole model's buffer from the ep group's
+// local ones (each rank's parameters, its experts among them), each element
+// written by one rank — its expert's holder, or ep rank 0 for the weights
+// every rank holds alike — and summed over the ranks (x + 0 + … is exact).
+Tensor gather_experts(Communicator& ep, const std::vector<ParamSpec>& local_specs, const Tensor& local,
                       const std::vector<ParamSpec>& global_specs, int64_t global_numel) {
   std::map<std::string, const ParamSpec*> by_name;
   for (const ParamSpec& g : global_specs) by_name[g.name] = &g;
   Tensor global = Tensor::zeros({global_numel}, DType::f32, MemCategory::workspace, "ep.global_state");
   for (const ParamSpec& l : local_specs) {
-    if (!l.expert && dp.rank() != 0) continue;
+    if (!l.expert && ep.rank() != 0) continue;
     const ParamSpec& g = *by_name.at(l.name);
     Tensor dst = global.slice(g.offset, g.numel());
     dst.copy_from(local.slice(l.offset, l.numel()));
   }
-  dp.all_reduce(global);
+  ep.all_reduce(global);
   return global;
 }
 }  // namespace
 
 Tensor RankStateLayout::to_global(const Tensor& rank_state) const {
-  if (par_.ep_size > 1)  // DDP only (the layout check): this rank's state is its parameters, its experts among them
-    return gather_experts(par_.mesh->dp(), local_.specs(), rank_state, whole_->specs(), whole_->numel());
   Tensor state = fsdp_ ? fsdp_->gather_full(rank_state) : rank_state;
+  if (par_.ep_size > 1)  // no TP or PP (the layout check): the ep group's local states make the whole model
+    return gather_experts(par_.mesh->group(MeshGroup::ep), local_.specs(), state, whole_->specs(), whole_->numel());
   if (tensor_parallel_)
     state = gather_tp_global(par_.mesh->tp(), local_.specs(), state, stage_global_->specs(), stage_global_->numel());
   if (par_.pp_size > 1)
@@ -81,12 +81,13 @@ void RankStateLayout::from_global(const Tensor& global, Tensor& rank_state) cons
 }
 
 double RankStateLayout::global_sum_of_squares(const Tensor& rank_state) const {
-  if (par_.ep_size > 1) {  // DDP: every rank's replicated part once, each rank's experts summed over the ranks
+  if (par_.ep_size > 1 &&
+      !fsdp_) {  // DDP: every rank's replicated part once, each rank's experts summed over the ranks
     std::vector<Tensor> dense, experts;
     for (const ParamSpec& s : local_.specs()) (s.expert ? experts : dense).push_back(rank_state.slice(s.offset, s.numel()));
     Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.experts_sum");
     t.data<float>()[0] = static_cast<float>(grad_sum_of_squares(experts));
-    par_.mesh->dp().all_reduce(t);
+    par_.mesh->group(MeshGroup::ep).all_reduce(t);
     return grad_sum_of_squares(dense) + t.data<float>()[0];
   }
   const Tensor all[] = {rank_state};
@@ -94,7 +95,9 @@ double RankStateLayout::global_sum_of_squares(const Tensor& rank_state) const {
   double sum_sq = tensor_parallel_ ? grad_sum_of_squares(grads_counted_once(local_, rank_state, par_.tp_rank, fsdp_,
                                                                             fsdp_ ? par_.fsdp_shard_group().rank() : 0))
                                    : grad_sum_of_squares(all);
-  // Each shard and stage holds part of the state; replicas hold the same parts.
+  // Each shard and stage holds part of the state; replicas hold the same parts. Under expert
+  // parallelism the dp_shard ranks are the ep ranks times each expert's shards: summed over
+  // them, every expert counts once.
   if (fsdp_ || tensor_parallel_ || par_.pp_size > 1) {
     Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.sum");
     t.data<float>()[0] = static_cast<float>(sum_sq);

@@ -57,7 +57,7 @@ class RankStateLayout {
   void from_local(const Tensor& local, Tensor& rank_state) const;
   // Σx² over the global tensor of which rank_state is this rank's part, each
   // global element counted once, the same on every rank. Collective over
-  // dp_shard, tp and pp (and dp under expert parallelism).
+  // dp_shard, tp and pp (and the ep group under expert parallelism over DDP).
   double global_sum_of_squares(const Tensor& rank_state) const;
 
  private:
