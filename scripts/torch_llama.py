@@ -128,6 +128,23 @@ class Llama(torch.nn.Module):
         pos = torch.arange(cfg["max_seq_len"], dtype=torch.float64)
         ang = pos[:, None] * inv_freq(hd, cfg["rope_theta"], cfg["rope_scaling"])[None, :]
         self.cos, self.sin = ang.cos().to(self.dtype), ang.sin().to(self.dtype)
+        # The auxiliary-loss-free balance's biases (float32, as Anvil keeps them), per layer.
+        self.expert_bias = [torch.zeros(cfg.get("num_experts", 0), dtype=torch.float32)
+                            for _ in range(cfg["n_layers"])]
+
+    def update_expert_bias(self, counts):
+        """DeepSeek-V3's step, as torchtitan applies it: each bias moves by the rate towards the mean load,
+        less the moves' mean; in double, the experts summed in order, as Anvil does. counts: per layer, the
+        step's routes per expert."""
+        rate, E = self.cfg["moe_bias_update_rate"], self.cfg["num_experts"]
+        for l, n in enumerate(counts):
+            n = [float(c) for c in n]
+            mean = sum(n) / E
+            delta = [rate * (1.0 if c < mean else -1.0 if c > mean else 0.0) for c in n]
+            mean_delta = sum(delta) / E
+            b = [float(v) for v in self.expert_bias[l]]
+            self.expert_bias[l] = torch.tensor([b[e] + (delta[e] - mean_delta) for e in range(E)],
+                                               dtype=torch.float64).to(torch.float32)
 
     def p(self, name):
         return self.params[name.replace(".", "__")]
@@ -146,18 +163,25 @@ class Llama(torch.nn.Module):
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
-    def moe(self, x, pre):
+    def moe(self, x, pre, layer):
         """Qwen3-MoE's sparse block on x (B, T, D): the output, the sum of its sequences' load-balancing
-        losses, and the chosen experts (B*T, k)."""
+        losses, and the chosen experts (B*T, k). With moe_sigmoid_scores each expert's score is its own
+        sigmoid (DeepSeek-V3), and with moe_bias_update_rate the layer's expert biases are added to the
+        scores to choose the experts, not to weight them."""
         cfg = self.cfg
         B, T, D = x.shape
         E, k = cfg["num_experts"], cfg["experts_per_token"]
         xf = x.reshape(B * T, D)
-        probs = torch.softmax((xf @ self.p(pre + "mlp.gate.weight").t()).to(self.dtype), dim=-1)
+        logits = (xf @ self.p(pre + "mlp.gate.weight").t()).to(self.dtype)
+        sigmoid = cfg.get("moe_sigmoid_scores", False)
+        probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
         if cfg.get("balanced_routing"):
             experts = ((torch.arange(B * T) % T)[:, None] * k + torch.arange(k)[None, :]) % E
         else:
-            experts = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+            choice = probs.detach()
+            if cfg.get("moe_bias_update_rate", 0) > 0:
+                choice = choice + self.expert_bias[layer].to(choice.dtype)
+            experts = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
         weights = probs.gather(1, experts)
         if cfg.get("norm_topk_prob", True):
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -173,10 +197,12 @@ class Llama(torch.nn.Module):
                 @ self.p(ex + "down_proj.weight").t()
             out.index_add_(0, tok, ye * weights[tok, slot, None])
         aux = 0.0
-        for b in range(B):  # per sequence: E * sum_e (tokens choosing e / T) * mean probability of e
+        # Each token's share of expert e: its probability, or its sigmoid score over its scores' sum.
+        share = probs / probs.sum(dim=-1, keepdim=True) if sigmoid else probs
+        for b in range(B):  # per sequence: E * sum_e (tokens choosing e / T) * mean share of e
             rows = slice(b * T, (b + 1) * T)
             chose = F.one_hot(experts[rows], E).sum(dim=(0, 1)).to(probs.dtype)
-            aux = aux + E * (chose / T * probs[rows].mean(dim=0)).sum()
+            aux = aux + E * (chose / T * share[rows].mean(dim=0)).sum()
         return out.view(B, T, D), aux, experts
 
     def forward(self, tokens, targets, eos_id=None, with_moe=False):
@@ -227,7 +253,7 @@ class Llama(torch.nn.Module):
             h = h + att @ self.p(pre + "self_attn.o_proj.weight").t()
             x = self.rms_norm(h, self.p(pre + "post_attention_layernorm.weight"))
             if cfg.get("num_experts"):
-                y, layer_aux, experts = self.moe(x, pre)
+                y, layer_aux, experts = self.moe(x, pre, l)
                 h = h + y
                 aux = aux + layer_aux
                 routes.append(experts)
@@ -261,6 +287,7 @@ def parity(folder, threads):
         tokens, targets = batches["tokens"][step], batches["targets"][step]
         n = int((targets != -100).sum())  # the step's tokens normalise every micro-batch's loss
         total, aux_total = 0.0, 0.0
+        step_counts = [[0] * cfg.get("num_experts", 0) for _ in range(cfg["n_layers"])]  # routes per expert
         for m, (tok, tgt) in enumerate(zip(tokens.chunk(micro_batches), targets.chunk(micro_batches))):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss_sum, _, aux, layer_routes = model(tok, tgt, eos_id, with_moe=True)
@@ -269,6 +296,8 @@ def parity(folder, threads):
             aux_total += float(aux)
             for l, experts in enumerate(layer_routes):  # f32 holds expert indices exactly
                 routes[f"step{step}.micro_batch{m}.layer{l}"] = experts.to(torch.float32)
+                for e, c in enumerate(torch.bincount(experts.flatten(), minlength=cfg["num_experts"]).tolist()):
+                    step_counts[l][e] += c
         # An expert no token reached has a zero gradient, not none: its weights still decay, as with the
         # experts as one (E, ., .) tensor (Anvil's, and torchtitan's grouped experts).
         for _, p in model.named():
@@ -283,7 +312,12 @@ def parity(folder, threads):
             write_safetensors(f"{folder}/torch_grads_last.safetensors", {name: p.grad for name, p in model.named()})
             write_safetensors(f"{folder}/torch_weights_last.safetensors", {name: p.detach() for name, p in model.named()})
         adamw.step()
-    json.dump({"losses": losses, "aux_losses": aux_losses}, open(f"{folder}/torch_result.json", "w"))
+        if cfg.get("moe_bias_update_rate", 0) > 0:
+            model.update_expert_bias(step_counts)
+    result = {"losses": losses, "aux_losses": aux_losses}
+    if cfg.get("moe_bias_update_rate", 0) > 0:  # float32 values, written exactly
+        result["expert_bias"] = [float(b) for layer in model.expert_bias for b in layer.tolist()]
+    json.dump(result, open(f"{folder}/torch_result.json", "w"))
     if routes:
         write_safetensors(f"{folder}/torch_routes.safetensors", routes)
     if cfg.get("final_weights"):

@@ -533,6 +533,29 @@ TEST(Convert, Qwen3MoeExportMatchesTorchAndImportsBitIdentical) {
   if (!HasFailure()) fs::remove_all(dir);
 }
 
+// DeepSeek-V3's router options (sigmoid scores, expert biases) have no place
+// in Hugging Face's Qwen3MoeForCausalLM, which would route other tokens to
+// other experts: such a model is refused before a file is written.
+TEST(Convert, ARouterQwen3MoeCannotExpressIsRefused) {
+  for (const bool sigmoid : {true, false}) {
+    ModelArgs args = model_flavor("qwen3", "debugmodel_moe");
+    args.moe_sigmoid_scores = sigmoid;
+    args.moe_bias_update_rate = sigmoid ? 0.0 : 0.001;
+    const fs::path dir = workdir(sigmoid ? "qwen3_moe_sigmoid" : "qwen3_moe_bias");
+    Llama model(args, DType::f32, kSeq);
+    try {
+      (void)export_hf(model.params(), args, (dir / "hf").string(), HfExportOptions{});
+      ADD_FAILURE() << "exported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(sigmoid ? "sigmoid scores" : "with expert biases"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("model.moe_score_function, model.moe_bias_update_rate"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir / "hf" / "model.safetensors"));
+  }
+}
+
 // The fields of Qwen3-30B-A3B's config.json on the Hugging Face hub: the
 // flavour writes the same values and accepts the file; dense layers among the
 // sparse ones (mlp_only_layers) are refused.

@@ -114,13 +114,14 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
 }
 
 // A mixture of experts' checkpoint holds every expert whole however the
-// experts were split: saved at step 5 under expert parallelism 2 over FSDP 4
-// (each rank holding half of 4 experts), it resumes on one process, under EP 2
-// over DDP 2 and under EP 2 over FSDP 2, each reaching the uninterrupted run's
-// losses.
+// experts were split, and the experts' biases of the auxiliary-loss-free
+// balance: saved at step 5 under expert parallelism 2 over FSDP 4 (each rank
+// holding half of 4 experts), it resumes on one process, under EP 2 over DDP 2
+// and under EP 2 over FSDP 2, each reaching the uninterrupted run's losses.
 TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
   const std::string batch =
       "--model.name qwen3 --model.flavor debugmodel_moe --model.router_aux_loss_coef 0.01 "
+      "--model.moe_score_function sigmoid --model.moe_bias_update_rate 0.01 "
       "--training.global_batch_size 4 --lr_scheduler.decay_ratio 0 ";
   const std::string ep4 =
       "--parallelism.data_parallel_shard_degree 4 --parallelism.expert_parallel_degree 2 "

@@ -133,6 +133,13 @@ inline const std::vector<Layout>& layouts() {
          2,
          "--parallelism.expert_parallel_degree 2",
          kMoe,
+         /*data_dependent_memory=*/true},
+        // DeepSeek-V3's router: every rank moves the expert biases by the step's routes over both.
+        {"qwen3/debugmodel_moe, sigmoid scores and expert biases, expert parallel 2",
+         {"none"},
+         2,
+         "--parallelism.expert_parallel_degree 2",
+         kMoe + " --model.moe_score_function sigmoid --model.moe_bias_update_rate 0.01",
          /*data_dependent_memory=*/true}}},
       {"fsdp4",
        4,

@@ -26,19 +26,26 @@ struct RefRouting {
   std::vector<double> weights;   // (M, k)
 };
 
-// Softmax, top-k by probability (ties to the lower index), weights renormalised or not.
+// Softmax (or sigmoid) scores, top-k by score plus bias (ties to the lower
+// index), weights the chosen scores renormalised or not.
 RefRouting ref_route(const std::vector<double>& x, int64_t M, int64_t E, int64_t k, bool normalize,
-                     const std::vector<int32_t>* fixed_experts = nullptr) {
+                     const std::vector<int32_t>* fixed_experts = nullptr, bool sigmoid = false,
+                     const std::vector<double>* bias = nullptr) {
   RefRouting r{std::vector<double>(x.size()), std::vector<int32_t>(size_t(M * k)), std::vector<double>(size_t(M * k))};
   for (int64_t t = 0; t < M; ++t) {
-    const double m = *std::max_element(x.begin() + t * E, x.begin() + (t + 1) * E);
-    double sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (r.probs[size_t(t * E + e)] = std::exp(x[size_t(t * E + e)] - m));
-    for (int64_t e = 0; e < E; ++e) r.probs[size_t(t * E + e)] /= sum;
+    if (sigmoid) {
+      for (int64_t e = 0; e < E; ++e) r.probs[size_t(t * E + e)] = 1.0 / (1.0 + std::exp(-x[size_t(t * E + e)]));
+    } else {
+      const double m = *std::max_element(x.begin() + t * E, x.begin() + (t + 1) * E);
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += (r.probs[size_t(t * E + e)] = std::exp(x[size_t(t * E + e)] - m));
+      for (int64_t e = 0; e < E; ++e) r.probs[size_t(t * E + e)] /= sum;
+    }
     std::vector<int32_t> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);
     const double* p = r.probs.data() + t * E;
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    const auto score = [&](int32_t e) { return p[e] + (bias ? (*bias)[size_t(e)] : 0.0); };
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return score(a) > score(b); });
     double chosen = 0;
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = fixed_experts ? (*fixed_experts)[size_t(t * k + j)] : order[size_t(j)];
@@ -51,14 +58,17 @@ RefRouting ref_route(const std::vector<double>& x, int64_t M, int64_t E, int64_t
   return r;
 }
 
-// Hugging Face's load_balancing_loss_func for one layer: E · Σ_e (n_e / M) · mean_t p_{t,e}.
-double ref_aux(const RefRouting& r, int64_t M, int64_t E, int64_t k) {
+// Hugging Face's load_balancing_loss_func for one layer: E · Σ_e (n_e / M) · mean_t p_{t,e};
+// under sigmoid scores p_{t,e} is token t's score of e over the sum of its scores (DeepSeek-V3's).
+double ref_aux(const RefRouting& r, int64_t M, int64_t E, int64_t k, bool sigmoid = false) {
   double loss = 0;
   for (int64_t e = 0; e < E; ++e) {
     double n = 0, mean = 0;
     for (int64_t t = 0; t < M; ++t) {
       for (int64_t j = 0; j < k; ++j) n += r.experts[size_t(t * k + j)] == e;
-      mean += r.probs[size_t(t * E + e)];
+      double sum = 1;
+      if (sigmoid) sum = std::accumulate(r.probs.begin() + t * E, r.probs.begin() + (t + 1) * E, 0.0);
+      mean += r.probs[size_t(t * E + e)] / sum;
     }
     loss += n / double(M) * mean / double(M);
   }
@@ -162,6 +172,51 @@ TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
       // The routing the differences held is the routing the op made.
       EXPECT_EQ(ref_route(to_double(x), M, E, k, normalize).experts, held);
     }
+}
+
+// DeepSeek-V3's options: sigmoid scores (forward and aux loss against the
+// reference, the backward against central differences) and an expert bias,
+// which moves the choice of experts but not their weights.
+TEST(MoeRouter, SigmoidScoresMatchTheReferenceAndTheirDifferences) {
+  const int64_t M = 6, E = 8;
+  const float coef = 0.37f;
+  for (const int64_t k : {1, 2, 8}) {
+    const RouterConfig cfg{.top_k = k, .normalize = true, .sigmoid = true};
+    const Tensor x = spaced_logits(M, E, uint64_t(k) * 11);
+    const Routed r = route(x, cfg);
+    const RefRouting want = ref_route(to_double(x), M, E, k, true, nullptr, /*sigmoid=*/true);
+    EXPECT_EQ(std::vector<int32_t>(r.experts.data<int32_t>(), r.experts.data<int32_t>() + M * k), want.experts);
+    EXPECT_LT(rel_error(r.probs, want.probs), 1e-6);
+    EXPECT_LT(rel_error(r.weights, want.weights), 1e-6);
+    const double aux = router_aux_loss(r.probs, r.experts, 0.0f, nullptr, true);
+    EXPECT_NEAR(aux, ref_aux(want, M, E, k, true), 1e-6 * aux);
+    const Tensor dw = random_tensor({M, k}, DType::f32, "dweights");
+    Tensor dx = random_tensor({M, E}, DType::f32, "garbage", 100.0f);
+    router_backward(r.probs, r.experts, dw, cfg, dx);
+    (void)router_aux_loss(r.probs, r.experts, coef, &dx, true);
+    const std::vector<double> w = to_double(dw);
+    const auto loss = [&](const std::vector<double>& xs) {
+      const RefRouting ref = ref_route(xs, M, E, k, true, &want.experts, true);
+      double l = 0;
+      for (size_t i = 0; i < w.size(); ++i) l += w[i] * ref.weights[i];
+      return l + coef * ref_aux(ref, M, E, k, true);
+    };
+    const double e = rel_error(dx, numerical_grad(loss, to_double(x)));
+    std::printf("router sigmoid k %lld dlogits %.2e against central differences\n", static_cast<long long>(k), e);
+    EXPECT_LT(e, 1e-5);
+  }
+  // A bias that lifts expert 7 above every score of these logits (scores 0.3 apart per rank
+  // before the sigmoid) puts it first for every token, while the weights stay the scores'.
+  const Tensor x = spaced_logits(M, E, 5);
+  std::vector<float> bias(static_cast<size_t>(E), 0.0f);
+  bias[7] = 1.0f;
+  const RouterConfig biased{.top_k = 2, .normalize = true, .sigmoid = true, .bias = bias.data()};
+  const Routed r = route(x, biased);
+  const std::vector<double> bias_d(bias.begin(), bias.end());
+  const RefRouting want = ref_route(to_double(x), M, E, 2, true, nullptr, true, &bias_d);
+  EXPECT_EQ(std::vector<int32_t>(r.experts.data<int32_t>(), r.experts.data<int32_t>() + M * 2), want.experts);
+  EXPECT_LT(rel_error(r.weights, want.weights), 1e-6);
+  for (int64_t t = 0; t < M; ++t) EXPECT_EQ(r.experts.data<int32_t>()[t * 2], 7) << "token " << t;
 }
 
 // Accumulating adds the gradient to what dlogits holds.

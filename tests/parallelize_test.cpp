@@ -102,8 +102,9 @@ TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
   ParallelizedModel a(cfg, args, par, DType::f32);
   step(a, first, 1);
   Checkpointer ckpt((testing::scratch_root() / "parallelize_test_ckpt").string(), 0);
-  a.save_checkpoint(ckpt, 1, /*model_only=*/false, DType::f32,
-                    [&] { return CheckpointMeta{nlohmann::json::object(), {}, "", "llama3/debugmodel"}; });
+  a.save_checkpoint(ckpt, 1, /*model_only=*/false, DType::f32, [&] {
+    return CheckpointMeta{nlohmann::json::object(), {}, "", "llama3/debugmodel", {}};
+  });
   ckpt.wait();
 
   // Another seed, so only the checkpoint can make the two agree.

@@ -38,6 +38,7 @@ struct Run {
   std::vector<double> aux_losses;
   std::map<std::string, Tensor> routes;
   std::map<std::string, Tensor> final_weights;
+  std::vector<float> expert_bias;  // the auxiliary-loss-free balance's biases after the last step, (n_layers·E)
 };
 
 // Token batches from the counter-based RNG; targets are the next tokens, with a
@@ -88,19 +89,33 @@ Run run_torch(const Llama& model, const Tensor& tokens, const Tensor& targets, c
   const ModelArgs& a = model.args();
   const AdamWConfig o = adamw_config();
   nlohmann::json cfg = {
-      {"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads}, {"n_kv_heads", a.n_kv_heads},
-      {"vocab_size", a.vocab_size}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-      {"max_seq_len", kSeq}, {"tie_embeddings", a.tie_embeddings}, {"head_dim", a.head_dim()},
+      {"dim", a.dim},
+      {"n_layers", a.n_layers},
+      {"n_heads", a.n_heads},
+      {"n_kv_heads", a.n_kv_heads},
+      {"vocab_size", a.vocab_size},
+      {"norm_eps", a.norm_eps},
+      {"rope_theta", a.rope_theta},
+      {"max_seq_len", kSeq},
+      {"tie_embeddings", a.tie_embeddings},
+      {"head_dim", a.head_dim()},
       {"qk_norm", a.qk_norm},
-      {"num_experts", a.num_experts}, {"experts_per_token", a.experts_per_token},
-      {"norm_topk_prob", a.norm_topk_prob}, {"router_aux_loss_coef", a.moe() ? a.router_aux_loss_coef : 0.0},
+      {"num_experts", a.num_experts},
+      {"experts_per_token", a.experts_per_token},
+      {"norm_topk_prob", a.norm_topk_prob},
+      {"router_aux_loss_coef", a.moe() ? a.router_aux_loss_coef : 0.0},
       {"balanced_routing", a.moe_balanced_routing},
+      {"moe_sigmoid_scores", a.moe_sigmoid_scores},
+      {"moe_bias_update_rate", a.moe_bias_update_rate},
       {"compute_dtype", model.compute_dtype() == DType::bf16 ? "bf16" : "f32"},
       {"rope_scaling",
-       {{"enabled", a.rope_scaling.enabled}, {"factor", a.rope_scaling.factor},
-        {"low_freq_factor", a.rope_scaling.low_freq_factor}, {"high_freq_factor", a.rope_scaling.high_freq_factor},
+       {{"enabled", a.rope_scaling.enabled},
+        {"factor", a.rope_scaling.factor},
+        {"low_freq_factor", a.rope_scaling.low_freq_factor},
+        {"high_freq_factor", a.rope_scaling.high_freq_factor},
         {"original_max_position", a.rope_scaling.original_max_position}}},
-      {"optimizer", {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}}}};
+      {"optimizer",
+       {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}}}};
   cfg["max_seq_len"] = tokens.size(2);
   cfg.update(extra);
   std::ofstream(dir / "config.json") << cfg.dump(2);
@@ -124,6 +139,7 @@ Run run_torch(const Llama& model, const Tensor& tokens, const Tensor& targets, c
   if (fs::exists(dir / "torch_weights_last.safetensors"))
     run.last_weights = load_safetensors((dir / "torch_weights_last.safetensors").string()).tensors;
   if (result.contains("aux_losses")) run.aux_losses = result.at("aux_losses").get<std::vector<double>>();
+  if (result.contains("expert_bias")) run.expert_bias = result.at("expert_bias").get<std::vector<float>>();
   if (fs::exists(dir / "torch_routes.safetensors"))
     run.routes = load_safetensors((dir / "torch_routes.safetensors").string()).tensors;
   if (fs::exists(dir / "torch_weights_final.safetensors"))
@@ -180,7 +196,10 @@ Run run_anvil_documents(Llama& model, const Tensor& tokens, const Tensor& target
   Tensor v = Tensor::zeros({ps.numel()}, DType::f32, MemCategory::optimizer_state, "adam.v");
   const int64_t rows = kDocBatch / micro_batches;
   MoeStepState* moe = model.moe_state();
-  if (moe) moe->record_experts = true;
+  if (moe) {
+    moe->record_experts = true;
+    std::fill(moe->expert_bias.begin(), moe->expert_bias.end(), 0.0f);  // each run starts its balance afresh
+  }
   auto grads = [&] {
     std::map<std::string, Tensor> g;
     for (size_t i = 0; i < ps.specs().size(); ++i)
@@ -221,7 +240,9 @@ Run run_anvil_documents(Llama& model, const Tensor& tokens, const Tensor& target
     if (step == kDocSteps - 1) run.last_grads = grads();
     Tensor* compute = ps.compute_dtype() == DType::bf16 ? &ps.compute_flat() : nullptr;
     adamw_step(adamw_config(), step + 1, ps.master_flat(), ps.grad_flat(), m, v, compute);
+    if (moe) model.update_expert_bias(std::vector<double>(moe->routes.begin(), moe->routes.end()));
   }
+  if (moe) run.expert_bias = moe->expert_bias;
   for (size_t i = 0; i < ps.specs().size(); ++i)
     run.final_weights[ps.specs()[i].name] = ps.master(static_cast<int>(i)).to(DType::f32, MemCategory::workspace, "w");
   return run;
@@ -424,6 +445,13 @@ void check_document_parity(ModelArgs args, const std::string& label, int64_t mic
                 worst_aux, anvil.aux_losses.back(), worst_weight, worst_weight_name.c_str());
     EXPECT_EQ(differ, 0);
     EXPECT_LT(worst_aux, bound);
+    if (args.moe_bias_update_rate > 0) {  // the same routes move the biases alike, to the bit
+      EXPECT_EQ(anvil.expert_bias, torch.expert_bias);
+      float lo = 0, hi = 0;
+      for (float b : anvil.expert_bias) lo = std::min(lo, b), hi = std::max(hi, b);
+      std::printf("  expert biases after %d steps from %.4f to %.4f, equal to PyTorch's\n", kDocSteps, lo, hi);
+      EXPECT_GT(hi - lo, args.moe_bias_update_rate) << "the biases never moved";
+    }
     EXPECT_LT(worst_weight, bound) << worst_weight_name;
   }
   fs::remove_all(dir);
@@ -494,6 +522,16 @@ ModelArgs moe_args(int64_t top_k, double aux_coef) {
 TEST(Parity, MoeTop1Fp32) { check_document_parity(moe_args(1, 0.01), "moe_top1", 1, 1e-6, true); }
 TEST(Parity, MoeTop2Accumulation2Fp32) { check_document_parity(moe_args(2, 0.01), "moe_top2", 2, 1e-6, true); }
 TEST(Parity, MoeTop8Fp32) { check_document_parity(moe_args(8, 0.01), "moe_top8", 1, 1e-6, true); }
+// DeepSeek-V3's router: sigmoid scores, and the auxiliary-loss-free balance's
+// expert biases moved after every step (rate 0.01, ten times DeepSeek-V3's, so
+// that 10 steps move them far enough to change routes), with the sequence-wise
+// aux loss on the normalised scores; the biases after 10 steps equal PyTorch's.
+TEST(Parity, MoeSigmoidScoresAndExpertBiasTop2Fp32) {
+  ModelArgs args = moe_args(2, 0.01);
+  args.moe_sigmoid_scores = true;
+  args.moe_bias_update_rate = 0.01;
+  check_document_parity(args, "moe_sigmoid_bias", 2, 1e-6, true);
+}
 
 // Dropless: with the router's weights zero every logit ties, so every token of
 // every layer goes to expert 0 (ties to the lower index); top 1 renormalised

@@ -134,6 +134,7 @@ int generate_command(const std::vector<std::string>& args) {
   const DType dt = dtype == "fp32" ? DType::f32 : DType::bf16;
   Llama llama(src.args, dt, src.args.max_seq_len);
   load_model_weights(src, llama.params());
+  apply_model_state(src.model_state, llama);  // a MoE's expert biases choose its experts
   std::fprintf(stderr, "anvil: %s/%s from %s, %s, tokenizer %s\n", src.args.name.c_str(), src.args.flavor.c_str(),
                src.path.c_str(), dtype.c_str(), tok->name().c_str());
 

@@ -43,6 +43,11 @@ struct ModelArgs {
   // Not architecture but a training mode: route by the forced-balance rule
   // (ops/moe_router.h) instead of the top k, the case a dry run takes.
   bool moe_balanced_routing = false;
+  // DeepSeek-V3's router options (ops/moe_router.h): sigmoid scores instead
+  // of the softmax, and the auxiliary-loss-free balance's bias, moved by this
+  // much per step (0: no bias).
+  bool moe_sigmoid_scores = false;
+  double moe_bias_update_rate = 0.0;
 
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : dim / n_heads; }
   // Llama's rule: hidden = int(8·dim/3), times ffn_dim_multiplier, rounded up to multiple_of.

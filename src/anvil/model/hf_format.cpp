@@ -253,6 +253,12 @@ HfTransferStats import_into(const std::string& folder, const ModelArgs& args,
 void check_hf_family(const ModelArgs& a) {
   ANVIL_CHECK(!a.moe() || a.name == "qwen3", model_label(a),
               " is a mixture of experts of a family other than Qwen3, which Anvil does not write or read");
+  ANVIL_CHECK(!a.moe_sigmoid_scores && a.moe_bias_update_rate <= 0, model_label(a), " routes by ",
+              a.moe_sigmoid_scores ? "sigmoid scores" : "softmax scores",
+              a.moe_bias_update_rate > 0 ? " with expert biases" : "",
+              " (model.moe_score_function, model.moe_bias_update_rate), which Hugging Face's Qwen3MoeForCausalLM "
+              "cannot express (softmax scores, no biases): it would route other tokens to other experts, so it is "
+              "not exported");
 }
 
 }  // namespace

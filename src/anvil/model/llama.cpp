@@ -132,6 +132,7 @@ Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, co
   if (args_.moe()) {
     moe_state_.num_experts = args_.num_experts;
     moe_state_.routes.assign(static_cast<size_t>(args_.n_layers * args_.num_experts), 0);
+    moe_state_.expert_bias.assign(static_cast<size_t>(args_.n_layers * args_.num_experts), 0.0f);
   }
   rope_ = rope_table(max_seq_len, args.head_dim(), args.rope_theta, args.rope_scaling);
   const int last = llama_num_modules(args) - 1;
@@ -164,6 +165,31 @@ void Llama::set_step_sequences(int64_t sequences) {
   ANVIL_ASSERT(sequences > 0, "a step of ", sequences, " sequences");
   moe_state_.aux_grad_coef =
       static_cast<float>(args_.router_aux_loss_coef / static_cast<double>(args_.n_layers * sequences));
+}
+
+void Llama::update_expert_bias(const std::vector<double>& routes) {
+  const int64_t L = args_.n_layers, E = args_.num_experts;
+  if (!args_.moe() || args_.moe_bias_update_rate <= 0) return;
+  ANVIL_ASSERT(static_cast<int64_t>(routes.size()) == L * E, routes.size(), " routes for ", L, " x ", E);
+  // DeepSeek-V3's rule, as torchtitan applies it: each expert's bias moves by
+  // the rate towards the mean load (down when it took more routes, up when
+  // fewer), less the moves' mean, so the biases keep a zero mean. In double,
+  // the experts summed in order, so every rank moves them alike.
+  std::vector<double> delta(static_cast<size_t>(E));
+  for (int64_t l = 0; l < L; ++l) {
+    const double* n = routes.data() + l * E;
+    double mean = 0, mean_delta = 0;
+    for (int64_t e = 0; e < E; ++e) mean += n[e];
+    mean /= static_cast<double>(E);
+    for (int64_t e = 0; e < E; ++e) {
+      const double sign = n[e] < mean ? 1.0 : n[e] > mean ? -1.0 : 0.0;
+      mean_delta += (delta[static_cast<size_t>(e)] = args_.moe_bias_update_rate * sign);
+    }
+    mean_delta /= static_cast<double>(E);
+    float* b = moe_state_.expert_bias.data() + l * E;
+    for (int64_t e = 0; e < E; ++e)
+      b[e] = static_cast<float>(static_cast<double>(b[e]) + (delta[static_cast<size_t>(e)] - mean_delta));
+  }
 }
 
 int Llama::group_of_module(int module) const {

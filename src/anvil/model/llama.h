@@ -183,6 +183,11 @@ class Llama {
   // Before a training step of a MoE model: the sequences it trains on over
   // every rank, over which the auxiliary loss is a mean.
   void set_step_sequences(int64_t sequences);
+  // After a training step of a MoE model with the auxiliary-loss-free
+  // balance (ModelArgs::moe_bias_update_rate): moves the experts' biases by
+  // the step's routes per layer and expert over every rank ((n_layers, E),
+  // MoeReport::routes). A no-op otherwise.
+  void update_expert_bias(const std::vector<double>& routes);
 
  private:
   struct Stage {

@@ -12,12 +12,13 @@ namespace anvil {
 namespace {
 // Σ over the sequences of their auxiliary losses; with dlogits, adds coef
 // times its gradient there. A sequence's rows are a contiguous slice.
-double sequence_aux_losses(const MoeSaved& saved, float coef, Tensor* dlogits) {
+double sequence_aux_losses(const MoeSaved& saved, bool sigmoid, float coef, Tensor* dlogits) {
   const int64_t M = saved.probs.size(0), S = saved.sequences, T = M / S;
   double sum = 0;
   for (int64_t s = 0; s < S; ++s) {
     Tensor d = dlogits ? dlogits->slice(s * T, T) : Tensor();
-    sum += router_aux_loss(saved.probs.slice(s * T, T), saved.experts.slice(s * T, T), coef, dlogits ? &d : nullptr);
+    sum += router_aux_loss(saved.probs.slice(s * T, T), saved.experts.slice(s * T, T), coef, dlogits ? &d : nullptr,
+                           sigmoid);
   }
   return sum;
 }
@@ -129,7 +130,7 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
   ANVIL_ASSERT(sequences >= 1 && M % sequences == 0, "moe: ", M, " rows are not ", sequences, " sequences");
   saved = MoeSaved{};
   saved.sequences = sequences;
-  // The router in f32, as Hugging Face's softmax runs in float32.
+  // The router in f32, as Hugging Face's softmax runs in float32 (and torchtitan's sigmoid scores).
   Tensor logits = new_activation({M, E}, DType::f32, "moe.router_logits");
   gemm({.M = M, .N = E, .K = D, .trans_b = true, .ab = dt, .c = DType::f32}, x.raw(), w.router.raw(), logits.raw());
   saved.probs = new_activation({M, E}, DType::f32, "moe.router_probs");
@@ -139,7 +140,7 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
   routing.sequence_length = M / sequences;
   router_forward(logits, routing, saved.probs, saved.experts, saved.weights);
   logits = Tensor();
-  saved.aux_loss = sequence_aux_losses(saved, 0.0f, nullptr);
+  saved.aux_loss = sequence_aux_losses(saved, cfg.sigmoid, 0.0f, nullptr);
   saved.routes = sort_routes(saved.experts, E);
   const int64_t R = M * k;
   Tensor xe = new_activation({R, D}, dt, "moe.xe");
@@ -179,10 +180,10 @@ void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const 
   }
   dispatch_backward(dxe, saved.routes, dx);
   dxe = Tensor();
-  // The router: through the top-k weights and the softmax, plus the auxiliary loss's gradient.
+  // The router: through the top-k weights and the scores, plus the auxiliary loss's gradient.
   Tensor dlogits = new_activation({M, E}, DType::f32, "moe.dlogits");
   router_backward(saved.probs, saved.experts, dweights, cfg, dlogits);
-  if (aux_coef != 0.0f) sequence_aux_losses(saved, aux_coef, &dlogits);
+  if (aux_coef != 0.0f) sequence_aux_losses(saved, cfg.sigmoid, aux_coef, &dlogits);
   Tensor dlogits_dt = dt == DType::f32 ? dlogits : dlogits.to(dt, MemCategory::activations, "moe.dlogits_compute");
   linear_backward_input(dlogits_dt, w.router, dx, /*accumulate_dx=*/true);
   Tensor grouter = grads.router;

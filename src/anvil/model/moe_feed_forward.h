@@ -1,7 +1,7 @@
 // A mixture-of-experts feed-forward layer (Qwen3-MoE's sparse block), forward
 // and backward written out, from the ops:
 //
-//   logits = x·Wgᵀ (f32)  →  router: softmax, top k, weights  (ops/moe_router.h)
+//   logits = x·Wgᵀ (f32)  →  router: scores, top k, weights   (ops/moe_router.h)
 //   routes sorted by expert; xe = dispatch(x)                  (ops/moe_dispatch.h)
 //   g = xe·W1[e]ᵀ, u = xe·W3[e]ᵀ, s = silu(g)·u, ye = s·W2[e]ᵀ  (ops/moe_experts.h, ops/swiglu.h)
 //   y = Σ_j weights[t, j] · ye[row of (t, j)]                  (combine)
@@ -84,6 +84,11 @@ struct MoeStepState {
   // model's layers and the step's sequences.
   float aux_grad_coef = -1;  // negative until the model's set_step_sequences
   int64_t num_experts = 0;
+  // The auxiliary-loss-free balance (DeepSeek-V3): (n_layers, E) biases the
+  // routers add to their scores to choose experts, moved after each step
+  // (Llama::update_expert_bias); all zero, and left so, without it. The same
+  // on every rank: each moves them by the step's routes over every rank.
+  std::vector<float> expert_bias;
   std::vector<int64_t> routes;  // (n_layers, E) routes per expert this step (0 for layers not held)
   double aux_sum = 0;           // Σ of the aux losses over the layers held and the sequences
   int64_t aux_terms = 0;        // how many were summed

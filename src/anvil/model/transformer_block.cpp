@@ -42,6 +42,14 @@ TransformerBlock::TransformerBlock(ParamStore& params, int first_param, int laye
   ffn_ = args.moe() ? args.moe_ffn_hidden : specs[static_cast<size_t>(first_param + kW1)].shape[0];
   q_norm_param_ = args.moe() ? kRouter + 1 + 3 * local_experts_ : kDenseQNorm;
   ANVIL_ASSERT(!args.moe() || moe_state != nullptr, "a mixture-of-experts block reports to its model's step state");
+  if (args.moe()) {
+    router_.sigmoid = args.moe_sigmoid_scores;
+    // The layer's row of the model's expert biases (sized before any block is built).
+    if (args.moe_bias_update_rate > 0) {
+      ANVIL_ASSERT(static_cast<int64_t>(moe_state->expert_bias.size()) == args.n_layers * args.num_experts);
+      router_.bias = moe_state->expert_bias.data() + static_cast<int64_t>(layer) * args.num_experts;
+    }
+  }
 }
 
 namespace {

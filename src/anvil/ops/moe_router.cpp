@@ -49,19 +49,26 @@ void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs
     for (int64_t t = lo; t < hi; ++t) {
       const float* xt = x + t * E;
       float* pt = p + t * E;
-      const float m = *std::max_element(xt, xt + E);
-      double sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += (pt[e] = std::exp(xt[e] - m));
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
+      if (cfg.sigmoid) {
+        for (int64_t e = 0; e < E; ++e) pt[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(xt[e]))));
+      } else {
+        const float m = *std::max_element(xt, xt + E);
+        double sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += (pt[e] = std::exp(xt[e] - m));
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
+      }
       if (cfg.balanced) {
         const int64_t p = cfg.sequence_length > 0 ? t % cfg.sequence_length : t;
         for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>((p * k + j) % E);
       } else {
         for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-        // Descending probability; equal probabilities in ascending expert index.
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&](int32_t a, int32_t b) { return pt[a] > pt[b] || (pt[a] == pt[b] && a < b); });
+        // Descending score (plus the bias, when given); equal ones in ascending expert index.
+        const auto score = [&](int32_t e) { return cfg.bias ? pt[e] + cfg.bias[e] : pt[e]; };
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+          const float sa = score(a), sb = score(b);
+          return sa > sb || (sa == sb && a < b);
+        });
       }
       double chosen = 0;
       for (int64_t j = 0; j < k; ++j) chosen += pt[order[static_cast<size_t>(j)]];
@@ -100,28 +107,37 @@ void router_backward(const Tensor& probs, const Tensor& experts, const Tensor& d
         const int32_t e = ex[t * k + j];
         dp[static_cast<size_t>(e)] += cfg.normalize ? (dw[t * k + j] - dw_w) / s : dw[t * k + j];
       }
-      // Through the softmax: dx_e = p_e (dp_e − Σ_f p_f dp_f).
+      // Through the sigmoids, dx_e = dp_e p_e (1 − p_e), or the softmax, dx_e = p_e (dp_e − Σ_f p_f dp_f).
       double pdp = 0;
-      for (int64_t e = 0; e < E; ++e) pdp += pt[e] * dp[static_cast<size_t>(e)];
+      if (!cfg.sigmoid)
+        for (int64_t e = 0; e < E; ++e) pdp += pt[e] * dp[static_cast<size_t>(e)];
       for (int64_t e = 0; e < E; ++e) {
-        const float g = static_cast<float>(pt[e] * (dp[static_cast<size_t>(e)] - pdp));
+        const double d = dp[static_cast<size_t>(e)];
+        const float g = static_cast<float>(cfg.sigmoid ? d * pt[e] * (1.0 - pt[e]) : pt[e] * (d - pdp));
         dx[t * E + e] = accumulate ? dx[t * E + e] + g : g;
       }
     }
   });
 }
 
-double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef, Tensor* dlogits) {
+double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef, Tensor* dlogits, bool sigmoid) {
   const auto [M, E, k] = check_probs(probs, experts, "router aux loss");
   const ScopedOpTime op("moe.router.aux_loss");
   if (dry_run() || M == 0) return 0.0;
   const float* p = probs.data<float>();
   const int32_t* ex = experts.data<int32_t>();
-  // Counts and mean probabilities in a fixed order (the result does not depend on the threads).
+  // Each token's share of expert e: its probability, or its sigmoid score over the sum of its scores.
+  const auto row_sum = [&](int64_t t) {
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e) s += p[t * E + e];
+    return s;
+  };
+  // Counts and mean shares in a fixed order (the result does not depend on the threads).
   std::vector<double> chose(static_cast<size_t>(E), 0.0), mean(static_cast<size_t>(E), 0.0);
   for (int64_t t = 0; t < M; ++t) {
     for (int64_t j = 0; j < k; ++j) chose[static_cast<size_t>(ex[t * k + j])] += 1;
-    for (int64_t e = 0; e < E; ++e) mean[static_cast<size_t>(e)] += p[t * E + e];
+    const double inv = sigmoid ? 1.0 / row_sum(t) : 1.0;
+    for (int64_t e = 0; e < E; ++e) mean[static_cast<size_t>(e)] += p[t * E + e] * inv;
   }
   const double Md = static_cast<double>(M), Ed = static_cast<double>(E);
   double loss = 0;
@@ -130,15 +146,20 @@ double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef, T
   if (dlogits != nullptr) {
     ANVIL_ASSERT(dlogits->shape() == probs.shape() && dlogits->dtype() == DType::f32, "router aux loss: dlogits ",
                  shape_str(dlogits->shape()), " must be f32 ", shape_str(probs.shape()));
-    // dloss/dp_{t,e} = E · n_e / M², then through each token's softmax.
+    // dloss/dshare_{t,e} = E · n_e / M² (c_e), then through each token's softmax, or through its
+    // normalisation q_e = p_e / S and the sigmoids: dp_e = (c_e − Σ_f c_f q_f) / S, dx_e = dp_e p_e (1 − p_e).
     float* dx = dlogits->data<float>();
     parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) {
         const float* pt = p + t * E;
-        double pdp = 0;
-        for (int64_t e = 0; e < E; ++e) pdp += pt[e] * Ed * chose[static_cast<size_t>(e)] / (Md * Md);
-        for (int64_t e = 0; e < E; ++e)
-          dx[t * E + e] += static_cast<float>(coef * pt[e] * (Ed * chose[static_cast<size_t>(e)] / (Md * Md) - pdp));
+        const double S = sigmoid ? row_sum(t) : 1.0;
+        double cq = 0;
+        for (int64_t e = 0; e < E; ++e) cq += pt[e] / S * Ed * chose[static_cast<size_t>(e)] / (Md * Md);
+        for (int64_t e = 0; e < E; ++e) {
+          const double c = Ed * chose[static_cast<size_t>(e)] / (Md * Md);
+          const double g = sigmoid ? (c - cq) / S * pt[e] * (1.0 - pt[e]) : pt[e] * (c - cq);
+          dx[t * E + e] += static_cast<float>(coef * g);
+        }
       }
     });
   }

@@ -11,6 +11,14 @@
 // the M tokens; the model multiplies it by router_aux_loss_coef. Its gradient
 // flows through P_e only (n_e counts choices).
 //
+// Two options from DeepSeek-V3 (and torchtitan's MoE): sigmoid scores (each
+// expert's own sigmoid of its logit instead of a softmax over the experts),
+// and an expert bias added to the scores to choose the top k but not to weight
+// the chosen (the auxiliary-loss-free balance: the model moves the bias after
+// each step, model/moe_feed_forward.h). Under sigmoid scores the aux loss's P_e
+// is the mean of each token's scores normalised to sum to 1, as DeepSeek-V3's
+// sequence-wise balance loss takes it.
+//
 // This is the routing step alone (model/moe_feed_forward.h runs the layer
 // around it); forward and backward in f32.
 #pragma once
@@ -31,21 +39,26 @@ struct RouterConfig {
   // case (sort_routes), and a real run under it allocates the same.
   bool balanced = false;
   int64_t sequence_length = 0;  // the rows' sequences' length, for `balanced` (0: one sequence of all M rows)
+  bool sigmoid = false;         // sigmoid scores (DeepSeek-V3) instead of the softmax
+  const float* bias = nullptr;  // E values added to the scores for the choice only; null: none
 };
 
-// logits (M, E) f32 → probs (M, E) f32 (the softmax, kept for the backward),
-// experts (M, k) i32 (in descending probability, ties to the lower index; or
-// the balanced rule's) and weights (M, k) f32.
+// logits (M, E) f32 → probs (M, E) f32 (the scores: the softmax, or the
+// sigmoids; kept for the backward), experts (M, k) i32 (in descending score
+// plus bias, ties to the lower index; or the balanced rule's) and weights
+// (M, k) f32 (the chosen scores, renormalised to sum to 1 when cfg.normalize).
 void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs, Tensor& experts, Tensor& weights);
 
 // dlogits (M, E) f32 = the gradient of Σ dweights · weights through the
-// top-k weights and the softmax (the choice of experts is constant);
+// top-k weights and the scores (the choice of experts is constant);
 // overwritten, or added to when accumulate.
 void router_backward(const Tensor& probs, const Tensor& experts, const Tensor& dweights, const RouterConfig& cfg,
                      Tensor& dlogits, bool accumulate = false);
 
-// The auxiliary loss E · Σ_e (n_e / M) · P_e of this layer's routing; when
-// dlogits is given, adds coef times its gradient there.
-double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef = 0.0f, Tensor* dlogits = nullptr);
+// The auxiliary loss E · Σ_e (n_e / M) · P_e of this layer's routing (P_e
+// over each token's normalised sigmoid scores when sigmoid); when dlogits is
+// given, adds coef times its gradient there.
+double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef = 0.0f, Tensor* dlogits = nullptr,
+                       bool sigmoid = false);
 
 }  // namespace anvil

@@ -282,6 +282,7 @@ void Checkpointer::write_files(const Pending& p, const fs::path& dir,
   state["model_dtype"] = dtype_name(p.model.front().second.dtype());
   state["loader"] = p.meta.loader;
   state["rng"] = p.meta.rng;
+  if (!p.meta.model_state.is_null()) state["model_state"] = p.meta.model_state;
   for (const std::string& f : files) {
     fsync_path(dir / f, false);
     state["crc32"][f] = file_crc32(dir / f);

@@ -29,6 +29,7 @@ struct CheckpointMeta {
   nlohmann::json rng;       // the run's random state
   std::string config_toml;  // the whole job configuration
   std::string model;        // "llama3/debugmodel"
+  nlohmann::json model_state;  // what the model keeps but does not train (a MoE's expert biases); null: none
 };
 
 class Checkpointer {

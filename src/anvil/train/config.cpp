@@ -61,6 +61,21 @@ std::vector<Key> key_table(JobConfig& c) {
        "to check it against a real run",
        {"learned", "balanced"}},
       {"model",
+       "moe_score_function",
+       &c.model.moe_score_function,
+       "mixture-of-experts models: the router's scores; softmax over the experts (Qwen3-MoE), or each expert's "
+       "sigmoid (DeepSeek-V3); the chosen experts' scores weight their outputs, renormalised to sum to 1",
+       {"softmax", "sigmoid"}},
+      {"model",
+       "moe_bias_update_rate",
+       &c.model.moe_bias_update_rate,
+       "mixture-of-experts models: the auxiliary-loss-free balance (DeepSeek-V3): each expert's bias, added to its "
+       "score to choose experts but not to weight them, moves by this much after each step, up when the expert "
+       "took fewer routes than the mean and down when more (DeepSeek-V3: 0.001); 0: no bias",
+       {},
+       0,
+       kInf},
+      {"model",
        "router_aux_loss_coef",
        &c.model.router_aux_loss_coef,
        "mixture-of-experts models: the load-balancing loss's coefficient; -1: the flavour's (Qwen3-MoE's 0.001)",
@@ -640,6 +655,8 @@ ModelArgs job_model_args(const JobConfig& config) {
   ANVIL_CHECK(coef == -1 || coef >= 0, "model.router_aux_loss_coef = ", coef,
               " must be -1 (the flavour's) or a coefficient >= 0");
   if (coef >= 0) args.router_aux_loss_coef = coef;
+  args.moe_sigmoid_scores = config.model.moe_score_function == "sigmoid";
+  args.moe_bias_update_rate = config.model.moe_bias_update_rate;
   return args;
 }
 

@@ -25,6 +25,8 @@ struct JobConfig {
     std::string tokenizer_path = "";
     std::string attn_mask_type = "block_causal";
     std::string moe_routing = "learned";
+    std::string moe_score_function = "softmax";
+    double moe_bias_update_rate = 0;   // the auxiliary-loss-free balance's step (DeepSeek-V3: 0.001); 0: off
     double router_aux_loss_coef = -1;  // -1: the flavour's (Qwen3-MoE: 0.001)
     double moe_estimate_load = 1.0;    // the dry run's tokens per expert-parallel rank, × the balanced share
   } model;

@@ -58,11 +58,16 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
   if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
   // A mixture of experts: its experts and routing in place of the dense width, and the parameters a token uses.
   const std::string ffn =
-      args.moe() ? detail::concat(args.num_experts, " experts of width ", args.moe_ffn_hidden, ", ",
-                                  args.experts_per_token, " per token (", args.moe_balanced_routing ? "forced balanced"
-                                                                                                    : "learned",
-                                  " routing, load-balancing loss x ", args.router_aux_loss_coef, ")")
-                 : detail::concat("ffn ", args.ffn_hidden_dim());
+      args.moe()
+          ? detail::concat(args.num_experts, " experts of width ", args.moe_ffn_hidden, ", ", args.experts_per_token,
+                           " per token (", args.moe_balanced_routing ? "forced balanced" : "learned", " routing",
+                           args.moe_sigmoid_scores ? " on sigmoid scores" : "", ", load-balancing loss x ",
+                           args.router_aux_loss_coef,
+                           args.moe_bias_update_rate > 0
+                               ? detail::concat(", expert biases moving ", args.moe_bias_update_rate, " a step")
+                               : std::string(),
+                           ")")
+          : detail::concat("ffn ", args.ffn_hidden_dim());
   const std::string active =
       args.moe() ? detail::concat(", ", with_commas(args.active_params()), " active per token") : std::string();
   std::printf("anvil: %s/%s, %s parameters%s (%lld layers, dim %lld, %lld heads, %lld kv heads, head_dim %lld%s, %s, "

@@ -84,8 +84,29 @@ ModelSource find_model_source(const std::string& path, const std::string& flavor
   ANVIL_CHECK(slash != std::string::npos && slash > 0 && slash + 1 < model.size(), "'", src.path,
               "/state.json' records no model (\"model\": \"<name>/<flavor>\")");
   src.args = model_flavor(model.substr(0, slash), model.substr(slash + 1));
-  if (fs::exists(fs::path(src.path) / "config.toml")) src.config_toml = read_file(fs::path(src.path) / "config.toml");
+  if (fs::exists(fs::path(src.path) / "config.toml")) {
+    src.config_toml = read_file(fs::path(src.path) / "config.toml");
+    // The router's options are the job's, not the flavour's.
+    const ModelArgs job = job_model_args(parse_config_text(src.config_toml, src.path + "/config.toml"));
+    src.args.moe_sigmoid_scores = job.moe_sigmoid_scores;
+    src.args.moe_bias_update_rate = job.moe_bias_update_rate;
+  }
+  src.model_state = state.value("model_state", nlohmann::json());
   return src;
+}
+
+nlohmann::json model_state_of(Llama& model) {
+  if (model.args().moe_bias_update_rate <= 0) return nullptr;
+  return {{"expert_bias", model.moe_state()->expert_bias}};
+}
+
+void apply_model_state(const nlohmann::json& state, Llama& model) {
+  if (model.args().moe_bias_update_rate <= 0 || state.is_null() || !state.contains("expert_bias")) return;
+  std::vector<float>& bias = model.moe_state()->expert_bias;
+  const auto saved = state.at("expert_bias").get<std::vector<float>>();
+  ANVIL_CHECK(saved.size() == bias.size(), "the checkpoint's expert biases are ", saved.size(),
+              " values; this model has ", bias.size(), " (n_layers x num_experts)");
+  std::copy(saved.begin(), saved.end(), bias.begin());  // in place: the blocks point into it
 }
 
 void load_model_weights(const ModelSource& source, ParamStore& params) {

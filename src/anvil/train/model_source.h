@@ -5,10 +5,12 @@
 // generate` read them the same way.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "anvil/data/tokenizer.h"
 #include "anvil/model/args.h"
+#include "anvil/model/llama.h"
 #include "anvil/model/params.h"
 
 namespace anvil {
@@ -19,7 +21,14 @@ struct ModelSource {
   std::string path;         // the step folder, or the Hugging Face folder
   ModelArgs args;           // the model it holds
   std::string config_toml;  // an Anvil checkpoint's job configuration ("" for Hugging Face)
+  nlohmann::json model_state;  // an Anvil checkpoint's untrained model state (state.json's model_state), or null
 };
+
+// What a model keeps but does not train, as checkpoints store it: a MoE's
+// expert biases ({"expert_bias": (n_layers·E)}) under the auxiliary-loss-free
+// balance, else null; and back into a model built from the same args.
+nlohmann::json model_state_of(Llama& model);
+void apply_model_state(const nlohmann::json& state, Llama& model);
 
 // Resolves `path`. An Anvil checkpoint names its model in state.json; for a
 // Hugging Face folder `flavor` ("llama3/8B") names it, or, when empty, the

@@ -18,6 +18,7 @@
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/pipeline/executor.h"
+#include "anvil/train/model_source.h"
 
 namespace anvil {
 
@@ -310,6 +311,14 @@ double ParallelizedModel::grad_norm() {
 void ParallelizedModel::optimizer_step(const AdamWConfig& adamw, int64_t step, float clip) {
   optimizer_->step(adamw, step, grads(), clip);
 }
+
+void ParallelizedModel::update_expert_bias(const MoeReport& moe) {
+  if (moe.num_experts > 0) model_->update_expert_bias(moe.routes);
+}
+
+nlohmann::json ParallelizedModel::model_state() const { return model_state_of(*model_); }
+
+void ParallelizedModel::load_model_state(const nlohmann::json& state) { apply_model_state(state, *model_); }
 
 void ParallelizedModel::release_grads() {
   model_->params().release_grads();

@@ -90,6 +90,13 @@ class ParallelizedModel {
   // gradients scaled by clip; the moments are created at the first call, as in
   // PyTorch, so the first step's forward and backward run without them.
   void optimizer_step(const AdamWConfig& adamw, int64_t step, float clip);
+  // After the optimizer step: a MoE's auxiliary-loss-free balance moves its
+  // expert biases by the step's routes (Llama::update_expert_bias).
+  void update_expert_bias(const MoeReport& moe);
+  // What the model keeps but does not train, for checkpoints: a MoE's expert
+  // biases ({"expert_bias": (n_layers·E)}), or null; and its restore.
+  nlohmann::json model_state() const;
+  void load_model_state(const nlohmann::json& state);
   void release_grads();
   StepComm take_comm_stats();
 

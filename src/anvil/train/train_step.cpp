@@ -101,6 +101,7 @@ StepOutcome run_train_step(const StepContext& ctx, const MicroBatches& batches, 
   }
   ctx.adamw.lr = static_cast<float>(out.lr);
   layout.optimizer_step(ctx.adamw, step, clip_factor(ctx.cfg, out.grad_norm));
+  layout.update_expert_bias(out.run.moe);
   return out;
 }
 

@@ -61,6 +61,7 @@ int64_t restore(const JobConfig& cfg, const ModelArgs& args, ParallelizedModel& 
     ANVIL_CHECK(state.value("model", model_desc) == model_desc, "checkpoint ", checkpointer->path_of(resume),
                 " holds a ", state.value("model", std::string()), " model but this run trains ", model_desc);
     loader.load_state_json(state.at("loader"));
+    if (state.contains("model_state")) layout.load_model_state(state.at("model_state"));
     first_step = resume + 1;
     std::printf("anvil: resumed from %s (step %lld) in %.2fs\n", checkpointer->path_of(resume).c_str(),
                 static_cast<long long>(resume), seconds_since(t_load));
@@ -216,8 +217,11 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
   // Training draws random numbers only to initialise the weights and order the
   // data, both from the seed; the loader's position carries the rest.
   const auto checkpoint_meta = [&] {
-    return CheckpointMeta{run.data.loader().state_json(), {{"seed", cfg.training.seed}, {"draws_after_init", 0}},
-                          config_to_toml(cfg), model_description(run.args)};
+    return CheckpointMeta{run.data.loader().state_json(),
+                          {{"seed", cfg.training.seed}, {"draws_after_init", 0}},
+                          config_to_toml(cfg),
+                          model_description(run.args),
+                          run.layout.model_state()};
   };
   // Ends a timed step's op timing (validation and checkpoint saves are not the
   // step's) and adds its wall time to the table, so the ops sum to it.
