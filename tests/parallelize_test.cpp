@@ -172,7 +172,7 @@ TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
   EXPECT_EQ(
       error_of(moe + "--parallelism.data_parallel_shard_degree 2 --parallelism.data_parallel_replicate_degree 2", 4),
       "");
-  // DDP replicas of the experts, an ep that does not divide dp_shard, and pipelines are refused.
+  // DDP replicas of the experts and an ep that does not divide dp_shard are refused.
   EXPECT_NE(
       error_of(moe + "--parallelism.data_parallel_replicate_degree 4 --parallelism.data_parallel_shard_degree 1", 4)
           .find("equal data_parallel_replicate_degree (now 4)"),
@@ -180,12 +180,12 @@ TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
   EXPECT_NE(
       error_of(moe + "--parallelism.data_parallel_shard_degree 3", 3).find("must divide data_parallel_shard_degree 3"),
       std::string::npos);
-  EXPECT_NE(error_of(moe + "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1 "
+  // Each pipeline stage's data-parallel ranks split its layers' experts.
+  EXPECT_EQ(error_of(moe + "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1 "
                            "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_microbatch_size 1 "
                            "--training.local_batch_size 2",
-                     4)
-                .find("does not compose with pipeline_parallel_degree 2"),
-            std::string::npos);
+                     4),
+            "");
   EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.expert_parallel_degree 3 "
                      "--parallelism.data_parallel_replicate_degree 3 --parallelism.data_parallel_shard_degree 1",
                      3)

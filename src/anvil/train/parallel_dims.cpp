@@ -143,9 +143,6 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
                 "): DDP replicas of the experts are not built; or shard the model with data_parallel_shard_degree, "
                 "a multiple of ",
                 ep);
-    ANVIL_CHECK(layout.pp() == 1, "parallelism.expert_parallel_degree ", ep,
-                " does not compose with pipeline_parallel_degree ", layout.pp(),
-                " yet (checkpoints of experts split over ranks and stages are not built); set one of them to 1");
   }
   // The rows a micro-batch runs with: the local batch, or under pipeline
   // parallelism each of its pipeline micro-batches.

@@ -55,8 +55,12 @@ Tensor gather_experts(Communicator& ep, const std::vector<ParamSpec>& local_spec
 
 Tensor RankStateLayout::to_global(const Tensor& rank_state) const {
   Tensor state = fsdp_ ? fsdp_->gather_full(rank_state) : rank_state;
-  if (par_.ep_size > 1)  // no TP or PP (the layout check): the ep group's local states make the whole model
-    return gather_experts(par_.mesh->group(MeshGroup::ep), local_.specs(), state, whole_->specs(), whole_->numel());
+  if (par_.ep_size > 1) {  // no TP (the layout check): the ep group's local states make its stages' tensors
+    Tensor global =
+        gather_experts(par_.mesh->group(MeshGroup::ep), local_.specs(), state, whole_->specs(), whole_->numel());
+    if (par_.pp_size > 1) par_.mesh->pp().all_reduce(global);  // each stage's tensors, zero elsewhere: exact
+    return global;
+  }
   if (tensor_parallel_)
     state = gather_tp_global(par_.mesh->tp(), local_.specs(), state, stage_global_->specs(), stage_global_->numel());
   if (par_.pp_size > 1)
@@ -88,7 +92,9 @@ double RankStateLayout::global_sum_of_squares(const Tensor& rank_state) const {
     Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.experts_sum");
     t.data<float>()[0] = static_cast<float>(grad_sum_of_squares(experts));
     par_.mesh->group(MeshGroup::ep).all_reduce(t);
-    return grad_sum_of_squares(dense) + t.data<float>()[0];
+    t.data<float>()[0] += static_cast<float>(grad_sum_of_squares(dense));
+    if (par_.pp_size > 1) par_.mesh->pp().all_reduce(t);  // and every stage's
+    return t.data<float>()[0];
   }
   const Tensor all[] = {rank_state};
   // Under TP each global element is counted on one tp rank only (replicated norms on tp rank 0).
