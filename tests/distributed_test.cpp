@@ -116,8 +116,9 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
 // A mixture of experts' checkpoint holds every expert whole however the
 // experts were split, and the experts' biases of the auxiliary-loss-free
 // balance: saved at step 5 under expert parallelism 2 over FSDP 4 (each rank
-// holding half of 4 experts), it resumes on one process, under EP 2 over DDP 2
-// and under EP 2 over FSDP 2, each reaching the uninterrupted run's losses.
+// holding half of 4 experts), it resumes on one process, under EP 2 over DDP 2,
+// under EP 2 over FSDP 2 and under EP 2 over DDP 2 with TP 2 (each rank half of
+// its experts' width), each reaching the uninterrupted run's losses.
 TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
   const std::string batch =
       "--model.name qwen3 --model.flavor debugmodel_moe --model.router_aux_loss_coef 0.01 "
@@ -142,7 +143,11 @@ TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
                   "--parallelism.data_parallel_shard_degree 1 --parallelism.expert_parallel_degree 2"},
                  {"ep2_fsdp2", 2,
                   "--training.local_batch_size 2 --parallelism.data_parallel_shard_degree 2 "
-                  "--parallelism.expert_parallel_degree 2"}};
+                  "--parallelism.expert_parallel_degree 2"},
+                 {"ep2_ddp2_tp2", 4,
+                  "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
+                  "--parallelism.data_parallel_shard_degree 1 --parallelism.expert_parallel_degree 2 "
+                  "--parallelism.tensor_parallel_degree 2"}};
   for (const auto& t : targets) {
     SCOPED_TRACE(t.name);
     const std::string dump = std::string("moe_xl_to_") + t.name;
@@ -162,7 +167,7 @@ TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
       worst = std::max(worst, rel);
       EXPECT_LE(rel, 1e-5) << "step " << step;
     }
-    std::printf("EP 2 x FSDP 4 MoE checkpoint resumed as %-9s: worst loss difference %.2e over steps 6-10\n", t.name,
+    std::printf("EP 2 x FSDP 4 MoE checkpoint resumed as %-12s: worst loss difference %.2e over steps 6-10\n", t.name,
                 worst);
   }
 }

@@ -181,7 +181,16 @@ inline const std::vector<Layout>& layouts() {
          {"none"},
          1,
          "--parallelism.enable_sequence_parallel false",
-         "--model.name qwen3"}}},
+         "--model.name qwen3"},
+        // A mixture of experts: each rank holds every expert's half width and routes every row
+        // whole; its partial output is reduced as a row-parallel product's.
+        {"qwen3/debugmodel_moe, balanced routing", kEveryAc, 1, "", kMoe + " --model.moe_routing balanced"},
+        {"qwen3/debugmodel_moe, accumulation 2", {"op"}, 2, "", kMoe},
+        {"qwen3/debugmodel_moe, sequence parallel off",
+         {"none"},
+         1,
+         "--parallelism.enable_sequence_parallel false",
+         kMoe}}},
       {"tp4", 4, 1, 4, "--parallelism.tensor_parallel_degree 4", {{"", kEveryAc}}},
       // With accumulation the sequence-parallel norm gradients of the second
       // micro-batch must not re-sum the first's.
@@ -192,7 +201,8 @@ inline const std::vector<Layout>& layouts() {
        "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2",
        {{"", kEveryAc},
         {"accumulation 2", {"none"}, 2},
-        {"qwen3/debugmodel, accumulation 2", {"none"}, 2, "", "--model.name qwen3"}}},
+        {"qwen3/debugmodel, accumulation 2", {"none"}, 2, "", "--model.name qwen3"},
+        {"qwen3/debugmodel_moe, accumulation 2", {"none"}, 2, "", kMoe}}},
       // DDP composes with TP as FSDP does (its buckets hold each tp rank's slices).
       {"ddp2_tp2",
        4,
@@ -200,7 +210,19 @@ inline const std::vector<Layout>& layouts() {
        2,
        "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
        "--parallelism.data_parallel_replicate_degree 2",
-       {{"", {"none"}}}},
+       {{"", {"none"}},
+        // Expert parallelism over the DDP ranks, each tp rank holding half of every local expert's width.
+        {"qwen3/debugmodel_moe, expert parallel 2, balanced routing",
+         {"none", "op"},
+         1,
+         "--parallelism.expert_parallel_degree 2",
+         kMoe + " --model.moe_routing balanced"},
+        {"qwen3/debugmodel_moe, expert parallel 2, accumulation 2",
+         {"none"},
+         2,
+         "--parallelism.expert_parallel_degree 2",
+         kMoe,
+         /*data_dependent_memory=*/true}}},
       // Pipelines: each rank's 2 (or 4) sequences run as micro-batches of 1,
       // every schedule at PP 2 and PP 4 (the looped and V schedules with 2
       // stages per rank: 4 or 8 stages of debugmodel's 8 units). Bound 1e-6:

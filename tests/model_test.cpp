@@ -238,11 +238,12 @@ TEST(Llama, AStageOfATiedModelMustHoldBothEnds) {
   }
 }
 
-// A mixture of experts runs on one process, under data parallelism and as
-// pipeline stages; under a parallel style that splits its rows (tensor or
-// context parallelism) it is refused, saying why, before a byte of its
-// parameters is allocated (235B-A22B's would not fit). Its FLOPs per token
-// count the experts a token runs.
+// A mixture of experts runs on one process, under data parallelism, as
+// pipeline stages and under tensor parallelism (whose style splits the
+// experts' width); under a style that does not split them (context
+// parallelism's) it is refused, saying why, before a byte of its parameters is
+// allocated (235B-A22B's would not fit). Its FLOPs per token count the experts
+// a token runs.
 TEST(Llama, AMixtureOfExpertsUnderASplittingStyleIsRefusedBeforeAllocating) {
   ParallelStyle splitting;  // the plain style context parallelism runs through
   for (const char* flavor : {"debugmodel_moe", "235B-A22B"}) {

@@ -195,10 +195,23 @@ TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
   EXPECT_NE(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", 2)
                 .find("splits the experts over data-parallel ranks"),
             std::string::npos);
-  EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.tensor_parallel_degree 2 "
+  // Tensor parallelism splits every expert's width, with expert parallelism over DDP too; over FSDP
+  // that is refused, and so is a mixture of experts under context parallelism.
+  EXPECT_EQ(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+                           "--parallelism.data_parallel_replicate_degree 2",
+                     4),
+            "");
+  EXPECT_EQ(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.tensor_parallel_degree 2 "
+                     "--parallelism.data_parallel_shard_degree 1",
+                     2),
+            "");
+  EXPECT_NE(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", 4)
+                .find("runs over DDP only"),
+            std::string::npos);
+  EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.context_parallel_degree 2 "
                      "--parallelism.data_parallel_shard_degree 1",
                      2)
-                .find("tensor and context parallelism"),
+                .find("context parallelism does not split it yet"),
             std::string::npos);
 }
 

@@ -42,6 +42,8 @@ TensorParallelStyle::TensorParallelStyle(Communicator& tp, const ModelArgs& args
               " tensor-parallel ranks must divide n_heads ", args.n_heads, " and n_kv_heads ", args.n_kv_heads);
   ANVIL_CHECK(args.ffn_hidden_dim() % T == 0, args.name, "/", args.flavor, ": ", T,
               " tensor-parallel ranks must divide the feed-forward width ", args.ffn_hidden_dim());
+  ANVIL_CHECK(!args.moe() || args.moe_ffn_hidden % T == 0, args.name, "/", args.flavor, ": ", T,
+              " tensor-parallel ranks must divide the experts' width ", args.moe_ffn_hidden);
 }
 
 std::vector<ParamSpec> TensorParallelStyle::shard_params(std::vector<ParamSpec> specs) const {
@@ -178,6 +180,27 @@ Tensor TensorParallelStyle::row_parallel_out(const Tensor& residual, const Tenso
   }
   linear_forward_accumulate(in, w, partial);  // (M, D) += in (M, K_t) · w (D, K_t)ᵀ
   return reduce_partial(partial, dt, tag);     // the same reduction as an input gradient's, and one rounding
+}
+
+Tensor TensorParallelStyle::reduce_partial_out(const Tensor& residual, const Tensor& partial, const char* tag) const {
+  const int64_t M = partial.size(0), D = partial.size(1), Ml = residual_rows(M), r = rank();
+  // As row_parallel_out: the residual enters the sum once, on this rank's own rows (SP) or on rank 0.
+  Tensor sum = Tensor::empty({M, D}, DType::f32, MemCategory::activations, "tp.partial");
+  sum.copy_from(partial);
+  Tensor rows = sequence_parallel() ? sum.slice(r * Ml, Ml) : sum;
+  if (sequence_parallel() || r == 0) {
+    Tensor res = residual.to(DType::f32, MemCategory::activations, "tp.residual");
+    float* dst = rows.data<float>();
+    const float* src = res.data<float>();
+    for (int64_t i = 0; i < (dry_run() ? 0 : rows.numel()); ++i) dst[i] += src[i];
+  }
+  return reduce_partial(sum, residual.dtype(), tag);
+}
+
+Tensor TensorParallelStyle::reduce_partial_grad(const Tensor& partial, DType dt, const char* tag) const {
+  if (partial.dtype() == DType::f32) return reduce_partial(partial, dt, tag);
+  Tensor sum = partial.to(DType::f32, MemCategory::activations, "tp.partial");
+  return reduce_partial(sum, dt, tag);
 }
 
 Tensor TensorParallelStyle::column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt,

@@ -12,6 +12,7 @@
 #include "anvil/distributed/comm.h"
 #include "anvil/distributed/fsdp.h"
 #include "anvil/model/args.h"
+#include "anvil/model/moe_feed_forward.h"
 #include "anvil/model/parallel_style.h"
 #include "anvil/model/params.h"
 
@@ -35,7 +36,7 @@ struct TensorParallelOptions {
 //                                                vocabulary padded to a multiple of tp
 //   the RMSNorm weights                          replicated (the q/k norms too: each
 //                                                rank's heads add to their gradients)
-class TensorParallelStyle : public ParallelStyle {
+class TensorParallelStyle : public ParallelStyle, public ExpertWidthSplit {
  public:
   // tp: the tp group's communicator (not owned). Throws anvil::Error when tp
   // does not divide the heads or the feed-forward width.
@@ -57,6 +58,13 @@ class TensorParallelStyle : public ParallelStyle {
   CrossEntropyResult loss_forward_backward(const Tensor& hn, const Tensor& w, Tensor dw, const Tensor& targets,
                                            float grad_scale, Tensor& dhn) const override;
   CrossEntropyResult loss_forward(const Tensor& hn, const Tensor& w, const Tensor& targets) const override;
+  // A mixture of experts: each rank holds every expert's F/tp slice (shard_params splits the experts'
+  // gate, up and down projections as the dense ones), its output reduced as a row-parallel product's.
+  const ExpertWidthSplit* expert_width_split() const override { return this; }
+  Tensor reduce_partial_out(const Tensor& residual, const Tensor& partial, const char* tag) const override;
+  Tensor reduce_partial_grad(const Tensor& partial, DType dt, const char* tag) const override;
+  bool first_rank() const override { return rank() == 0; }
+  void sum_over_ranks(const Tensor& t) const override { all_reduce_sum(t); }
 
  private:
   // Collectives over the tp group, traced while profiling. f32 or bf16 (bf16

@@ -107,9 +107,10 @@ namespace {
 // The model's arguments, refused before any parameter is allocated when the
 // model cannot be built.
 const ModelArgs& buildable(const ModelArgs& args, const LlamaOptions& options) {
-  ANVIL_CHECK(!args.moe() || options.parallel_style == nullptr, args.name, "/", args.flavor,
-              " is a mixture-of-experts model, which runs on one process, under data parallelism (FSDP, DDP) and "
-              "under pipeline parallelism only: tensor and context parallelism do not split its layers yet");
+  ANVIL_CHECK(!args.moe() || options.parallel_style == nullptr || options.parallel_style->expert_width_split(),
+              args.name, "/", args.flavor,
+              " is a mixture-of-experts model, which runs on one process, under data, pipeline and tensor "
+              "parallelism only: context parallelism does not split its layers yet");
   return args;
 }
 

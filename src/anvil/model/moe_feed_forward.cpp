@@ -161,7 +161,8 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
 }
 
 void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, float aux_coef,
-                  MoeSaved& saved, Tensor& dx, const MoeWeights& grads, ExpertExchange* exchange) {
+                  MoeSaved& saved, Tensor& dx, const MoeWeights& grads, ExpertExchange* exchange,
+                  const ExpertWidthSplit* split) {
   const int64_t M = x.size(0), D = x.size(1), E = w.router.size(0), R = saved.ye.size(0);
   const DType dt = x.dtype();
   // The combine: each route's weighted gradient, and each weight's.
@@ -169,6 +170,7 @@ void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const 
   Tensor dweights = new_activation({M, cfg.top_k}, DType::f32, "moe.dweights");
   combine_backward(dy, saved.ye, saved.weights, saved.routes, dye, dweights);
   saved.ye = Tensor();
+  if (split) split->sum_over_ranks(dweights);  // each rank's ye is a partial sum over the experts' width
   Tensor dxe;
   if (exchange) {  // the output gradients to the experts' ranks, the input gradients back
     Tensor dyl = to_experts(dye, saved.traffic, *exchange, "moe.expert_dye");
@@ -185,7 +187,7 @@ void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const 
   router_backward(saved.probs, saved.experts, dweights, cfg, dlogits);
   if (aux_coef != 0.0f) sequence_aux_losses(saved, cfg.sigmoid, aux_coef, &dlogits);
   Tensor dlogits_dt = dt == DType::f32 ? dlogits : dlogits.to(dt, MemCategory::activations, "moe.dlogits_compute");
-  linear_backward_input(dlogits_dt, w.router, dx, /*accumulate_dx=*/true);
+  if (!split || split->first_rank()) linear_backward_input(dlogits_dt, w.router, dx, /*accumulate_dx=*/true);
   Tensor grouter = grads.router;
   linear_backward_weight(dlogits_dt, x, grouter);
   saved = MoeSaved{};

@@ -54,6 +54,21 @@ class ExpertExchange {
                              const std::vector<int64_t>& recv_rows) = 0;
 };
 
+// Tensor parallelism over the experts' width: every rank holds each expert's
+// F/n slice (the gate and up projections' rows, the down projection's
+// columns) and runs the router whole on every row, so its combine is a
+// partial sum of the layer's output and its dispatch backward a partial input
+// gradient, both reduced over the ranks by the block (as a row-parallel
+// product's). The backward sums the combine weights' gradients over the ranks
+// here, and adds the router's share of the input gradient on the first rank
+// only, so the reduction counts it once.
+class ExpertWidthSplit {
+ public:
+  virtual ~ExpertWidthSplit() = default;
+  virtual bool first_rank() const = 0;
+  virtual void sum_over_ranks(const Tensor& t) const = 0;  // f32, in place
+};
+
 // Under expert parallelism, where the routed rows went and came from.
 struct ExpertTraffic {
   std::vector<int64_t> send_rows, recv_rows;  // per rank
@@ -109,8 +124,10 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
 
 // dy (M, D) → dx (M, D) (overwritten); the weights' gradients are added to
 // `grads` (f32, or the compute dtype); the router's includes aux_coef times the
-// gradient of saved.aux_loss. saved is consumed.
+// gradient of saved.aux_loss. saved is consumed. `split`: the experts' width
+// is split over tensor-parallel ranks (dx is then this rank's partial sum).
 void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, float aux_coef,
-                  MoeSaved& saved, Tensor& dx, const MoeWeights& grads, ExpertExchange* exchange = nullptr);
+                  MoeSaved& saved, Tensor& dx, const MoeWeights& grads, ExpertExchange* exchange = nullptr,
+                  const ExpertWidthSplit* split = nullptr);
 
 }  // namespace anvil

@@ -1,5 +1,6 @@
 #include "anvil/model/parallel_style.h"
 
+#include "anvil/core/error.h"
 #include "anvil/ops/attention.h"
 #include "anvil/ops/embedding.h"
 #include "anvil/ops/matmul.h"
@@ -22,6 +23,11 @@ Tensor ParallelStyle::row_parallel_out(const Tensor& residual, const Tensor& in,
   out.copy_from(residual);
   linear_forward_accumulate(in, w, out);  // out (M, D) += in (M, K) · w (D, K)ᵀ
   return out;
+}
+
+Tensor ParallelStyle::reduce_partial_out(const Tensor& residual, const Tensor& partial, const char* tag) const {
+  ANVIL_ASSERT(false, tag, ": a partial output under a style that splits no expert (expert_width_split() is null)");
+  return residual;
 }
 
 Tensor ParallelStyle::column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt, const char* tag) const {

@@ -24,6 +24,8 @@
 
 namespace anvil {
 
+class ExpertWidthSplit;  // model/moe_feed_forward.h
+
 // An activation (or activation gradient) of the model, tagged for the allocator.
 inline Tensor new_activation(Shape shape, DType dt, const char* tag) {
   return Tensor::empty(std::move(shape), dt, MemCategory::activations, tag);
@@ -101,6 +103,14 @@ class ParallelStyle {
   // Σ dy·w over the terms: the input gradient (residual_rows(M), D) in dt of
   // column-parallel products that share their input.
   virtual Tensor column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt, const char* tag) const;
+
+  // A mixture of experts' layer: whether this style splits every expert's
+  // width over its ranks (null: each rank runs whole experts), and, when it
+  // does, the seams of the layer's partial output and input gradient (M, D),
+  // reduced to (residual_rows(M), D) in dt, the output with the residual added.
+  virtual const ExpertWidthSplit* expert_width_split() const { return nullptr; }
+  virtual Tensor reduce_partial_out(const Tensor& residual, const Tensor& partial, const char* tag) const;
+  virtual Tensor reduce_partial_grad(const Tensor& partial, DType dt, const char* tag) const { return partial; }
 
   // RMSNorm weight gradients in a backward: norm_grad_targets(grads) says where
   // the norm backwards accumulate them (the gradients themselves here), and

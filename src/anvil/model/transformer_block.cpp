@@ -210,8 +210,12 @@ Tensor TransformerBlock::run_feed_forward(BlockSaved& s, bool recomputing) const
 Tensor TransformerBlock::feed_forward(BlockSaved& s, const BlockParams& p) const {
   const DType dt = params_.compute_dtype();
   const int64_t M = s.B * s.T, F = ffn_;
-  if (router_.top_k > 0) {  // out = x2 + moe(h2); the layout refuses MoE under parallelisms that split rows
-    return moe_forward(s.h2, p.moe, router_, s.moe, s.B, s.x2, exchange_);
+  if (router_.top_k > 0) {  // out = x2 + moe(h2), h2 every row of the micro-batch
+    const ExpertWidthSplit* split = style_.expert_width_split();
+    if (!split) return moe_forward(s.h2, p.moe, router_, s.moe, s.B, s.x2, exchange_);
+    // Each rank's experts are slices of their width: a partial output, reduced as a row-parallel product's.
+    const Tensor partial = moe_forward(s.h2, p.moe, router_, s.moe, s.B, {}, exchange_);
+    return style_.reduce_partial_out(s.x2, partial, "block.out");
   }
   s.g = new_activation({M, F}, dt, "block.g");
   s.u = new_activation({M, F}, dt, "block.u");
@@ -302,10 +306,13 @@ Tensor TransformerBlock::feed_forward_backward(BlockSaved& s, const BlockParams&
     // The MoE layer makes its weight gradients at once, in either pass (its
     // grouped products are not split into the weight-gradient pass).
     ANVIL_ASSERT(moe_state_->aux_grad_coef >= 0, "a mixture-of-experts model trains after set_step_sequences");
-    Tensor dh2 = new_activation({M, dim_}, dt, "block.dh2");
-    moe_backward(dout, s.h2, p.moe, router_, moe_state_->aux_grad_coef, s.moe, dh2, gp.moe, exchange_);
+    const ExpertWidthSplit* split = style_.expert_width_split();
+    Tensor dout_full = split ? style_.gather_rows(dout, "block.dout") : dout;  // (M, D)
+    Tensor dh2 = new_activation({M, dim_}, dt, split ? "block.dh2_partial" : "block.dh2");
+    moe_backward(dout_full, s.h2, p.moe, router_, moe_state_->aux_grad_coef, s.moe, dh2, gp.moe, exchange_, split);
+    dout_full = Tensor();
     s.h2 = Tensor();
-    return dh2;
+    return split ? style_.reduce_partial_grad(dh2, dt, "block.dh2") : dh2;
   }
   Tensor dout_full = style_.gather_rows(dout, "block.dout");  // (M, D)
   Tensor ds = new_activation({M, F}, dt, "block.ds");

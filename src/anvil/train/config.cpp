@@ -256,7 +256,7 @@ std::vector<Key> key_table(JobConfig& c) {
        "mixture-of-experts models: consecutive data-parallel ranks the experts are split over, each holding "
        "num_experts / degree of every layer and exchanging routed tokens all-to-all with the others; under FSDP it "
        "divides data_parallel_shard_degree (each expert then sharded over shard_degree / degree ranks), under DDP it "
-       "equals data_parallel_replicate_degree (docs/moe.md)",
+       "equals data_parallel_replicate_degree, as it must with tensor_parallel_degree > 1 (docs/moe.md)",
        {},
        1,
        kInf},

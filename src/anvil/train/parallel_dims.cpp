@@ -126,10 +126,9 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
               "--hardware ...); Anvil's trainer does not shard over one rank: set it false (or remove it) to train");
   ANVIL_CHECK(cfg.training.seq_len <= args.max_seq_len, "training.seq_len ", cfg.training.seq_len, " exceeds ",
               args.name, "/", args.flavor, "'s max_seq_len ", args.max_seq_len);
-  ANVIL_CHECK(!args.moe() || (layout.tp() == 1 && layout.cp() == 1), args.name, "/", args.flavor,
-              " is a mixture-of-experts model, which trains on one process, under data parallelism (FSDP, HSDP, DDP) "
-              "and under pipeline parallelism only: tensor and context parallelism do not split its layers yet; set "
-              "parallelism.tensor_parallel_degree and context_parallel_degree to 1");
+  ANVIL_CHECK(!args.moe() || layout.cp() == 1, args.name, "/", args.flavor,
+              " is a mixture-of-experts model, and context parallelism does not split it yet; set "
+              "parallelism.context_parallel_degree to 1");
   const int64_t ep = p.expert_parallel_degree;
   if (ep > 1) {
     ANVIL_CHECK(args.moe(), "parallelism.expert_parallel_degree ", ep, " splits a mixture of experts' experts, but ",
@@ -143,6 +142,10 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
                 "): DDP replicas of the experts are not built; or shard the model with data_parallel_shard_degree, "
                 "a multiple of ",
                 ep);
+    ANVIL_CHECK(layout.tp() == 1 || layout.dp_shard() == 1, "parallelism.expert_parallel_degree ", ep,
+                " with tensor_parallel_degree ", layout.tp(),
+                " runs over DDP only (data_parallel_shard_degree 1, data_parallel_replicate_degree ", ep,
+                "): FSDP over experts split both ways is not built yet");
   }
   // The rows a micro-batch runs with: the local batch, or under pipeline
   // parallelism each of its pipeline micro-batches.

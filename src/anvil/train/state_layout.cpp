@@ -22,8 +22,9 @@ RankStateLayout::RankStateLayout(const ModelArgs& args, const ParallelDims& par,
       local_(local),
       fsdp_(fsdp),
       tensor_parallel_(tensor_parallel),
-      stage_global_(std::make_unique<ParamStore>(llama_param_specs(args, rank_stages(args, par)), DType::f32,
-                                                 /*allocate=*/false)),
+      stage_global_(std::make_unique<ParamStore>(
+          llama_param_specs(args, rank_stages(args, par), ExpertShard{par.ep_rank, par.ep_size}), DType::f32,
+          /*allocate=*/false)),
       whole_(std::make_unique<ParamStore>(llama_param_specs(args), DType::f32, /*allocate=*/false)) {}
 
 RankStateLayout::~RankStateLayout() = default;
@@ -55,14 +56,14 @@ Tensor gather_experts(Communicator& ep, const std::vector<ParamSpec>& local_spec
 
 Tensor RankStateLayout::to_global(const Tensor& rank_state) const {
   Tensor state = fsdp_ ? fsdp_->gather_full(rank_state) : rank_state;
-  if (par_.ep_size > 1) {  // no TP (the layout check): the ep group's local states make its stages' tensors
-    Tensor global =
-        gather_experts(par_.mesh->group(MeshGroup::ep), local_.specs(), state, whole_->specs(), whole_->numel());
+  if (tensor_parallel_)  // this rank's parameters (its experts among them), whole
+    state = gather_tp_global(par_.mesh->tp(), local_.specs(), state, stage_global_->specs(), stage_global_->numel());
+  if (par_.ep_size > 1) {  // the ep group's states make its stages' tensors
+    Tensor global = gather_experts(par_.mesh->group(MeshGroup::ep), stage_global_->specs(), state, whole_->specs(),
+                                   whole_->numel());
     if (par_.pp_size > 1) par_.mesh->pp().all_reduce(global);  // each stage's tensors, zero elsewhere: exact
     return global;
   }
-  if (tensor_parallel_)
-    state = gather_tp_global(par_.mesh->tp(), local_.specs(), state, stage_global_->specs(), stage_global_->numel());
   if (par_.pp_size > 1)
     state = gather_pipeline_stages(par_.mesh->pp(), args_, par_.pp_split, par_.pp_schedule.placement, state);
   return state;
@@ -85,14 +86,19 @@ void RankStateLayout::from_global(const Tensor& global, Tensor& rank_state) cons
 }
 
 double RankStateLayout::global_sum_of_squares(const Tensor& rank_state) const {
-  if (par_.ep_size > 1 &&
-      !fsdp_) {  // DDP: every rank's replicated part once, each rank's experts summed over the ranks
+  if (par_.ep_size > 1 && !fsdp_) {
+    // DDP: every rank's replicated part once; each rank's experts summed over the ep group; under TP
+    // the slices of every tp rank, the tensors it replicates on tp rank 0 only; then every stage.
     std::vector<Tensor> dense, experts;
-    for (const ParamSpec& s : local_.specs()) (s.expert ? experts : dense).push_back(rank_state.slice(s.offset, s.numel()));
+    for (const ParamSpec& s : local_.specs()) {
+      if (tensor_parallel_ && s.slice.replicated() && par_.tp_rank != 0) continue;
+      (s.expert ? experts : dense).push_back(rank_state.slice(s.offset, s.numel()));
+    }
     Tensor t = Tensor::empty({1}, DType::f32, MemCategory::communication, "grad_norm.experts_sum");
     t.data<float>()[0] = static_cast<float>(grad_sum_of_squares(experts));
     par_.mesh->group(MeshGroup::ep).all_reduce(t);
     t.data<float>()[0] += static_cast<float>(grad_sum_of_squares(dense));
+    if (tensor_parallel_) par_.mesh->tp().all_reduce(t);
     if (par_.pp_size > 1) par_.mesh->pp().all_reduce(t);  // and every stage's
     return t.data<float>()[0];
   }
