@@ -74,6 +74,31 @@ TEST(Distributed, FsdpRanksKeepOneShardOfWeightsGradientsAndOptimizerState) {
   }
 }
 
+namespace {
+// Resumes a copy of `saved`'s checkpoints under `ranks` ranks with `flags`
+// (dump folder `dump`): it must resume from step 5 and reach `want`'s losses
+// at steps 6-10 within 1e-5 relative. `worst`: the largest difference.
+void expect_resumes_to(const std::string& saved, const std::string& dump, int ranks, const std::string& flags,
+                       const std::map<int64_t, double>& want, double& worst) {
+  fs::remove_all(workdir() / dump);
+  fs::create_directories(workdir() / dump);
+  fs::copy(workdir() / saved / "checkpoint", workdir() / dump / "checkpoint", fs::copy_options::recursive);
+  const Output out = ranks == 1 ? runs().run(layout("single"), dump, flags) : runs().mpi(ranks, dump, flags);
+  ASSERT_EQ(out.exit_code, 0) << out.text;
+  EXPECT_NE(out.text.find("resumed from " + (workdir() / dump / "checkpoint" / "step-5").string()), std::string::npos)
+      << out.text;
+  const auto got = runs().losses(dump);
+  ASSERT_EQ(got.size(), 5u) << out.text;
+  worst = 0;
+  for (const auto& [step, loss] : got) {
+    ASSERT_GE(step, 6);
+    const double rel = std::abs(loss - want.at(step)) / std::abs(want.at(step));
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << step;
+  }
+}
+}  // namespace
+
 // A checkpoint holds global tensors and rank 0's data position, so a run saved
 // under FSDP 2 continues under another layout: a single process, FSDP 4 and
 // DDP 2 each resume from its step 5 and reach the losses of the uninterrupted
@@ -91,24 +116,10 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
   for (const char* target : {"single", "fsdp4", "ddp2"}) {
     const anvil::testing::Layout& t = layout(target);
     SCOPED_TRACE(t.name);
-    const std::string dump = "xl_to_" + t.name;
-    fs::remove_all(workdir() / dump);
-    fs::create_directories(workdir() / dump);
-    fs::copy(workdir() / "xl_saved" / "checkpoint", workdir() / dump / "checkpoint", fs::copy_options::recursive);
     // The same 4 sequences per step, split over the layout's data-parallel ranks.
-    const Output out = runs().run(t, dump, batch + "--training.local_batch_size " + std::to_string(4 / t.dp));
-    ASSERT_EQ(out.exit_code, 0) << out.text;
-    EXPECT_NE(out.text.find("resumed from " + (workdir() / dump / "checkpoint" / "step-5").string()), std::string::npos)
-        << out.text;
-    const auto got = runs().losses(dump);
-    ASSERT_EQ(got.size(), 5u) << out.text;
     double worst = 0;
-    for (const auto& [step, loss] : got) {
-      ASSERT_GE(step, 6);
-      const double rel = std::abs(loss - want.at(step)) / std::abs(want.at(step));
-      worst = std::max(worst, rel);
-      EXPECT_LE(rel, 1e-5) << "step " << step;
-    }
+    expect_resumes_to("xl_saved", "xl_to_" + t.name, t.ranks,
+                      batch + "--training.local_batch_size " + std::to_string(4 / t.dp) + " " + t.flags, want, worst);
     std::printf("FSDP 2 checkpoint resumed as %-6s: worst loss difference %.2e over steps 6-10\n", t.name.c_str(), worst);
   }
 }
@@ -150,23 +161,8 @@ TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
                   "--parallelism.tensor_parallel_degree 2"}};
   for (const auto& t : targets) {
     SCOPED_TRACE(t.name);
-    const std::string dump = std::string("moe_xl_to_") + t.name;
-    fs::remove_all(workdir() / dump);
-    fs::create_directories(workdir() / dump);
-    fs::copy(workdir() / "moe_xl_saved" / "checkpoint", workdir() / dump / "checkpoint", fs::copy_options::recursive);
-    const Output out =
-        t.ranks == 1 ? runs().run(layout("single"), dump, batch + t.flags) : runs().mpi(t.ranks, dump, batch + t.flags);
-    ASSERT_EQ(out.exit_code, 0) << out.text;
-    EXPECT_NE(out.text.find("resumed from"), std::string::npos) << out.text;
-    const auto got = runs().losses(dump);
-    ASSERT_EQ(got.size(), 5u) << out.text;
     double worst = 0;
-    for (const auto& [step, loss] : got) {
-      ASSERT_GE(step, 6);
-      const double rel = std::abs(loss - want.at(step)) / std::abs(want.at(step));
-      worst = std::max(worst, rel);
-      EXPECT_LE(rel, 1e-5) << "step " << step;
-    }
+    expect_resumes_to("moe_xl_saved", std::string("moe_xl_to_") + t.name, t.ranks, batch + t.flags, want, worst);
     std::printf("EP 2 x FSDP 4 MoE checkpoint resumed as %-12s: worst loss difference %.2e over steps 6-10\n", t.name,
                 worst);
   }
