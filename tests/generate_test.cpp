@@ -16,6 +16,7 @@
 #include "anvil/model/hf_format.h"
 #include "anvil/model/llama.h"
 #include "anvil/train/checkpoint.h"
+#include "anvil/train/model_source.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -225,6 +226,36 @@ fs::path debug_checkpoint(const fs::path& dir) {
     weights.emplace_back(model.params().specs()[i].name, model.params().master(static_cast<int>(i)));
   save_model_only_checkpoint(dir.string(), 3, weights, "llama3/debugmodel");
   return dir / "step-3";
+}
+
+// A checkpoint of a MoE trained with DeepSeek-V3's router options: the model
+// it stands for routes as its job did (the options from its config.toml, the
+// experts' biases from state.json's model_state), and the command runs it.
+TEST(GenerateCommand, AMoeCheckpointRoutesWithItsJobsOptionsAndBiases) {
+  const fs::path dir = scratch_root() / "generate_moe_bias";
+  fs::remove_all(dir);
+  const ModelArgs flavour = model_flavor("qwen3", "debugmodel_moe");
+  Llama trained(flavour, DType::f32, 64);
+  trained.params().init(2);
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (size_t i = 0; i < trained.params().specs().size(); ++i)
+    weights.emplace_back(trained.params().specs()[i].name, trained.params().master(static_cast<int>(i)));
+  std::vector<float> bias(static_cast<size_t>(flavour.n_layers * flavour.num_experts));
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.001f * static_cast<float>(i % 7) - 0.003f;
+  save_model_only_checkpoint((dir / "checkpoint").string(), 3, weights, "qwen3/debugmodel_moe",
+                             {{"model_state", {{"expert_bias", bias}}}});
+  const fs::path step = dir / "checkpoint" / "step-3";
+  std::ofstream(step / "config.toml") << "[model]\nname = \"qwen3\"\nflavor = \"debugmodel_moe\"\n"
+                                         "moe_score_function = \"sigmoid\"\nmoe_bias_update_rate = 0.001\n";
+  const ModelSource src = find_model_source(step.string());
+  EXPECT_TRUE(src.args.moe_sigmoid_scores);
+  EXPECT_EQ(src.args.moe_bias_update_rate, 0.001);
+  Llama model(src.args, DType::f32, 64);
+  apply_model_state(src.model_state, model);
+  EXPECT_EQ(model.moe_state()->expert_bias, bias);
+  const testing::CommandOutput out =
+      run_anvil("generate " + step.string() + " --tokenizer bytes --max_new_tokens 4 --temperature 0 --prompt 'Once'");
+  EXPECT_EQ(out.exit_code, 0) << out.text;
 }
 
 TEST(GenerateCommand, ContinuesAPromptAndExplainsBadInput) {
