@@ -42,9 +42,10 @@ struct ParamSpec {
   GlobalSlice slice = {};  // where this (local) tensor sits in the global one
   ModuleKind module = ModuleKind::block;
   int layer = -1;  // a block's layer in the whole model; -1 for the other modules
-  // An expert's weight under expert parallelism: only the rank holding the
-  // expert has it, and its gradient is complete there (the expert saw every
-  // rank's tokens routed to it), so data parallelism leaves it alone.
+  // An expert's weight under expert parallelism: only the ranks holding the
+  // expert have it, and its gradient there holds every token of their ep group
+  // routed to it, so DDP leaves it alone and FSDP reduces it over the ranks
+  // holding the same expert only (FsdpParams).
   bool expert = false;
   int64_t numel() const { return shape_numel(shape); }
   Shape global_shape() const;
@@ -80,8 +81,8 @@ struct ParamGroup {
   ModuleKind module = ModuleKind::block;  // its parameters' module
   int layer = -1;                         // and layer (blocks only)
   // The runs {offset, numel} of the flat buffers that data parallelism
-  // reduces: the whole group, less a mixture of experts' expert weights
-  // (ParamSpec::expert), which expert parallelism leaves out.
+  // reduces over all its ranks: the whole group, less a mixture of experts'
+  // expert weights (ParamSpec::expert), which expert parallelism keeps apart.
   std::vector<std::pair<int64_t, int64_t>> data_parallel_runs;
 };
 
