@@ -216,15 +216,16 @@ TEST(Generate, StreamedTextWaitsForWholeUtf8Characters) {
   EXPECT_EQ(complete_utf8_prefix(""), 0u);
 }
 
-// The command: a model-only checkpoint of the debug model, the byte tokenizer.
-fs::path debug_checkpoint(const fs::path& dir) {
-  const ModelArgs args = model_flavor("llama3", "debugmodel");
-  Llama model(args, DType::f32, 64);
+// The command: a model-only checkpoint (step 3) of a flavour's model from
+// seed 2, with `extra` fields in its state.json; the byte tokenizer.
+fs::path debug_checkpoint(const fs::path& dir, const std::string& name = "llama3", const std::string& flavor = "debugmodel",
+                          const nlohmann::json& extra = {}) {
+  Llama model(model_flavor(name, flavor), DType::f32, 64);
   model.params().init(2);
   std::vector<std::pair<std::string, Tensor>> weights;
   for (size_t i = 0; i < model.params().specs().size(); ++i)
     weights.emplace_back(model.params().specs()[i].name, model.params().master(static_cast<int>(i)));
-  save_model_only_checkpoint(dir.string(), 3, weights, "llama3/debugmodel");
+  save_model_only_checkpoint(dir.string(), 3, weights, name + "/" + flavor, extra);
   return dir / "step-3";
 }
 
@@ -235,16 +236,10 @@ TEST(GenerateCommand, AMoeCheckpointRoutesWithItsJobsOptionsAndBiases) {
   const fs::path dir = scratch_root() / "generate_moe_bias";
   fs::remove_all(dir);
   const ModelArgs flavour = model_flavor("qwen3", "debugmodel_moe");
-  Llama trained(flavour, DType::f32, 64);
-  trained.params().init(2);
-  std::vector<std::pair<std::string, Tensor>> weights;
-  for (size_t i = 0; i < trained.params().specs().size(); ++i)
-    weights.emplace_back(trained.params().specs()[i].name, trained.params().master(static_cast<int>(i)));
   std::vector<float> bias(static_cast<size_t>(flavour.n_layers * flavour.num_experts));
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.001f * static_cast<float>(i % 7) - 0.003f;
-  save_model_only_checkpoint((dir / "checkpoint").string(), 3, weights, "qwen3/debugmodel_moe",
-                             {{"model_state", {{"expert_bias", bias}}}});
-  const fs::path step = dir / "checkpoint" / "step-3";
+  const fs::path step = debug_checkpoint(dir / "checkpoint", "qwen3", "debugmodel_moe",
+                                         {{"model_state", {{"expert_bias", bias}}}});
   std::ofstream(step / "config.toml") << "[model]\nname = \"qwen3\"\nflavor = \"debugmodel_moe\"\n"
                                          "moe_score_function = \"sigmoid\"\nmoe_bias_update_rate = 0.001\n";
   const ModelSource src = find_model_source(step.string());

@@ -6,6 +6,7 @@
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
+#include "anvil/core/parallel_for.h"
 #include "anvil/core/profiler.h"
 #include "anvil/ops/embedding.h"
 #include "anvil/ops/matmul.h"
@@ -159,14 +160,11 @@ Tensor TensorParallelStyle::gather_rows(const Tensor& local, const char* tag) co
   return full;
 }
 
-Tensor TensorParallelStyle::row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w,
-                                             const char* tag) const {
-  const DType dt = residual.dtype();
-  const int64_t M = in.size(0), D = w.size(0), Ml = residual_rows(M), r = rank();
+Tensor TensorParallelStyle::partial_with_residual(const Tensor& residual, int64_t M, const char* tag) const {
+  const int64_t D = residual.size(1), Ml = residual_rows(M), r = rank();
   const bool sp = sequence_parallel();
   // The residual enters the sum once: on every rank's own rows (SP) or on rank 0 only.
-  const char* partial_tag = sp || dt != DType::f32 ? "tp.partial" : tag;  // non-SP f32: it is the output
-  Tensor partial = Tensor::empty({M, D}, DType::f32, MemCategory::activations, partial_tag);
+  Tensor partial = Tensor::empty({M, D}, DType::f32, MemCategory::activations, tag);
   if (sp) {
     for (int64_t q = 0; q < size(); ++q) {
       Tensor rows = partial.slice(q * Ml, Ml);
@@ -178,29 +176,32 @@ Tensor TensorParallelStyle::row_parallel_out(const Tensor& residual, const Tenso
   } else {
     partial.zero_();
   }
+  return partial;
+}
+
+Tensor TensorParallelStyle::row_parallel_out(const Tensor& residual, const Tensor& in, const Tensor& w,
+                                             const char* tag) const {
+  const DType dt = residual.dtype();
+  const char* partial_tag = sequence_parallel() || dt != DType::f32 ? "tp.partial" : tag;  // non-SP f32: the output
+  Tensor partial = partial_with_residual(residual, in.size(0), partial_tag);
   linear_forward_accumulate(in, w, partial);  // (M, D) += in (M, K_t) · w (D, K_t)ᵀ
   return reduce_partial(partial, dt, tag);     // the same reduction as an input gradient's, and one rounding
 }
 
 Tensor TensorParallelStyle::reduce_partial_out(const Tensor& residual, const Tensor& partial, const char* tag) const {
-  const int64_t M = partial.size(0), D = partial.size(1), Ml = residual_rows(M), r = rank();
-  // As row_parallel_out: the residual enters the sum once, on this rank's own rows (SP) or on rank 0.
-  Tensor sum = Tensor::empty({M, D}, DType::f32, MemCategory::activations, "tp.partial");
-  sum.copy_from(partial);
-  Tensor rows = sequence_parallel() ? sum.slice(r * Ml, Ml) : sum;
-  if (sequence_parallel() || r == 0) {
-    Tensor res = residual.to(DType::f32, MemCategory::activations, "tp.residual");
-    float* dst = rows.data<float>();
-    const float* src = res.data<float>();
-    for (int64_t i = 0; i < (dry_run() ? 0 : rows.numel()); ++i) dst[i] += src[i];
-  }
+  Tensor sum = partial_with_residual(residual, partial.size(0), "tp.partial");
+  const Tensor add = partial.dtype() == DType::f32 ? partial : partial.to(DType::f32, MemCategory::activations, "tp.moe_partial");
+  float* dst = sum.data<float>();
+  const float* src = add.data<float>();
+  parallel_for(0, dry_run() ? 0 : sum.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] += src[i];
+  });
   return reduce_partial(sum, residual.dtype(), tag);
 }
 
 Tensor TensorParallelStyle::reduce_partial_grad(const Tensor& partial, DType dt, const char* tag) const {
   if (partial.dtype() == DType::f32) return reduce_partial(partial, dt, tag);
-  Tensor sum = partial.to(DType::f32, MemCategory::activations, "tp.partial");
-  return reduce_partial(sum, dt, tag);
+  return reduce_partial(partial.to(DType::f32, MemCategory::activations, "tp.partial"), dt, tag);
 }
 
 Tensor TensorParallelStyle::column_input_grad(std::initializer_list<InputGradTerm> terms, DType dt,

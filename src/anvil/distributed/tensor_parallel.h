@@ -76,6 +76,9 @@ class TensorParallelStyle : public ParallelStyle, public ExpertWidthSplit {
   // Partial sums (M, D) f32 on every rank, reduced over tp (reduce-scattered to
   // this rank's rows under sequence parallelism) and rounded once to dt.
   Tensor reduce_partial(const Tensor& partial, DType dt, const char* tag) const;
+  // An f32 (M, D) buffer holding the residual's share of a reduced output:
+  // this rank's rows of it (sequence parallel) or all of it on rank 0, zeros elsewhere.
+  Tensor partial_with_residual(const Tensor& residual, int64_t M, const char* tag) const;
   // Where this rank's shard of a vocabulary-parallel weight (its local tensor,
   // padding included) begins, and how many of its rows are real (unpadded).
   int64_t vocab_begin(const Tensor& local) const { return rank() * local.size(0); }

@@ -48,7 +48,8 @@ class RankStateLayout {
   bool is_global() const { return !fsdp_ && !tensor_parallel_ && par_.pp_size == 1 && par_.ep_size == 1; }
 
   // rank_state as the whole model's flat buffer, on pp rank 0 (undefined on
-  // the other pp ranks). Collective over dp_shard, tp and pp.
+  // the other pp ranks; on every one under expert parallelism). Collective over
+  // dp_shard, tp, the ep group and pp.
   Tensor to_global(const Tensor& rank_state) const;
   // rank_state ← this rank's part of `global`, a whole-model flat buffer.
   void from_global(const Tensor& global, Tensor& rank_state) const;
