@@ -64,6 +64,7 @@ GpuRunSpec spec_from_config(const JobConfig& cfg, int64_t gpus, double mean_docu
   s.tp = p.tensor_parallel_degree;
   s.cp = p.context_parallel_degree;
   s.pp = p.pipeline_parallel_degree;
+  s.ep = p.expert_parallel_degree;
   ANVIL_CHECK(gpus >= 1, "--gpus ", gpus, ": the planner needs at least one GPU");
   const int64_t others = s.dp_replicate * s.cp * s.tp * s.pp;
   ANVIL_CHECK(others >= 1 && gpus % others == 0, "--gpus ", gpus, " is not a multiple of data_parallel_replicate ",
@@ -124,6 +125,7 @@ nlohmann::json stage_json(const GpuStageMemory& m) {
 std::string layout_flags(const GpuRunSpec& s) {
   std::string f = "--parallelism.data_parallel_shard_degree " + std::to_string(s.dp_shard);
   if (s.dp_replicate > 1) f += " --parallelism.data_parallel_replicate_degree " + std::to_string(s.dp_replicate);
+  if (s.ep > 1) f += " --parallelism.expert_parallel_degree " + std::to_string(s.ep);
   if (s.cp > 1)
     f += " --parallelism.context_parallel_degree " + std::to_string(s.cp) +
          " --parallelism.context_parallel_rotate_method " + s.cp_rotate;
@@ -165,6 +167,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     j["gpus"] = gpus;
     j["model"] = spec.model.name + "/" + spec.model.flavor;
     j["data_parallel"] = spec.autocast() ? "bf16 autocast, no FSDP" : "FSDP2";
+    j["expert_parallel_degree"] = spec.ep;
     j["parameters_per_gpu"] = e.parameters_per_gpu;
     j["stages"] = nlohmann::json::array();
     for (const GpuStageMemory& m : e.stages) j["stages"].push_back(stage_json(m));
@@ -176,6 +179,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     j["fsdp_comm_seconds"] = e.fsdp_comm_seconds;
     j["tp_comm_seconds"] = e.tp_comm_seconds;
     j["cp_comm_seconds"] = e.cp_comm_seconds;
+    j["ep_comm_seconds"] = e.ep_comm_seconds;
     j["exposed_comm_seconds"] = e.exposed_comm_seconds;
     j["optimizer_seconds"] = e.optimizer_seconds;
     j["bubble_fraction"] = e.bubble_fraction;
@@ -195,6 +199,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   else
     std::printf("FSDP %lld%s", static_cast<long long>(spec.dp_shard),
                 spec.fsdp_single_rank ? " (FSDP2 over one rank)" : "");
+  if (spec.ep > 1) std::printf(" with expert parallel %lld", static_cast<long long>(spec.ep));
   if (spec.dp_replicate > 1) std::printf(" x replicate %lld", static_cast<long long>(spec.dp_replicate));
   if (spec.cp > 1) std::printf(" x CP %lld", static_cast<long long>(spec.cp));
   if (spec.tp > 1) std::printf(" x TP %lld", static_cast<long long>(spec.tp));
@@ -214,8 +219,17 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
                                          ? "block-causal, timed as causal (documents no shorter than a sequence; "
                                            "--mean-document-tokens L for shorter ones)"
                                          : "causal");
-  std::printf("parameters: %.0f per GPU, %lld in the model\n", e.parameters_per_gpu,
+  if (spec.model.moe())
+    std::printf(
+        "mixture of experts: %lld experts, %lld per token, %lld on each GPU; routing priced balanced (each "
+        "expert the same share of the routes, as --debug.moe_force_load_balance or Anvil's "
+        "model.moe_routing = \"balanced\" make it); the experts' products as torch._grouped_mm\n",
+        static_cast<long long>(spec.model.num_experts), static_cast<long long>(spec.model.experts_per_token),
+        static_cast<long long>(spec.model.num_experts / spec.ep));
+  std::printf("parameters: %.0f per GPU, %lld in the model", e.parameters_per_gpu,
               static_cast<long long>(spec.model.num_params()));
+  if (spec.model.moe()) std::printf(", %lld active per token", static_cast<long long>(spec.model.active_params()));
+  std::printf("\n");
   std::printf("per GPU, GiB       ");
   for (const GpuStageMemory& m : e.stages) std::printf(" | stage %-3d", m.stage);
   std::printf("\n");
@@ -246,9 +260,10 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   std::printf(
       "step: %.3f s = compute %.3f s + exposed communication %.3f s + pipeline bubble %.3f s (%.1f%%) + "
       "overhead %.3f s (optimizer %.3f s)\n"
-      "communication: FSDP %.3f s, TP %.3f s, CP %.3f s\n",
+      "communication: FSDP %.3f s, TP %.3f s, CP %.3f s, EP all-to-all %.3f s\n",
       e.step_seconds, e.compute_seconds, e.exposed_comm_seconds, e.bubble_seconds, 100 * e.bubble_fraction,
-      e.overhead_seconds, e.optimizer_seconds, e.fsdp_comm_seconds, e.tp_comm_seconds, e.cp_comm_seconds);
+      e.overhead_seconds, e.optimizer_seconds, e.fsdp_comm_seconds, e.tp_comm_seconds, e.cp_comm_seconds,
+      e.ep_comm_seconds);
   std::printf("tokens/s per GPU: %.0f   MFU: %.1f%% (%.4g FLOPs per token, %.0f TFLOP/s peak)\n",
               e.tokens_per_second_per_gpu, 100 * e.mfu, e.flops_per_token, hw.peak_bf16_flops / 1e12);
   std::printf("(from measured kernel rates and published link speeds, not peaks; docs/estimator.md)\n");

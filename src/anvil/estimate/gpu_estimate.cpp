@@ -51,9 +51,12 @@ std::vector<StageShape> split_stages(const ModelArgs& args, int64_t pp) {
   return out;
 }
 
-// Model dimensions per GPU under tensor parallelism t.
+// Model dimensions per GPU under tensor parallelism t; a mixture of experts'
+// E experts of width Fe, k of them per token (moe false: a dense FFN of width F).
 struct Dims {
   double D, Dq, Dkv, F, H, V, t;
+  bool moe = false;
+  double E = 0, k = 0, Fe = 0;
 };
 
 // Bytes per token one block keeps for its backward under torchtitan's eager
@@ -68,13 +71,45 @@ struct Dims {
 //     second one: wq, wv, w1, w2 of the seven) and of SDPA, plus the block's
 //     input; the rest is recomputed;
 //   full (and the checkpointed layers of selective layer): the input.
+// A mixture of experts (torchtitan's MoE, models/moe/moe.py, as its Qwen3
+// flavours configure it: scores applied after the experts) keeps instead of
+// the FFN's four F-wide tensors: the softmax's fp32 scores (E), the grouped
+// products' input (k·D), the experts' w1 and w3 outputs, silu and product
+// (4·k·Fe), the fp32 copy of the routed outputs the combining bmm saves (k·D)
+// and int64 indices and fp32 top scores (about 32 bytes per route). Selective
+// op saves the router's gate output, the fifth mm of the block (wq, wv, gate
+// saved; wk, wo recomputed); torchtitan's Qwen3 list does not save the
+// grouped products or the all-to-all, so both are recomputed.
 enum class BlockAc { none, op, full };
+double ffn_saved_per_token(const Dims& d, BlockAc ac) {
+  if (d.moe) {
+    switch (ac) {
+      case BlockAc::none:
+        return kBf16 * (d.k * d.D + 4 * d.k * d.Fe) + kF32 * (d.k * d.D + d.E) + 32 * d.k;
+      case BlockAc::op:
+        return kBf16 * d.E;
+      case BlockAc::full:
+        return 0;
+    }
+  }
+  switch (ac) {
+    case BlockAc::none:
+      return kBf16 * 4 * d.F / d.t;
+    case BlockAc::op:
+      return kBf16 * (d.F / d.t + d.D);
+    case BlockAc::full:
+      return 0;
+  }
+  return 0;
+}
 double saved_per_token(const Dims& d, BlockAc ac) {
   switch (ac) {
     case BlockAc::none:
-      return kBf16 * (2 * d.D / d.t + 2 * d.D + 5 * d.Dq / d.t + 4 * d.F / d.t) + kF32 * d.H / d.t + 2 * kF32;
+      return kBf16 * (2 * d.D / d.t + 2 * d.D + 5 * d.Dq / d.t) + kF32 * d.H / d.t + 2 * kF32 +
+             ffn_saved_per_token(d, ac);
     case BlockAc::op:
-      return kBf16 * (d.D / d.t + d.Dq / d.t + d.Dkv / d.t + d.Dq / d.t + d.F / d.t + d.D) + kF32 * d.H / d.t;
+      return kBf16 * (d.D / d.t + d.Dq / d.t + d.Dkv / d.t + d.Dq / d.t) + kF32 * d.H / d.t +
+             ffn_saved_per_token(d, ac);
     case BlockAc::full:
       return kBf16 * d.D / d.t;
   }
@@ -99,8 +134,13 @@ BlockAc block_ac(const AcPolicy& ac, int64_t index) {
 }
 
 // Gradients alive at once inside a block's backward beyond the recomputed
-// tensors: three of the FFN's hidden width and two of the model width.
-double backward_temps_per_token(const Dims& d) { return kBf16 * (3 * d.F / d.t + 2 * d.D); }
+// tensors: three of the FFN's hidden width and two of the model width (a
+// mixture of experts: three of k·Fe, three of k·D and the fp32 gradient of
+// the routed outputs, k·D).
+double backward_temps_per_token(const Dims& d) {
+  if (d.moe) return kBf16 * (3 * d.k * d.Fe + 3 * d.k * d.D + 2 * d.D) + kF32 * d.k * d.D;
+  return kBf16 * (3 * d.F / d.t + 2 * d.D);
+}
 
 // Element-wise (memory-bound) HBM bytes per token of one block's forward in
 // eager mode: two RMSNorms (read x, write y), RoPE on q and k in fp32 (cast
@@ -108,13 +148,23 @@ double backward_temps_per_token(const Dims& d) { return kBf16 * (3 * d.F / d.t +
 // (GQA only), the transpose back to contiguous, two residual adds, silu and
 // the SwiGLU product. The backward moves about twice as much (each op reads
 // the incoming gradient and its saved inputs and writes one gradient).
+// A mixture of experts replaces the SwiGLU's with its experts' silu and
+// product (k·Fe wide) and its routing: the router's fp32 cast, softmax and
+// top-k (18 bytes per expert score), sorting and histograms (64 per route),
+// four copies of the routed tokens (the gather by expert, the permutation
+// for the grouped products and its inverse, the scatter back into a zeroed
+// (T·k, D) buffer: 9 bf16 passes of k·D), their fp32 cast (6·k·D) read by
+// the combining bmm (4·k·D), its fp32 output cast back (10·D).
+double moe_routing_bytes_per_token(const Dims& d) {
+  return 5 * kBf16 * d.k * d.Fe + (9 * kBf16 + 6 + 4) * d.k * d.D + 10 * d.D + 18 * d.E + 64 * d.k;
+}
 double elementwise_fwd_bytes_per_token(const Dims& d, bool gqa) {
   const double norms = 2 * 2 * kBf16 * d.D / d.t;
   const double rope = 20 * (d.Dq + d.Dkv) / d.t;
   const double repeat = gqa ? 2 * kBf16 * (d.Dkv + d.Dq) / d.t : 0;
   const double transpose = 2 * kBf16 * d.Dq / d.t;
   const double residual = 2 * 3 * kBf16 * d.D / d.t;
-  const double swiglu = (2 + 3) * kBf16 * d.F / d.t;
+  const double swiglu = d.moe ? moe_routing_bytes_per_token(d) : (2 + 3) * kBf16 * d.F / d.t;
   return norms + rope + repeat + transpose + residual + swiglu;
 }
 
@@ -146,13 +196,17 @@ struct Rates {
   // Wave quantization: a GEMM's M x N output is cut into tiles (256 x 128, the
   // largest cuBLAS tile on these GPUs, either way round) that run in waves of
   // one tile per SM; the last wave leaves SMs idle. The maximum achievable
-  // matmul rate was measured at a shape that fills its waves.
-  double wave_efficiency(double M, double N) const {
+  // matmul rate was measured at a shape that fills its waves. `groups`
+  // outputs of M x N in one kernel (a grouped product) are tiled each, and
+  // with `partial_tiles` a tile's empty part counts as lost too (an expert's
+  // few hundred rows; a dense GEMM's edges are left to the measured rate).
+  double wave_efficiency(double M, double N, double groups = 1, bool partial_tiles = false) const {
     const double sms = static_cast<double>(hw->sms);
     double best = 0;
     for (const auto& [a, b] : {std::pair{256.0, 128.0}, std::pair{128.0, 256.0}}) {
-      const double tiles = std::ceil(M / a) * std::ceil(N / b);
-      best = std::max(best, tiles / (std::ceil(tiles / sms) * sms));
+      const double tiles = groups * std::ceil(M / a) * std::ceil(N / b);
+      const double fill = partial_tiles ? groups * M * N / (tiles * a * b) : 1;
+      best = std::max(best, fill * tiles / (std::ceil(tiles / sms) * sms));
     }
     return best;
   }
@@ -170,6 +224,18 @@ struct Rates {
     if (use) use->gemm_modelled.insert(shape.key());
     return std::max(2 * M * K * N / (matmul_flops() * hw->sustained_clock_ratio * wave_efficiency(M, N)),
                     mem(kBf16 * (M * K + K * N + M * N)));
+  }
+  // `groups` products of M x K times K x N in one torch._grouped_mm (the
+  // experts', M tokens each): each group's output cut into tiles, a group's
+  // last tile partly empty when M is not a multiple of its side, all tiles in
+  // waves over the SMs; at the rate grouped products are measured to reach
+  // (GpuSoftware::grouped_gemm_efficiency of the dense one). Not calibrated:
+  // modelled from the calibration's general rates when it has them.
+  double grouped_gemm(double groups, double M, double K, double N) const {
+    const double eff = (cal ? cal->software_figures() : gpu_software()).grouped_gemm_efficiency;
+    return std::max(2 * groups * M * K * N /
+                        (matmul_flops() * hw->sustained_clock_ratio * eff * wave_efficiency(M, N, groups, true)),
+                    mem(kBf16 * groups * (M * K + K * N + M * N)));
   }
   double mem(double bytes) const {
     if (cal && cal->hbm_bandwidth) return bytes / *cal->hbm_bandwidth;
@@ -209,6 +275,12 @@ struct LinearTime {
 LinearTime linear_time(const Rates& rt, double T, double in, double out) {
   return {rt.gemm(T, in, out), rt.gemm(T, out, in), rt.gemm(out, T, in)};
 }
+// The same for `groups` experts of M tokens each: dX is M x out times out x
+// in per expert, dW out x M times M x in per expert.
+LinearTime grouped_linear_time(const Rates& rt, double groups, double M, double in, double out) {
+  return {rt.grouped_gemm(groups, M, in, out), rt.grouped_gemm(groups, M, out, in),
+          rt.grouped_gemm(groups, out, M, in)};
+}
 
 // A collective's group: its ring bus bandwidth and the time a small collective takes.
 struct Link {
@@ -236,18 +308,29 @@ double ring_seconds(double bytes, int64_t n, const Link& link) {
   return n <= 1 ? 0 : link.latency + bytes * static_cast<double>(n - 1) / static_cast<double>(n) / link.busbw;
 }
 
+// The all-to-all of n consecutive ranks (expert parallelism's group; tp is 1
+// under a mixture of experts): each rank sends (n - 1)/n of its buffer
+// away. Inside a node at NVLink × NCCL's all-to-all efficiency; across nodes
+// the share that leaves the node, (nodes - 1)/nodes of the buffer, goes
+// through the GPU's own NIC (an all-to-all cannot stripe over the node's
+// NICs), at the efficiency nccl-tests reaches; one small collective's latency.
+double alltoall_seconds(const GpuHardware& hw, double bytes, int64_t n) {
+  if (n <= 1) return 0;
+  const GpuSoftware& sw = gpu_software();
+  const double gpn = static_cast<double>(hw.gpus_per_node), ranks = static_cast<double>(n);
+  if (ranks <= gpn)
+    return sw.intranode_latency + bytes * (ranks - 1) / ranks / (hw.nvlink_bandwidth * sw.alltoall_nvlink_efficiency);
+  const double nodes = ranks / gpn;
+  return sw.internode_latency +
+         bytes * (nodes - 1) / nodes / (hw.internode_bandwidth * sw.alltoall_internode_efficiency);
+}
+
 struct Candidate {
   double total = 0;
   GpuStageMemory parts;  // the categories that make it up
 };
 
 }  // namespace
-
-void check_model_priced(const ModelArgs& a) {
-  ANVIL_CHECK(!a.moe(), a.name, "/", a.flavor,
-              " is a mixture-of-experts model, which the planner does not price yet (the experts' grouped "
-              "products and the all-to-all of expert parallelism); plan a dense flavour");
-}
 
 double torchtitan_flops_per_token(const ModelArgs& a, int64_t seq_len, TorchtitanEra era) {
   if (era == TorchtitanEra::v0_1_0) return flops_per_token(a, seq_len);
@@ -260,9 +343,18 @@ namespace {
 // The spec's checks, in its keys' words.
 void check_gpu_run(const GpuRunSpec& sp) {
   const ModelArgs& a = sp.model;
-  check_model_priced(a);
-  ANVIL_CHECK(sp.dp_replicate >= 1 && sp.dp_shard >= 1 && sp.cp >= 1 && sp.tp >= 1 && sp.pp >= 1,
+  ANVIL_CHECK(sp.dp_replicate >= 1 && sp.dp_shard >= 1 && sp.cp >= 1 && sp.tp >= 1 && sp.pp >= 1 && sp.ep >= 1,
               "parallel degrees must be positive");
+  ANVIL_CHECK(sp.ep == 1 || a.moe(), "parallelism.expert_parallel_degree ", sp.ep, " splits a mixture of experts, but ",
+              a.name, "/", a.flavor, " is dense");
+  ANVIL_CHECK(!a.moe() || sp.tp == 1, "parallelism.tensor_parallel_degree ", sp.tp, ": the GPU planner prices ", a.name,
+              "/", a.flavor,
+              "'s mixture of experts without tensor parallelism (torchtitan has deprecated splitting the experts "
+              "over TP); use expert_parallel_degree and FSDP");
+  ANVIL_CHECK(sp.ep == 1 || (a.num_experts % sp.ep == 0 && (sp.dp_shard * sp.cp) % sp.ep == 0),
+              "parallelism.expert_parallel_degree ", sp.ep, " must divide the ", a.num_experts,
+              " experts and data_parallel_shard_degree x context_parallel_degree = ", sp.dp_shard * sp.cp,
+              " (torchtitan takes the expert-parallel ranks from them)");
   ANVIL_CHECK(!sp.autocast() || (sp.tp == 1 && sp.pp == 1 && sp.dp_replicate == 1),
               "parallelism.data_parallel_shard_degree x context_parallel_degree is 1 with ",
               sp.tp > 1   ? "tensor"
@@ -303,23 +395,37 @@ struct RunTerms {
   double t, c, N, s, T,
       Vt;  // tp, cp, shards (dp_shard · cp), seq_len, tokens per micro-batch per GPU, vocabulary per GPU
   double layer_params, emb_params, head_params;
+  // A mixture of experts: a block's experts on this GPU (its ep share) and in
+  // all (what the FSDP shards split); 0 for a dense model.
+  double layer_expert_params, layer_all_expert_params;
   Rates rt;
   Link shard, rep, tp_link, cp_link;
+  Link expert_shard;  // the experts' FSDP group (dp_shard · cp / ep ranks, ep apart) under expert parallelism
   double p2p_bandwidth;           // a pipeline boundary's send, bytes/s
   GpuSoftware sw;                 // NCCL's and eager PyTorch's figures (a calibration's where it has them)
   double collective_sm_fraction;  // of the SMs, what a collective beside compute takes
 };
 
+Dims model_dims(const ModelArgs& a, int64_t tp) {
+  return Dims{static_cast<double>(a.dim),
+              static_cast<double>(a.n_heads * a.head_dim()),
+              static_cast<double>(a.n_kv_heads * a.head_dim()),
+              static_cast<double>(a.ffn_hidden_dim()),
+              static_cast<double>(a.n_heads),
+              static_cast<double>(a.vocab_size),
+              static_cast<double>(tp),
+              a.moe(),
+              static_cast<double>(a.num_experts),
+              static_cast<double>(a.experts_per_token),
+              static_cast<double>(a.moe_ffn_hidden)};
+}
+
 RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw, const Rates& rates) {
   const ModelArgs& a = sp.model;
   const double t = static_cast<double>(sp.tp);
-  const Dims d{static_cast<double>(a.dim),
-               static_cast<double>(a.n_heads * a.head_dim()),
-               static_cast<double>(a.n_kv_heads * a.head_dim()),
-               static_cast<double>(a.ffn_hidden_dim()),
-               static_cast<double>(a.n_heads),
-               static_cast<double>(a.vocab_size),
-               t};
+  const Dims d = model_dims(a, sp.tp);
+  const double all_experts = a.moe() ? 3 * d.D * d.Fe * d.E : 0;
+  const double ep = static_cast<double>(sp.ep);
   const double s = static_cast<double>(sp.seq_len);
   // torchtitan's mesh: pp × dp_replicate × dp_shard × cp × tp, tp innermost.
   const int64_t pp_stride = sp.dp_replicate * sp.dp_shard * sp.cp * sp.tp;
@@ -336,16 +442,20 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw, const Rates& rat
       static_cast<double>(sp.pp > 1 ? sp.microbatch_size : sp.local_batch / sp.grad_accum) * s /
           static_cast<double>(sp.cp),
       d.V / t,
-      // Parameters per GPU (after TP): the block's matrices are split, its norms replicated.
-      static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D,
+      // Parameters per GPU (after TP): the block's matrices are split, its norms
+      // replicated; under EP its share of the experts.
+      static_cast<double>(a.params_per_layer() - 2 * a.dim) / t + 2 * d.D - all_experts * (1 - 1 / ep),
       d.D * (d.V / t),
       // The head's matrix is the embedding's when the flavour ties them (Llama 3.2 1B, 3B): counted once.
       (a.tie_embeddings ? 0 : d.D * (d.V / t)) + d.D,
+      all_experts / ep,
+      all_experts,
       rates,
       ring_link(hw, sp.dp_shard * sp.cp, sp.tp),
       ring_link(hw, sp.dp_replicate, sp.tp * sp.cp * sp.dp_shard),
       ring_link(hw, sp.tp, 1),
       ring_link(hw, sp.cp, sp.tp),
+      ring_link(hw, sp.dp_shard * sp.cp / sp.ep, sp.ep),
       pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth * gpu_software().nvlink_efficiency
                                    : hw.internode_bandwidth * gpu_software().internode_efficiency,
       rates.cal ? rates.cal->software_figures() : gpu_software(),
@@ -353,14 +463,25 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw, const Rates& rat
   };
 }
 
-// A stage's parameter counts: its root group (embedding, final norm, head) and all of them.
+// A stage's parameter counts: its root group (embedding, final norm, head),
+// all of them on a GPU (its experts only, under EP), the experts among those,
+// and what the GPU's FSDP shards split (every expert: EP's groups of experts
+// are sharded over dp_shard · cp / ep ranks, so each GPU keeps 1/(dp_shard · cp)
+// of every parameter either way).
 struct StageParams {
-  double root, psi;
+  double root, psi, experts, state;
 };
 StageParams stage_params(const RunTerms& r, const StageShape& st) {
   const double root = (st.embedding ? r.emb_params : 0) + (st.head ? r.head_params : 0);
-  return {root, static_cast<double>(st.layers) * r.layer_params + root};
+  const double L = static_cast<double>(st.layers);
+  const double psi = L * r.layer_params + root;
+  return {root, psi, L * r.layer_expert_params, psi + L * (r.layer_all_expert_params - r.layer_expert_params)};
 }
+
+// Under expert parallelism torchtitan shards the experts over their own
+// group (fully_shard(moe.experts) on the dp_shard · cp / ep mesh), one FSDP
+// group per block beside the block's; without it they are in the block's.
+bool experts_apart(const RunTerms& r) { return r.sp.ep > 1; }
 
 // Context parallelism's buffers in a block's backward: the whole sequences'
 // keys and values gathered (bf16; torchtitan repeats GQA's KV heads before
@@ -381,19 +502,21 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   const GpuRunSpec& sp = r.sp;
   const Dims& d = r.d;
   const double t = r.t, N = r.N, T = r.T, m = static_cast<double>(r.m);
-  const auto [root, psi] = stage_params(r, st);
+  const auto [root, psi, experts, state] = stage_params(r, st);
   GpuStageMemory mem;
   mem.stage = stage;
   mem.layers = st.layers;
   mem.has_embedding = st.embedding;
   mem.has_head = st.head;
   mem.in_flight = in_flight;
-  mem.parameters = kF32 * psi / N;
-  mem.optimizer = 2 * kF32 * psi / N;
-  mem.gradients = kF32 * psi / N;
+  mem.parameters = kF32 * state / N;
+  mem.optimizer = 2 * kF32 * state / N;
+  mem.gradients = kF32 * state / N;
   // The all-gather stream's pool: at most two all-gathers in flight (FSDP2),
   // so the two largest groups' flat bf16 buffers stay cached.
-  std::vector<double> groups(static_cast<size_t>(st.layers), r.layer_params);
+  std::vector<double> groups(static_cast<size_t>(st.layers),
+                             r.layer_params - (experts_apart(r) ? r.layer_expert_params : 0));
+  if (experts_apart(r)) groups.insert(groups.end(), static_cast<size_t>(st.layers), r.layer_expert_params);
   if (root > 0) groups.push_back(root);
   std::sort(groups.rbegin(), groups.rend());
   const double largest_group = groups.empty() ? 0 : groups[0];
@@ -495,7 +618,7 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   }
   {
     Candidate c;  // AdamW's step: sqrt(exp_avg_sq) is one fp32 temporary the size of the shards
-    c.parts.working = kF32 * psi / N;
+    c.parts.working = kF32 * state / N;
     c.parts.kept_outputs = kept_all;
     c.parts.peak_at = "optimizer step";
     c.total = mem.parameters + mem.optimizer + mem.pp_buffers + c.parts.working + kept_all + own_pool_grads;
@@ -559,6 +682,34 @@ constexpr HostWork kCastBackward{0, 7, 7, 0};  // ... and its ToCopyBackward
 constexpr HostWork kEndsForward{10, 6, 0, 0};  // embedding, final norm, head, loss
 constexpr HostWork kEndsBackward{0, 6, 10, 0};
 constexpr double kTensorsPerBlock = 9;  // wq, wk, wv, wo, w1, w2, w3 and the two norms
+// A mixture of experts in place of the FFN (counted in torchtitan's
+// models/moe/moe.py at v0.2.2): the router (gate, fp32 cast, softmax, top-k,
+// gather, renormalisation, histogram), the reorderer (histogram, argsort,
+// gathers), the padding permutation, three grouped products, silu and product,
+// the unpermute, the zeroed scatter, the fp32 cast, bmm and cast back: about
+// 50 ops, 32 launching, against the FFN's 5; in the backward about 30 nodes,
+// 23 launching, against the FFN's 8; one more parameter tensor (the gate).
+// Expert parallelism adds the dispatch (the counts' all-to-all, their copy to
+// the host, the tokens' all-to-all, the permutation) and the combine in place
+// of the padding permutation.
+constexpr HostWork kMoeForward{45, 27, 0, 0};
+constexpr HostWork kMoeBackward{0, 18, 22, 1};
+constexpr HostWork kEpForward{14, 7, 0, 0};
+constexpr HostWork kEpBackward{0, 6, 6, 0};
+
+// The FFN's products on T tokens: w1 and w3 (one shape), w2. A mixture of
+// experts: the router's gate and the grouped products of the GPU's E/ep
+// experts, each with the balanced share of the T·k routes its EP group
+// exchanges, T·k·ep/E (no gate for a dense FFN).
+struct FfnProducts {
+  LinearTime gate, w13, w2;
+};
+FfnProducts ffn_products(const Rates& rt, const Dims& d, double T, int64_t ep_degree) {
+  if (!d.moe) return {{}, linear_time(rt, T, d.D, d.F / d.t), linear_time(rt, T, d.F / d.t, d.D)};
+  const double ep = static_cast<double>(ep_degree), local = d.E / ep, M = T * d.k * ep / d.E;
+  return {linear_time(rt, T, d.D, d.E), grouped_linear_time(rt, local, M, d.D, d.Fe),
+          grouped_linear_time(rt, local, M, d.Fe, d.D)};
+}
 
 // One micro-batch's time on a stage (compute, tensor-parallel collectives,
 // FSDP's copies) and the step's FSDP traffic and optimizer time.
@@ -568,7 +719,7 @@ struct StageTime {
   double host_fwd = 0, host_bwd = 0;  // eager PyTorch's CPU time to dispatch them
   double host_fsdp = 0;               // FSDP2's hooks over the step: unshards and reduces, per micro-step
   double host_optimizer = 0;          // the optimizer's and gradient clipping's host time per step
-  double tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0;  // exposed collectives
+  double tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0, ep_fwd = 0, ep_bwd = 0;  // exposed collectives
   double cp_hidden = 0;  // ring CP: transfer time overlapped with attention (it takes SMs from it)
   double fsdp_mem = 0, optimizer = 0;  // GPU time: FSDP's (or autocast's) copies, the optimizer and clipping
   double rs = 0, ar = 0, fsdp_comm = 0, first_group_ag = 0;
@@ -618,7 +769,7 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   const Dims& d = r.d;
   const Rates& rt = r.rt;
   const double t = r.t, T = r.T, N = r.N, m = static_cast<double>(r.m);
-  const auto [root, psi] = stage_params(r, st);
+  const auto [root, psi, experts, state] = stage_params(r, st);
   StageTime out;
   // 4·T·s·Dq, halved by the causal mask; under CP T is the rank's share of
   // the queries over the whole sequence's keys (head-tail: an equal share of the work).
@@ -635,36 +786,52 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
   const double ew_fwd = rt.mem(elementwise_fwd_bytes_per_token(d, r.gqa) * T);
   const double tp_coll = sp.tp > 1 ? ring_seconds(kBf16 * T * d.D, sp.tp, r.tp_link) : 0;
   const LinearTime wq = linear_time(rt, T, d.D, d.Dq / t), wkv = linear_time(rt, T, d.D, d.Dkv / t),
-                   wo = linear_time(rt, T, d.Dq / t, d.D), w13 = linear_time(rt, T, d.D, d.F / t),
-                   w2 = linear_time(rt, T, d.F / t, d.D);
-  const double gemm_fwd = wq.fwd + 2 * wkv.fwd + wo.fwd + 2 * w13.fwd + w2.fwd;
-  const double gemm_bwd = wq.bwd() + 2 * wkv.bwd() + wo.bwd() + 2 * w13.bwd() + w2.bwd();
-  const double gemm_dw = wq.dw + 2 * wkv.dw + wo.dw + 2 * w13.dw + w2.dw;
+                   wo = linear_time(rt, T, d.Dq / t, d.D);
+  const auto [gate, w13, w2] = ffn_products(rt, d, T, sp.ep);
+  const double ffn_fwd = gate.fwd + 2 * w13.fwd + w2.fwd;
+  const double gemm_fwd = wq.fwd + 2 * wkv.fwd + wo.fwd + ffn_fwd;
+  const double gemm_bwd = wq.bwd() + 2 * wkv.bwd() + wo.bwd() + gate.bwd() + 2 * w13.bwd() + w2.bwd();
+  const double gemm_dw = wq.dw + 2 * wkv.dw + wo.dw + gate.dw + 2 * w13.dw + w2.dw;
+  // Expert parallelism's exchanges, on the compute stream and waited for:
+  // the forward's counts (one small all-to-all), the tokens out (k·D bf16 per
+  // token) and the experts' outputs back; the backward's two of the gradients.
+  const double a2a = alltoall_seconds(*r.rt.hw, kBf16 * T * d.k * d.D, sp.ep);
+  const double a2a_fwd = sp.ep > 1 ? 2 * a2a + alltoall_seconds(*r.rt.hw, 0, sp.ep) : 0, a2a_bwd = 2 * a2a;
+  const HostWork moe_fwd_host = d.moe ? kMoeForward : HostWork{}, ep_fwd_host = sp.ep > 1 ? kEpForward : HostWork{};
+  const double host_moe_fwd = moe_fwd_host.seconds(r.sw) + ep_fwd_host.seconds(r.sw);
+  const double host_moe_bwd = (d.moe ? kMoeBackward.seconds(r.sw) : 0) + (sp.ep > 1 ? kEpBackward.seconds(r.sw) : 0);
   for (int64_t l = st.first_layer; l < st.first_layer + st.layers; ++l) {
     out.fwd += gemm_fwd + attn + ew_fwd;
     out.bwd += gemm_bwd + attn_bwd + 2 * ew_fwd;  // each op's backward moves about twice its forward's bytes
     out.bwd_weight += gemm_dw;
-    out.host_fwd += kBlockForward.seconds(r.sw) + (sp.autocast() ? kCastForward.seconds(r.sw) : 0);
-    out.host_bwd += kBlockBackward.seconds(r.sw) + (sp.autocast() ? kCastBackward.seconds(r.sw) : 0);
+    out.host_fwd += kBlockForward.seconds(r.sw) + host_moe_fwd + (sp.autocast() ? kCastForward.seconds(r.sw) : 0);
+    out.host_bwd += kBlockBackward.seconds(r.sw) + host_moe_bwd + (sp.autocast() ? kCastBackward.seconds(r.sw) : 0);
     out.tp_fwd += 4 * tp_coll;  // sequence parallel: all-gather and reduce-scatter around both halves
     out.tp_bwd += 4 * tp_coll;
     out.cp_fwd += cp.fwd;
     out.cp_bwd += cp.bwd;
     out.cp_hidden += cp.hidden_fwd + cp.hidden_bwd;
+    out.ep_fwd += a2a_fwd;
+    out.ep_bwd += a2a_bwd;
     switch (block_ac(sp.ac, l - st.first_layer)) {
       case BlockAc::none:
         break;
-      case BlockAc::op:  // every second mm (wk, wo, w3) and the element-wise ops, not attention
-        out.bwd += wkv.fwd + wo.fwd + w13.fwd + ew_fwd;
-        out.host_bwd += kBlockForward.seconds(r.sw);
+      case BlockAc::op:
+        // Every second mm (wk, wo, w3) and the element-wise ops, not attention;
+        // a mixture of experts keeps only its gate's output: its grouped
+        // products and all-to-alls run again.
+        out.bwd += wkv.fwd + wo.fwd + (d.moe ? 2 * w13.fwd + w2.fwd : w13.fwd) + ew_fwd;
+        out.host_bwd += kBlockForward.seconds(r.sw) + host_moe_fwd;
         out.tp_bwd += 2 * tp_coll;
+        out.ep_bwd += a2a_fwd;
         break;
       case BlockAc::full:
         out.bwd += gemm_fwd + attn + ew_fwd;
-        out.host_bwd += kBlockForward.seconds(r.sw);
+        out.host_bwd += kBlockForward.seconds(r.sw) + host_moe_fwd;
         out.tp_bwd += 4 * tp_coll;
         out.cp_bwd += cp.recompute;
         out.cp_hidden += cp.hidden_fwd;
+        out.ep_bwd += a2a_fwd;
         break;
     }
   }
@@ -695,28 +862,46 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     out.fsdp_mem = rt.mem(gathers * 2 * kBf16 * psi +
                           (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi
                                      : (kBf16 + kF32) * psi));
-  out.optimizer = rt.mem((r.v010 ? kFusedAdamwBytesPerParam : kForeachAdamwBytesPerParam) * psi / N);
+  out.optimizer = rt.mem((r.v010 ? kFusedAdamwBytesPerParam : kForeachAdamwBytesPerParam) * state / N);
   // FSDP traffic per step: gathers of bf16 weights (forward, and again in
   // backward after resharding, except the root and the last block), a
   // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards; one
-  // collective per group each time.
+  // collective per group each time. Under expert parallelism the blocks'
+  // experts are groups of their own, over dp_shard · cp / ep ranks.
   const int64_t n = sp.dp_shard * sp.cp;
+  const bool apart = experts_apart(r) && st.layers > 0;
+  const double dense = psi - (apart ? experts : 0);
+  const double dense_layer = r.layer_params - (apart ? r.layer_expert_params : 0);
   const double groups = static_cast<double>(st.layers) + (root > 0 ? 1 : 0);
   const double gathered_groups = sp.pp > 1 ? groups : 2 * groups - (root > 0 ? 1 : 0) - (st.layers > 0 ? 1 : 0);
-  const double ag_bytes = kBf16 * (sp.pp > 1 ? psi : psi + (psi - root - (st.layers > 0 ? r.layer_params : 0)));
+  const double ag_bytes = kBf16 * (sp.pp > 1 ? dense : dense + (dense - root - (st.layers > 0 ? dense_layer : 0)));
   auto traffic = [&](double bytes, int64_t ranks, const Link& link, double calls) {
     return ranks <= 1 ? 0.0 : ring_seconds(bytes, ranks, link) + (calls - 1) * link.latency;
   };
-  out.rs = traffic(kF32 * psi, n, r.shard, groups);
-  out.ar = 2 * traffic(kF32 * psi / N, sp.dp_replicate, r.rep, groups);
+  out.rs = traffic(kF32 * dense, n, r.shard, groups);
+  out.ar = 2 * traffic(kF32 * dense / N, sp.dp_replicate, r.rep, groups);
   out.fsdp_comm = traffic(ag_bytes, n, r.shard, gathered_groups) + out.rs + out.ar;
-  out.first_group_ag = ring_seconds(kBf16 * (st.embedding && root > 0 ? root : r.layer_params), n, r.shard);
+  double expert_groups = 0, expert_gathers = 0;
+  if (apart) {
+    const int64_t ne = n / sp.ep;
+    expert_groups = static_cast<double>(st.layers);
+    expert_gathers = sp.pp > 1 ? expert_groups : 2 * expert_groups - 1;
+    const double expert_ag = kBf16 * (sp.pp > 1 ? experts : 2 * experts - r.layer_expert_params);
+    const double expert_rs = traffic(kF32 * experts, ne, r.expert_shard, expert_groups);
+    const double expert_ar =
+        2 * traffic(kF32 * experts / static_cast<double>(ne), sp.dp_replicate, r.rep, expert_groups);
+    out.rs += expert_rs;
+    out.ar += expert_ar;
+    out.fsdp_comm += traffic(expert_ag, ne, r.expert_shard, expert_gathers) + expert_rs + expert_ar;
+  }
+  out.first_group_ag = ring_seconds(kBf16 * (st.embedding && root > 0 ? root : dense_layer), n, r.shard);
   // The host's share: FSDP2 walks a group's parameters in every unshard and
   // reduce (one rank included: it copies instead of gathering); the fused
   // optimizer and clipping visit every parameter tensor, DTensors under FSDP2.
-  const double tensors = kTensorsPerBlock * static_cast<double>(st.layers) + (st.embedding ? 1 : 0) +
-                         (st.head ? (sp.model.tie_embeddings ? 1 : 2) : 0);
-  if (!sp.autocast()) out.host_fsdp = (gathered_groups + groups) * r.sw.fsdp_hook_seconds;
+  const double tensors = (kTensorsPerBlock + (d.moe ? 1 : 0)) * static_cast<double>(st.layers) +
+                         (st.embedding ? 1 : 0) + (st.head ? (sp.model.tie_embeddings ? 1 : 2) : 0);
+  if (!sp.autocast())
+    out.host_fsdp = (gathered_groups + groups + expert_gathers + expert_groups) * r.sw.fsdp_hook_seconds;
   out.host_optimizer =
       tensors * (sp.autocast() ? r.sw.plain_optimizer_seconds_per_tensor + r.sw.host_seconds_per_op
                                : r.sw.dtensor_optimizer_seconds_per_tensor + r.sw.dtensor_op_seconds);
@@ -736,12 +921,13 @@ void single_stage_step(const RunTerms& r, const StageShape& st, const StageTime&
   const double root = stage_params(r, st).root;
   const int64_t n = sp.dp_shard * sp.cp;
   const double compute = time.fwd + time.bwd + time.fsdp_mem;
-  const double tp_comm = time.tp_fwd + time.tp_bwd, cp_comm = time.cp_fwd + time.cp_bwd;
+  const double tp_comm = time.tp_fwd + time.tp_bwd, cp_comm = time.cp_fwd + time.cp_bwd,
+               ep_comm = time.ep_fwd + time.ep_bwd;
   const double last_rs =
       ring_seconds(kF32 * root, n, r.shard) + 2 * ring_seconds(kF32 * root / r.N, sp.dp_replicate, r.rep);
   const double edges = time.first_group_ag + last_rs;
   const double hidden = std::max(0.0, time.fsdp_comm - edges);
-  const double base = compute + tp_comm + cp_comm;
+  const double base = compute + tp_comm + cp_comm + ep_comm;
   const double contention = r.collective_sm_fraction * (std::min(hidden, base) + time.cp_hidden);
   const double gpu = base + contention, host = time.host_fwd + time.host_bwd + time.host_fsdp;
   const double comm_excess = std::max(0.0, hidden - std::max(gpu, host));
@@ -753,8 +939,9 @@ void single_stage_step(const RunTerms& r, const StageShape& st, const StageTime&
   out.compute_seconds = a * compute;
   out.fsdp_comm_seconds = a * time.fsdp_comm;
   out.tp_comm_seconds = a * tp_comm;
+  out.ep_comm_seconds = a * ep_comm;
   out.cp_comm_seconds = a * cp_comm;
-  out.exposed_comm_seconds = a * (edges + tp_comm + cp_comm + comm_excess);
+  out.exposed_comm_seconds = a * (edges + tp_comm + cp_comm + ep_comm + comm_excess);
   out.optimizer_seconds = time.optimizer;
   out.host_seconds = a * host + time.host_optimizer;
   out.overhead_seconds = a * contention + host_excess + time.optimizer;
@@ -773,8 +960,8 @@ StageCosts pipeline_stage_costs(const RunTerms& r, const StageShape& st, const S
   const double copies = time.fsdp_mem / (2 * m);  // FSDP's copies spread over the micro-batches
   const double contention = r.collective_sm_fraction * time.cp_hidden;
   const double f_gpu = time.fwd + copies + contention / 2, b_gpu = time.bwd + copies + contention / 2;
-  const double f_exp = time.tp_fwd + time.cp_fwd + (st.head ? 0 : time.p2p);
-  const double b_exp = time.tp_bwd + time.cp_bwd + (st.embedding ? 0 : time.p2p);
+  const double f_exp = time.tp_fwd + time.cp_fwd + time.ep_fwd + (st.head ? 0 : time.p2p);
+  const double b_exp = time.tp_bwd + time.cp_bwd + time.ep_bwd + (st.embedding ? 0 : time.p2p);
   const double w_gpu = time.bwd_weight, i_gpu = b_gpu - w_gpu;
   // FSDP's hooks run once a step under PP (the groups stay gathered): their host time spread over the micro-batches.
   const double m_hooks = time.host_fsdp / (2 * m);
@@ -803,7 +990,7 @@ void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, con
   std::vector<double> tail(static_cast<size_t>(ranks), 0), first(static_cast<size_t>(ranks), 0),
       optimizer(static_cast<size_t>(ranks), 0), gpu(static_cast<size_t>(ranks), 0),
       exposed(static_cast<size_t>(ranks), 0), fsdp(static_cast<size_t>(ranks), 0), tp(static_cast<size_t>(ranks), 0),
-      cp(static_cast<size_t>(ranks), 0);
+      cp(static_cast<size_t>(ranks), 0), ep(static_cast<size_t>(ranks), 0);
   for (size_t si = 0; si < shapes.size(); ++si) {
     const size_t rk = static_cast<size_t>(schedule.placement.rank_of(static_cast<int>(si)));
     const StageTime& time = times[si];
@@ -815,6 +1002,7 @@ void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, con
     fsdp[rk] += time.fsdp_comm;
     tp[rk] += (time.tp_fwd + time.tp_bwd) * m;
     cp[rk] += (time.cp_fwd + time.cp_bwd) * m;
+    ep[rk] += (time.ep_fwd + time.ep_bwd) * m;
   }
   double first_gather = 0, worst_tail = 0, worst_opt = 0;
   size_t busiest = 0;
@@ -830,6 +1018,7 @@ void pipeline_step(const RunTerms& r, const std::vector<StageShape>& shapes, con
   out.fsdp_comm_seconds = a * fsdp[busiest];
   out.tp_comm_seconds = a * tp[busiest];
   out.cp_comm_seconds = a * cp[busiest];
+  out.ep_comm_seconds = a * ep[busiest];
   out.exposed_comm_seconds = a * (first_gather + exposed[busiest] + worst_tail);
   out.bubble_seconds = a * bubble;
   out.optimizer_seconds = worst_opt;
@@ -960,6 +1149,14 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw, co
   out.fits = out.max_reserved <= hw.hbm_bytes;
   out.rate_sources = rate_sources(hw, cal, use);
   return out;
+}
+
+double moe_layer_forward_seconds(const ModelArgs& a, double tokens, const GpuHardware& hw) {
+  ANVIL_CHECK(a.moe(), a.name, "/", a.flavor, " has no mixture of experts");
+  const Dims d = model_dims(a, 1);
+  const Rates rt{&hw};
+  const auto [gate, w13, w2] = ffn_products(rt, d, tokens, 1);
+  return gate.fwd + 2 * w13.fwd + w2.fwd + rt.mem(moe_routing_bytes_per_token(d) * tokens);
 }
 
 }  // namespace anvil

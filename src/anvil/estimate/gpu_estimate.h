@@ -1,6 +1,7 @@
 // The GPU-cluster planner's model: what a torchtitan-style run (PyTorch eager,
 // FSDP2 with bf16 parameters gathered and fp32 gradients reduced, optional TP
-// with sequence parallel, CP and PP, the CUDA caching allocator) holds per GPU and
+// with sequence parallel, CP and PP, mixtures of experts with expert
+// parallelism, the CUDA caching allocator) holds per GPU and
 // how fast it steps, from published hardware figures and measured rates
 // (estimate/gpu_hardware.h).
 // Nothing in it is fitted to a measurement; docs/estimator.md derives each
@@ -49,6 +50,11 @@ struct GpuRunSpec {
   int64_t cp = 1;
   std::string cp_rotate = "allgather";  // or "ring"
   int64_t pp = 1;
+  // Expert parallelism (a mixture of experts): every block's experts split
+  // over ep of the dp_shard × cp ranks (torchtitan borrows the EP group from
+  // them), tokens exchanged by all-to-all; the experts FSDP-sharded over the
+  // remaining dp_shard × cp / ep ranks in a group of their own.
+  int64_t ep = 1;
   // Any schedule Anvil trains (pipeline/schedule.h): GPipe, 1F1B, Interleaved1F1B,
   // LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble; or a CSV file's.
   std::string pp_schedule = "1F1B";
@@ -109,13 +115,14 @@ struct GpuStageMemory {
 // dispatch where it is slower than the GPU, the optimizer step).
 struct GpuStepEstimate {
   std::vector<GpuStageMemory> stages;  // one per pipeline rank (one when pp == 1), with every stage it holds
-  double parameters_per_gpu = 0;  // the largest pipeline stage's parameters, TP-split (without PP or TP: the model's)
+  double parameters_per_gpu = 0;       // the largest pipeline stage's parameters, TP-split, its EP share of the experts
   double max_reserved = 0;
   bool fits = false;                // every stage's reserved <= the GPU's memory
   double compute_seconds = 0;       // the GPU's kernels on the critical path (under PP: the busiest rank's)
   double fsdp_comm_seconds = 0;     // all-gathers, reduce-scatters (and HSDP all-reduce) per step
   double tp_comm_seconds = 0;       // TP's collectives (not overlapped)
   double cp_comm_seconds = 0;       // CP's key/value all-gathers and their gradients' reduce-scatters (not overlapped)
+  double ep_comm_seconds = 0;       // expert parallelism's all-to-alls of tokens and their gradients (not overlapped)
   double exposed_comm_seconds = 0;  // communication that compute does not hide
   double optimizer_seconds = 0;     // (part of the overhead)
   double bubble_fraction = 0;       // PP: idle / makespan of the busiest rank under the schedule's simulation
@@ -138,7 +145,10 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& spec, const GpuHardware& hw, 
 // The FLOPs per token torchtitan's MFU uses in that era (see TorchtitanEra).
 double torchtitan_flops_per_token(const ModelArgs& args, int64_t seq_len, TorchtitanEra era);
 
-// Throws anvil::Error when the planner cannot price `args` (a mixture of experts).
-void check_model_priced(const ModelArgs& args);
+// One mixture-of-experts layer's forward on `tokens` tokens of one GPU,
+// without expert parallelism, as a block prices it: the router's product, the
+// experts' grouped products and the routing's memory passes (the layer-level
+// check against a published measurement, docs/estimator.md).
+double moe_layer_forward_seconds(const ModelArgs& args, double tokens, const GpuHardware& hw);
 
 }  // namespace anvil

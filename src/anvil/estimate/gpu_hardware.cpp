@@ -64,6 +64,17 @@ const std::vector<GpuHardware>& table() {
 //         all-gather kernel launching 24 blocks, one per SM, for as long as it runs:
 //         forums.developer.nvidia.com/t/compute-communication-overlap-causes-severe-gemm-performance-
 //         degradation-because-of-tail-effect/337991.
+// [A2A]   NVIDIA, GTC25 session S72583 (nvidia.com/en-us/on-demand/session/gtc25-s72583), slide "All-to-all
+//         Communication Bandwidth" (reproduced in stas00/ml-engineering network/README.md): nccl-tests
+//         alltoall bus bandwidth 320 GB/s on 8 H100s (NVLink 4: 0.71 of 450 GB/s; the A100's 210 of 300
+//         agrees) and 48 GB/s on 32 H100s of DGX H100s (8 x 400 Gb/s). nccl-tests' alltoall busbw is
+//         algbw x (n - 1)/n; across N nodes the (N - 1)/N of the buffer that leaves the node goes through
+//         the GPU's own NIC (all-to-all cannot stripe over NICs, NVIDIA/nccl-tests#267): 48 x (31/32) /
+//         (3/4) = 62 GB/s of a 50 GB/s NIC would be 1.24, so the NIC is reached at 48 x (3/4) / (50 x
+//         31/32) = 0.74 of its rate (the A100's 24 GB/s on 25 GB/s NICs gives the same 0.74).
+// [GMM]   torch._grouped_mm on an H100, 16 experts, 8192 tokens (512 an expert on average), K 5120,
+//         N 8192: 1.31 ms (pytorch/ao PR #2490), 2·8192·5120·8192 / 1.31 ms = 524 TFLOP/s, 0.66 of the
+//         H100's maximum achievable dense matmul rate [MAMF]. No A100 figure: the same ratio.
 // Eager PyTorch's host time (docs/estimator.md, "Short steps", derives the per-step counts):
 // [BRRR]  H. He, "Making Deep Learning Go Brrrr From First Principles" (horace.io/brrr_intro.html):
 //         "with PyTorch, we can only get 280 thousand operations per second": 3.6 us an op.
@@ -89,6 +100,9 @@ const GpuSoftware& gpu_software() {
                              .intranode_latency = 18e-6,
                              .internode_latency = 98e-6,
                              .collective_sms = 24,
+                             .alltoall_nvlink_efficiency = 320.0 / 450.0,
+                             .alltoall_internode_efficiency = 48.0 * (3.0 / 4.0) / (50.0 * 31.0 / 32.0),
+                             .grouped_gemm_efficiency = (2.0 * 8192 * 5120 * 8192 / 1.31e-3) / 792.1e12,
                              .host_seconds_per_op = 3.6e-6,
                              .host_seconds_per_launch = 12.5e-6,
                              .host_seconds_per_backward_node = 13.9e-6,

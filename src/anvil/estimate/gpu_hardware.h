@@ -39,6 +39,11 @@ struct GpuSoftware {
   double intranode_latency;     // seconds a small collective takes inside a node
   double internode_latency;     // ... across nodes
   int collective_sms;           // SMs one NCCL collective kernel occupies while it runs
+  // All-to-all (expert parallelism's token exchange), nccl-tests' alltoall_perf:
+  double alltoall_nvlink_efficiency;     // bus bandwidth ÷ NVLink per direction, inside a node
+  double alltoall_internode_efficiency;  // bytes leaving the node ÷ (one NIC per GPU × time), across nodes
+  // torch._grouped_mm (the experts' products) over the maximum achievable dense matmul rate.
+  double grouped_gemm_efficiency;
   // Eager PyTorch's host (CPU) time, which paces a step whose kernels are
   // shorter than their dispatch (docs/estimator.md, "Short steps"):
   double host_seconds_per_op;            // one op through Python and the dispatcher, not counting a launch

@@ -20,7 +20,6 @@ constexpr const char* kSchedules[] = {"GPipe",        "1F1B", "Interleaved1F1B",
 
 GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus,
                                  const GpuCalibration* cal) {
-  check_model_priced(base.model);  // before the search, whose candidates' errors mean "does not fit"
   GpuPlanResult out;
   const std::vector<AcPolicy> acs = {
       {AcMode::none, 2}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2}, {AcMode::full, 2}};
@@ -34,7 +33,10 @@ GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, 
       // A schedule that cannot run this many micro-batches on these ranks: not a layout.
     }
   };
-  for (int64_t tp = 1; tp <= hw.gpus_per_node && tp <= gpus; tp *= 2) {
+  // A mixture of experts is priced without TP (gpu_estimate.h), with every
+  // expert-parallel degree that divides its experts and dp_shard × cp.
+  const bool moe = base.model.moe();
+  for (int64_t tp = 1; tp <= hw.gpus_per_node && tp <= gpus && (tp == 1 || !moe); tp *= 2) {
     if (gpus % tp || base.model.n_heads % tp || base.model.n_kv_heads % tp) continue;
     for (int64_t cp = 1; cp <= gpus / tp && base.seq_len / cp >= kMinCpTokens; cp *= 2) {
       if ((gpus / tp) % cp || (cp > 1 && base.seq_len % (2 * cp))) continue;
@@ -65,18 +67,22 @@ GpuPlanResult search_gpu_layouts(const GpuRunSpec& base, const GpuHardware& hw, 
                   s.pp_stages_per_rank = 0;
                   const std::vector<std::string> rotations =
                       cp > 1 ? std::vector<std::string>{"allgather", "ring"} : std::vector<std::string>{base.cp_rotate};
-                  for (const std::string& rotate : rotations) {
-                    s.cp_rotate = rotate;
-                    if (pp == 1) {
-                      consider(s);
-                      continue;
-                    }
-                    for (const char* schedule : kSchedules) {
-                      s.pp_schedule = schedule;
-                      // Two stages per rank for the looped and V schedules, each at least two blocks.
-                      const bool looped = std::string(schedule) != "1F1B" && std::string(schedule) != "GPipe";
-                      if (looped && 2 * pp > L / 2) continue;
-                      consider(s);
+                  for (int64_t ep = 1; ep == 1 || (moe && ep <= (dp / rep) * cp); ep *= 2) {
+                    if (ep > 1 && (((dp / rep) * cp) % ep || base.model.num_experts % ep)) continue;
+                    s.ep = ep;
+                    for (const std::string& rotate : rotations) {
+                      s.cp_rotate = rotate;
+                      if (pp == 1) {
+                        consider(s);
+                        continue;
+                      }
+                      for (const char* schedule : kSchedules) {
+                        s.pp_schedule = schedule;
+                        // Two stages per rank for the looped and V schedules, each at least two blocks.
+                        const bool looped = std::string(schedule) != "1F1B" && std::string(schedule) != "GPipe";
+                        if (looped && 2 * pp > L / 2) continue;
+                        consider(s);
+                      }
                     }
                   }
                 }
@@ -94,9 +100,9 @@ namespace {
 constexpr double kSameSpeed = 0.99;
 
 std::string layout_key(const GpuRunSpec& s) {
-  return std::to_string(s.dp_shard) + "/" + std::to_string(s.dp_replicate) + "/" + std::to_string(s.cp) + "/" +
-         (s.cp > 1 ? s.cp_rotate : "") + "/" + std::to_string(s.tp) + "/" + std::to_string(s.pp) + "/" +
-         (s.pp > 1 ? s.pp_schedule : "");
+  return std::to_string(s.dp_shard) + "/" + std::to_string(s.dp_replicate) + "/" + std::to_string(s.ep) + "/" +
+         std::to_string(s.cp) + "/" + (s.cp > 1 ? s.cp_rotate : "") + "/" + std::to_string(s.tp) + "/" +
+         std::to_string(s.pp) + "/" + (s.pp > 1 ? s.pp_schedule : "");
 }
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 namespace anvil {
 
@@ -80,6 +81,38 @@ std::vector<FootnoteRow> seed001_footnote_rows() {
   };
 }
 
+std::vector<MoeLayerRow> moe_layer_rows() {
+  std::vector<MoeLayerRow> rows;
+  for (const auto& [experts, top_k, ffn, ms] : {std::tuple{int64_t{128}, int64_t{8}, int64_t{768}, 10.218},
+                                                std::tuple{int64_t{512}, int64_t{10}, int64_t{512}, 11.411}}) {
+    ModelArgs a = model_flavor("qwen3", "30B-A3B");  // H = 2048
+    a.num_experts = experts, a.experts_per_token = top_k, a.moe_ffn_hidden = ffn;
+    rows.push_back({experts, top_k, ffn, 32768, ms, a});
+  }
+  return rows;
+}
+
+std::vector<MoeRunRow> moe_run_rows() {
+  // NVIDIA-NeMo/Automodel docs/performance-summary.mdx (2025-10-02), DGX-H100,
+  // BF16: "Qwen3 MoE 30B | 8 | 512 | 4 | 4 | 16 | 4096 | 1 | 1 | 1 | 8 | - | 8 |
+  // TE + DeepEP | 21.773 | 277 | 12,040" (GPUs, global batch, micro-batch,
+  // local batch, accumulation, seq, TP, PP, CP, EP, VP, FSDP, kernels, step s,
+  // TFLOP/s per GPU, tokens/s per GPU); its config checkpoints every layer
+  // and forces balanced routing.
+  GpuRunSpec s;
+  s.model = model_flavor("qwen3", "30B-A3B");
+  s.seq_len = 4096;
+  s.local_batch = 4 * 16;
+  s.grad_accum = 16;
+  s.ac.mode = AcMode::full;
+  s.dp_shard = 8;
+  s.ep = 8;
+  return {
+      {"NeMo AutoModel (FSDP2 + EP, TE attention, DeepEP), 8 H100, FSDP 8, EP 8, seq 4096, micro-batch 4, "
+       "16 accumulation steps, AC full",
+       12040, s}};
+}
+
 std::string seed_tables_markdown() {
   std::string out;
   char b[512];
@@ -136,6 +169,28 @@ std::string seed_tables_markdown() {
                   e.fits ? "fits" : "out of memory", r.ran ? "ran" : "out of memory");
     out += b;
     footnote_ok += e.fits == r.ran;
+  }
+  out += "\n### A mixture-of-experts layer on one H100: torch._grouped_mm's forward, 32768 tokens, H 2048 (ms)\n\n";
+  out += "| experts | top k | expert FFN | predicted | published | error |\n|---|---|---|---|---|---|\n";
+  for (const MoeLayerRow& r : moe_layer_rows()) {
+    const double ms = 1e3 * moe_layer_forward_seconds(r.args, r.tokens, h100);
+    std::snprintf(b, sizeof b, "| %lld | %lld | %lld | %.2f | %.3f | %s |\n", static_cast<long long>(r.experts),
+                  static_cast<long long>(r.top_k), static_cast<long long>(r.ffn), ms, r.published_ms,
+                  pct(relative_error(ms, r.published_ms)).c_str());
+    out += b;
+  }
+  out += "\n### Qwen3-30B-A3B on 8 H100s: torchtitan's run as the planner prices it, against a published run\n\n";
+  out +=
+      "| published run | tokens/s/GPU predicted | published | error | step (s) | compute | exposed comm | of it "
+      "all-to-all | overhead | max reserved (GiB) |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const MoeRunRow& r : moe_run_rows()) {
+    const GpuStepEstimate e = estimate_gpu_run(r.spec, h100);
+    std::snprintf(b, sizeof b, "| %s | %.0f | %.0f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f%s |\n",
+                  r.source.c_str(), e.tokens_per_second_per_gpu, r.tokens_per_s,
+                  pct(relative_error(e.tokens_per_second_per_gpu, r.tokens_per_s)).c_str(), e.step_seconds,
+                  e.compute_seconds, e.exposed_comm_seconds, e.ep_comm_seconds, e.overhead_seconds,
+                  e.max_reserved / kGiB, e.fits ? "" : " (does not fit)");
+    out += b;
   }
   std::snprintf(b, sizeof b,
                 "\nSeed 000: %d of %d figures within 10%% (worst %.2f%%). Seed 001: %d of %d rows within 15%% in "

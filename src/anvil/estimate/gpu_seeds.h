@@ -1,5 +1,6 @@
-// The published GPU runs the planner is checked against (seeds 000 and 001),
-// each row's layout as a GpuRunSpec beside its published figures, and the
+// The published GPU runs the planner is checked against (seeds 000 and 001,
+// and the published mixture-of-experts figures), each row's layout as a
+// GpuRunSpec beside its published figures, and the
 // markdown tables of predicted vs published that docs/estimator.md shows
 // (`anvil plan --seeds`, bench/estimator_seeds.sh).
 #pragma once
@@ -42,10 +43,30 @@ struct FootnoteRow {
 };
 std::vector<FootnoteRow> seed001_footnote_rows();
 
+// A mixture-of-experts layer's forward with torch._grouped_mm on one H100
+// (ByteDance-Seed/VeOmni PR #460, "Torch Fused MoE"): B=1, S=32768 tokens,
+// H=2048, experts of width `ffn`, `top_k` of `experts` per token, in ms.
+struct MoeLayerRow {
+  int64_t experts, top_k, ffn;
+  double tokens;
+  double published_ms;
+  ModelArgs args;  // Qwen3-30B-A3B's with the row's experts
+};
+std::vector<MoeLayerRow> moe_layer_rows();
+
+// A published training run of a Qwen3-style mixture of experts on H100s
+// (no torchtitan one with its configuration was found: docs/estimator.md).
+struct MoeRunRow {
+  std::string source;   // who ran it, with what
+  double tokens_per_s;  // published, per GPU
+  GpuRunSpec spec;      // its layout, as torchtitan would run it
+};
+std::vector<MoeRunRow> moe_run_rows();
+
 // (predicted − published) / published.
 double relative_error(double predicted, double published);
 
-// The three tables as markdown, every row with its error.
+// The tables as markdown, every row with its error.
 std::string seed_tables_markdown();
 
 }  // namespace anvil
