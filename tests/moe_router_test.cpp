@@ -235,6 +235,37 @@ TEST(MoeRouter, BackwardAccumulates) {
   EXPECT_LT(max_abs_error(to_double(twice), want), 1e-7);
 }
 
+// A sequence in parts (context parallelism's chunks on several ranks): the
+// parts' sums add up to the whole sequence's, its loss follows from them, and
+// each part's gradient from the whole sums is the whole gradient's rows, for
+// softmax and sigmoid scores alike.
+TEST(MoeRouter, AuxLossSumsOfPartsAddUpToTheWholeSequences) {
+  const int64_t M = 12, E = 8, k = 2;
+  for (const bool sigmoid : {false, true}) {
+    RouterConfig cfg{k, true};
+    cfg.sigmoid = sigmoid;
+    const Routed r = route(spaced_logits(M, E, 5 + sigmoid), cfg);
+    Tensor whole = Tensor::zeros({M, E}, DType::f32, MemCategory::workspace, "whole");
+    const double want = router_aux_loss(r.probs, r.experts, 0.5f, &whole, sigmoid);
+    RouterAuxSums sums;  // rows [0, 5) and [5, 12), added in the other order
+    router_aux_sums(r.probs.slice(5, 7), r.experts.slice(5, 7), sigmoid, sums);
+    router_aux_sums(r.probs.slice(0, 5), r.experts.slice(0, 5), sigmoid, sums);
+    EXPECT_EQ(sums.tokens, double(M));
+    EXPECT_NEAR(router_aux_loss(sums), want, 1e-12 * want);
+    const std::vector<int32_t> held(r.experts.data<int32_t>(), r.experts.data<int32_t>() + M * k);
+    EXPECT_NEAR(want,
+                ref_aux(ref_route(to_double(spaced_logits(M, E, 5 + sigmoid)), M, E, k, true, &held, sigmoid), M, E, k,
+                        sigmoid),
+                1e-6 * want);
+    Tensor parts = Tensor::zeros({M, E}, DType::f32, MemCategory::workspace, "parts");
+    for (const auto& [first, rows] : {std::pair<int64_t, int64_t>{0, 5}, std::pair<int64_t, int64_t>{5, 7}}) {
+      Tensor d = parts.slice(first, rows);
+      router_aux_backward(r.probs.slice(first, rows), sums, 0.5f, d, sigmoid);
+    }
+    EXPECT_EQ(to_double(parts), to_double(whole)) << (sigmoid ? "sigmoid" : "softmax");
+  }
+}
+
 TEST(MoeRouter, TopKBeyondTheExpertsIsAClearError) {
   const Tensor x = Tensor::zeros({2, 4}, DType::f32, MemCategory::workspace, "logits");
   Tensor p = Tensor::empty({2, 4}, DType::f32, MemCategory::workspace, "p");

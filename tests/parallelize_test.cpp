@@ -196,7 +196,7 @@ TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
                 .find("splits the experts over data-parallel ranks"),
             std::string::npos);
   // Tensor parallelism splits every expert's width, with expert parallelism over DDP too; over FSDP
-  // that is refused, and so is a mixture of experts under context parallelism.
+  // that is refused. Context parallelism splits a mixture of experts' sequences, not with expert parallelism.
   EXPECT_EQ(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
                            "--parallelism.data_parallel_replicate_degree 2",
                      4),
@@ -208,10 +208,12 @@ TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
   EXPECT_NE(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", 4)
                 .find("runs over DDP only"),
             std::string::npos);
-  EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.context_parallel_degree 2 "
+  EXPECT_EQ(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.context_parallel_degree 2 "
                      "--parallelism.data_parallel_shard_degree 1",
-                     2)
-                .find("context parallelism does not split it yet"),
+                     2),
+            "");
+  EXPECT_NE(error_of(moe + "--parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", 4)
+                .find("expert parallelism over context-parallel ranks is not built yet"),
             std::string::npos);
 }
 

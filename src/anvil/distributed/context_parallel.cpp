@@ -155,6 +155,51 @@ void add_into(const Tensor& from, const Tensor& into) {
 
 }  // namespace
 
+int64_t ContextParallel::sequences(int64_t B) const {
+  ANVIL_ASSERT(B % 2 == 0, "context parallelism: ", B, " rows are not two chunks of each sequence");
+  return B / 2;
+}
+
+std::vector<SequenceLayout::TokenRun> ContextParallel::sequence_runs(int64_t b, int64_t B, int64_t T) const {
+  const int64_t sequences_held = sequences(B);
+  ANVIL_ASSERT(b >= 0 && b < sequences_held, "context parallelism: sequence ", b, " of ", sequences_held);
+  return {{b * T, T}, {(sequences_held + b) * T, T}};
+}
+
+std::vector<int64_t> ContextParallel::token_positions(int64_t B, int64_t T) const {
+  const int64_t sequences_held = sequences(B);
+  std::vector<int64_t> positions(static_cast<size_t>(B * T));
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t i = 0; i < T; ++i)
+      positions[static_cast<size_t>(r * T + i)] = chunk(static_cast<int>(r / sequences_held)) * T + i;
+  return positions;
+}
+
+void ContextParallel::sum_over_parts(std::vector<double>& values) const {
+  // Each value as an f32 and its f32 remainder (about 2^-48 of it), gathered
+  // from the group and summed in f64 in rank order: every rank gets the same sum.
+  const auto n = static_cast<int64_t>(values.size());
+  Tensor mine = Tensor::empty({2 * n}, DType::f32, MemCategory::communication, "cp.sequence_parts");
+  Tensor all = Tensor::empty({degree() * 2 * n}, DType::f32, MemCategory::communication, "cp.sequence_parts");
+  if (!dry_run()) {
+    float* f = mine.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = values[static_cast<size_t>(i)];
+      f[2 * i] = static_cast<float>(v);
+      f[2 * i + 1] = static_cast<float>(v - static_cast<double>(f[2 * i]));
+    }
+  }
+  group_.all_gather(mine, all);
+  if (dry_run()) return;
+  const float* f = all.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0;
+    for (int r = 0; r < degree(); ++r)
+      sum += static_cast<double>(f[(r * n + i) * 2]) + static_cast<double>(f[(r * n + i) * 2 + 1]);
+    values[static_cast<size_t>(i)] = sum;
+  }
+}
+
 void ContextParallel::rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const {
   const int64_t c = x.size(1);
   for (int j = 0; j < 2; ++j) {

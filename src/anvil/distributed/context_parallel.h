@@ -68,6 +68,13 @@ class ContextParallel : public SequenceLayout {
   // This rank's tokens of B sequences of T (B, T) row-major: local (2B, T / (2·degree)).
   void local_tokens(const int32_t* sequences, int64_t B, int64_t T, int32_t* local) const;
 
+  // Of local rows (2B, c): B sequences, each two runs of c tokens (its first
+  // chunk's row, then its second's), at their chunks' positions; sums over the group.
+  int64_t sequences(int64_t B) const override;
+  std::vector<TokenRun> sequence_runs(int64_t b, int64_t B, int64_t T) const override;
+  std::vector<int64_t> token_positions(int64_t B, int64_t T) const override;
+  void sum_over_parts(std::vector<double>& values) const override;
+
   // RoPE on local q or k (2B, c, H, D): each chunk's rows at their positions.
   void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const override;
   void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const override;

@@ -104,16 +104,6 @@ std::vector<ParamSpec> llama_param_specs(const ModelArgs& args, const std::vecto
 }
 
 namespace {
-// The model's arguments, refused before any parameter is allocated when the
-// model cannot be built.
-const ModelArgs& buildable(const ModelArgs& args, const LlamaOptions& options) {
-  ANVIL_CHECK(!args.moe() || options.parallel_style == nullptr || options.parallel_style->expert_width_split(),
-              args.name, "/", args.flavor,
-              " is a mixture-of-experts model, which runs on one process, under data, pipeline and tensor "
-              "parallelism only: context parallelism does not split its layers yet");
-  return args;
-}
-
 std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptions& options) {
   if (!options.stages.empty()) return options.stages;
   return {{0, llama_num_modules(args)}};
@@ -121,7 +111,7 @@ std::vector<ModuleRange> stages_or_whole(const ModelArgs& args, const LlamaOptio
 }  // namespace
 
 Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, const LlamaOptions& options)
-    : args_(buildable(args, options)),
+    : args_(args),
       style_(options.parallel_style ? options.parallel_style : &single_process_),
       params_(style_->shard_params(llama_param_specs(args, stages_or_whole(args, options), options.expert_shard)),
               compute_dtype, options.allocate_params),

@@ -10,17 +10,54 @@
 namespace anvil {
 
 namespace {
-// Σ over the sequences of their auxiliary losses; with dlogits, adds coef
-// times its gradient there. A sequence's rows are a contiguous slice.
-double sequence_aux_losses(const MoeSaved& saved, bool sigmoid, float coef, Tensor* dlogits) {
-  const int64_t M = saved.probs.size(0), S = saved.sequences, T = M / S;
-  double sum = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    Tensor d = dlogits ? dlogits->slice(s * T, T) : Tensor();
-    sum += router_aux_loss(saved.probs.slice(s * T, T), saved.experts.slice(s * T, T), coef, dlogits ? &d : nullptr,
-                           sigmoid);
+// The token runs of each sequence this rank holds (part of) among the M = B·T
+// rows: B whole sequences, or where the sequence layout puts them.
+std::vector<std::vector<SequenceLayout::TokenRun>> sequence_runs(int64_t B, int64_t T, const SequenceLayout* layout) {
+  std::vector<std::vector<SequenceLayout::TokenRun>> runs;
+  const int64_t S = layout ? layout->sequences(B) : B;
+  for (int64_t s = 0; s < S; ++s)
+    runs.push_back(layout ? layout->sequence_runs(s, B, T) : std::vector<SequenceLayout::TokenRun>{{s * T, T}});
+  return runs;
+}
+
+// Each sequence's load-balancing sums over all of its tokens (summed over
+// the ranks holding its other parts), and Σ over the sequences of their losses.
+double sequence_aux_losses(MoeSaved& saved, int64_t E, bool sigmoid, const SequenceLayout* layout) {
+  saved.aux_sums.assign(saved.runs.size(), RouterAuxSums{});
+  for (size_t s = 0; s < saved.runs.size(); ++s)
+    for (const SequenceLayout::TokenRun& r : saved.runs[s])
+      router_aux_sums(saved.probs.slice(r.first, r.tokens), saved.experts.slice(r.first, r.tokens), sigmoid,
+                      saved.aux_sums[s]);
+  if (layout) {  // the parts of every sequence, in one exchange: per sequence E counts, E shares, its tokens
+    const auto Es = static_cast<size_t>(E), per = 2 * Es + 1;
+    std::vector<double> v(saved.runs.size() * per);
+    for (size_t s = 0; s < saved.runs.size(); ++s) {
+      const RouterAuxSums& a = saved.aux_sums[s];
+      std::copy(a.chose.begin(), a.chose.end(), v.begin() + static_cast<std::ptrdiff_t>(s * per));
+      std::copy(a.share.begin(), a.share.end(), v.begin() + static_cast<std::ptrdiff_t>(s * per + Es));
+      v[s * per + 2 * Es] = a.tokens;
+    }
+    layout->sum_over_parts(v);
+    for (size_t s = 0; s < saved.runs.size(); ++s) {
+      RouterAuxSums& a = saved.aux_sums[s];
+      const auto at = v.begin() + static_cast<std::ptrdiff_t>(s * per);
+      a.chose.assign(at, at + static_cast<std::ptrdiff_t>(Es));
+      a.share.assign(at + static_cast<std::ptrdiff_t>(Es), at + static_cast<std::ptrdiff_t>(2 * Es));
+      a.tokens = v[s * per + 2 * Es];
+    }
   }
+  double sum = 0;
+  for (const RouterAuxSums& a : saved.aux_sums) sum += router_aux_loss(a);
   return sum;
+}
+
+// Adds coef times the gradient of Σ of the sequences' losses to this rank's rows of dlogits.
+void sequence_aux_backward(const MoeSaved& saved, bool sigmoid, float coef, Tensor& dlogits) {
+  for (size_t s = 0; s < saved.runs.size(); ++s)
+    for (const SequenceLayout::TokenRun& r : saved.runs[s]) {
+      Tensor d = dlogits.slice(r.first, r.tokens);
+      router_aux_backward(saved.probs.slice(r.first, r.tokens), saved.aux_sums[s], coef, d, sigmoid);
+    }
 }
 
 // Where this rank's routed rows go and where the rows its experts get come
@@ -118,8 +155,8 @@ Tensor from_experts(const Tensor& rows, const ExpertTraffic& t, ExpertExchange& 
 }
 }  // namespace
 
-Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved,
-                   int64_t sequences, const Tensor& residual, ExpertExchange* exchange) {
+Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved, int64_t rows,
+                   const Tensor& residual, ExpertExchange* exchange, const SequenceLayout* layout) {
   const int64_t M = x.size(0), D = x.size(1), E = w.router.size(0), El = w.w1.size(0), F = w.w1.size(1),
                 k = cfg.top_k, n = exchange ? exchange->size() : 1;
   const DType dt = x.dtype();
@@ -127,9 +164,11 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
                    w.w3.shape() == w.w1.shape() && w.w2.shape() == Shape({El, D, F}) && k >= 1 && k <= E,
                "moe: x ", shape_str(x.shape()), " router ", shape_str(w.router.shape()), " w1 ",
                shape_str(w.w1.shape()), " w2 ", shape_str(w.w2.shape()), " top_k ", k, " over ", n, " rank(s)");
-  ANVIL_ASSERT(sequences >= 1 && M % sequences == 0, "moe: ", M, " rows are not ", sequences, " sequences");
+  ANVIL_ASSERT(rows >= 1 && M % rows == 0, "moe: ", M, " token rows are not ", rows, " rows of tokens");
+  const int64_t T = M / rows;
   saved = MoeSaved{};
-  saved.sequences = sequences;
+  saved.runs = sequence_runs(rows, T, layout);
+  saved.sequences = static_cast<int64_t>(saved.runs.size());
   // The router in f32, as Hugging Face's softmax runs in float32 (and torchtitan's sigmoid scores).
   Tensor logits = new_activation({M, E}, DType::f32, "moe.router_logits");
   gemm({.M = M, .N = E, .K = D, .trans_b = true, .ab = dt, .c = DType::f32}, x.raw(), w.router.raw(), logits.raw());
@@ -137,10 +176,15 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
   saved.experts = new_activation({M, k}, DType::i32, "moe.experts");
   saved.weights = new_activation({M, k}, DType::f32, "moe.weights");
   RouterConfig routing = cfg;
-  routing.sequence_length = M / sequences;
+  routing.sequence_length = T;
+  std::vector<int64_t> positions;  // where the rows are not whole sequences from position 0
+  if (cfg.balanced && layout) {
+    positions = layout->token_positions(rows, T);
+    routing.positions = positions.data();
+  }
   router_forward(logits, routing, saved.probs, saved.experts, saved.weights);
   logits = Tensor();
-  saved.aux_loss = sequence_aux_losses(saved, cfg.sigmoid, 0.0f, nullptr);
+  saved.aux_loss = sequence_aux_losses(saved, E, cfg.sigmoid, layout);
   saved.routes = sort_routes(saved.experts, E);
   const int64_t R = M * k;
   Tensor xe = new_activation({R, D}, dt, "moe.xe");
@@ -185,7 +229,7 @@ void moe_backward(const Tensor& dy, const Tensor& x, const MoeWeights& w, const 
   // The router: through the top-k weights and the scores, plus the auxiliary loss's gradient.
   Tensor dlogits = new_activation({M, E}, DType::f32, "moe.dlogits");
   router_backward(saved.probs, saved.experts, dweights, cfg, dlogits);
-  if (aux_coef != 0.0f) sequence_aux_losses(saved, cfg.sigmoid, aux_coef, &dlogits);
+  if (aux_coef != 0.0f) sequence_aux_backward(saved, cfg.sigmoid, aux_coef, dlogits);
   Tensor dlogits_dt = dt == DType::f32 ? dlogits : dlogits.to(dt, MemCategory::activations, "moe.dlogits_compute");
   if (!split || split->first_rank()) linear_backward_input(dlogits_dt, w.router, dx, /*accumulate_dx=*/true);
   Tensor grouter = grads.router;

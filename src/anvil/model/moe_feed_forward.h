@@ -12,7 +12,8 @@
 // counts and mean probabilities — and the forward returns its sum over the
 // sequences; the backward adds aux_coef times that sum's gradient to the
 // router's. Per sequence, so a step's loss is the same however its sequences
-// are split over micro-batches and ranks. The choice of experts is constant
+// are split over micro-batches and ranks; under context parallelism a
+// sequence's counts and shares are summed over the ranks holding its chunks. The choice of experts is constant
 // to the backward, as in every MoE implementation. Under expert parallelism
 // the rows between the dispatch and the combine travel to the ranks holding
 // their experts and back (ExpertExchange, below).
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "anvil/core/tensor.h"
+#include "anvil/model/parallel_style.h"
 #include "anvil/ops/moe_dispatch.h"
 #include "anvil/ops/moe_router.h"
 
@@ -86,8 +88,12 @@ struct MoeSaved {
   // rank's routes, in route order.
   Tensor xe, g, u, s, ye;
   ExpertTraffic traffic;  // expert parallelism only
-  int64_t sequences = 1;   // the rows are this many sequences of M / sequences tokens
-  double aux_loss = 0;     // Σ over the sequences of their load-balancing losses (before the coefficient)
+  // The sequences the rows hold (parts of): each one's token runs, and its
+  // load-balancing sums over all of its tokens (every rank's part).
+  std::vector<std::vector<SequenceLayout::TokenRun>> runs;
+  std::vector<RouterAuxSums> aux_sums;
+  int64_t sequences = 1;  // runs.size()
+  double aux_loss = 0;    // Σ over the sequences of their load-balancing losses (before the coefficient)
 };
 
 // What a model's mixture-of-experts layers did over a step, for the metrics
@@ -116,11 +122,15 @@ struct MoeStepState {
   }
 };
 
-// x (M, D), `sequences` sequences of M / sequences rows → y (M, D), x's
-// dtype; with a residual (M, D), y = residual + the layer's output.
-// `exchange`: the expert-parallel group (w then holds this rank's experts).
-Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved,
-                   int64_t sequences = 1, const Tensor& residual = {}, ExpertExchange* exchange = nullptr);
+// x (M, D), `rows` rows of M / rows tokens → y (M, D), x's dtype; with a
+// residual (M, D), y = residual + the layer's output. `exchange`: the
+// expert-parallel group (w then holds this rank's experts). `layout`: where
+// the rows sit in their sequences (context parallelism's chunks; the aux
+// loss's sums then add up over its group, and forced balance routes by the
+// tokens' positions); null: each row is a whole sequence.
+Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg, MoeSaved& saved, int64_t rows = 1,
+                   const Tensor& residual = {}, ExpertExchange* exchange = nullptr,
+                   const SequenceLayout* layout = nullptr);
 
 // dy (M, D) → dx (M, D) (overwritten); the weights' gradients are added to
 // `grads` (f32, or the compute dtype); the router's includes aux_coef times the

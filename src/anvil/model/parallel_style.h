@@ -43,14 +43,26 @@ struct NormGradTargets {
   Tensor scratch;
 };
 
-// Where a rank's token rows sit in their sequences, for the only two places
-// that care: RoPE and attention. Without one, each row of a micro-batch is a
-// whole sequence from position 0. Context parallelism
-// (distributed/context_parallel.h) holds chunks of sequences instead and runs
-// attention across its group.
+// Where a rank's token rows sit in their sequences, for the places that care:
+// RoPE, attention and a mixture of experts' per-sequence statistics. Without
+// one, each row of a micro-batch is a whole sequence from position 0. Context
+// parallelism (distributed/context_parallel.h) holds chunks of sequences
+// instead and runs attention across its group.
 class SequenceLayout {
  public:
   virtual ~SequenceLayout() = default;
+  // A block's B rows of T tokens hold parts of sequences(B) sequences; local
+  // sequence b's tokens are the runs (first token, tokens) among the B·T, and
+  // token i sits at positions[i] of its sequence. sum_over_parts adds values
+  // (the same layout on every rank) over the ranks holding the other parts of
+  // the same sequences, in place.
+  struct TokenRun {
+    int64_t first, tokens;
+  };
+  virtual int64_t sequences(int64_t B) const = 0;
+  virtual std::vector<TokenRun> sequence_runs(int64_t b, int64_t B, int64_t T) const = 0;
+  virtual std::vector<int64_t> token_positions(int64_t B, int64_t T) const = 0;
+  virtual void sum_over_parts(std::vector<double>& values) const = 0;
   // x, y (B, T, H, D): RoPE at the rows' positions (y may be x).
   virtual void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const = 0;
   virtual void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const = 0;
@@ -71,6 +83,7 @@ class ParallelStyle {
   // RoPE and attention through the sequence layout, if one is set (it must
   // outlive this style), else over whole sequences.
   void set_sequence_layout(const SequenceLayout* layout) { sequence_ = layout; }
+  const SequenceLayout* sequence_layout() const { return sequence_; }
   void rope_forward(const Tensor& x, const RopeTable& table, Tensor& y) const;
   void rope_backward(const Tensor& dy, const RopeTable& table, Tensor& dx) const;
   // documents: as SequenceLayout's; undefined: causal.

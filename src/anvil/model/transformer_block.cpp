@@ -212,9 +212,10 @@ Tensor TransformerBlock::feed_forward(BlockSaved& s, const BlockParams& p) const
   const int64_t M = s.B * s.T, F = ffn_;
   if (router_.top_k > 0) {  // out = x2 + moe(h2), h2 every row of the micro-batch
     const ExpertWidthSplit* split = style_.expert_width_split();
-    if (!split) return moe_forward(s.h2, p.moe, router_, s.moe, s.B, s.x2, exchange_);
+    const SequenceLayout* layout = style_.sequence_layout();
+    if (!split) return moe_forward(s.h2, p.moe, router_, s.moe, s.B, s.x2, exchange_, layout);
     // Each rank's experts are slices of their width: a partial output, reduced as a row-parallel product's.
-    const Tensor partial = moe_forward(s.h2, p.moe, router_, s.moe, s.B, {}, exchange_);
+    const Tensor partial = moe_forward(s.h2, p.moe, router_, s.moe, s.B, {}, exchange_, layout);
     return style_.reduce_partial_out(s.x2, partial, "block.out");
   }
   s.g = new_activation({M, F}, dt, "block.g");

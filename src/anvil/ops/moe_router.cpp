@@ -59,7 +59,7 @@ void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs
         for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
       }
       if (cfg.balanced) {
-        const int64_t p = cfg.sequence_length > 0 ? t % cfg.sequence_length : t;
+        const int64_t p = cfg.positions ? cfg.positions[t] : cfg.sequence_length > 0 ? t % cfg.sequence_length : t;
         for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>((p * k + j) % E);
       } else {
         for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
@@ -120,50 +120,77 @@ void router_backward(const Tensor& probs, const Tensor& experts, const Tensor& d
   });
 }
 
-double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef, Tensor* dlogits, bool sigmoid) {
-  const auto [M, E, k] = check_probs(probs, experts, "router aux loss");
-  const ScopedOpTime op("moe.router.aux_loss");
-  if (dry_run() || M == 0) return 0.0;
+namespace {
+// Each token's share of expert e: its probability, or its sigmoid score over the sum of its scores.
+double score_sum(const float* pt, int64_t E) {
+  double s = 0;
+  for (int64_t e = 0; e < E; ++e) s += pt[e];
+  return s;
+}
+}  // namespace
+
+void router_aux_sums(const Tensor& probs, const Tensor& experts, bool sigmoid, RouterAuxSums& sums) {
+  const auto [M, E, k] = check_probs(probs, experts, "router aux sums");
+  if (sums.chose.empty())
+    sums.chose.assign(static_cast<size_t>(E), 0.0), sums.share.assign(static_cast<size_t>(E), 0.0);
+  ANVIL_ASSERT(static_cast<int64_t>(sums.chose.size()) == E, "router aux sums of ", sums.chose.size(), " experts, not ",
+               E);
+  const ScopedOpTime op("moe.router.aux_sums");
+  if (dry_run()) return;
   const float* p = probs.data<float>();
   const int32_t* ex = experts.data<int32_t>();
-  // Each token's share of expert e: its probability, or its sigmoid score over the sum of its scores.
-  const auto row_sum = [&](int64_t t) {
-    double s = 0;
-    for (int64_t e = 0; e < E; ++e) s += p[t * E + e];
-    return s;
-  };
-  // Counts and mean shares in a fixed order (the result does not depend on the threads).
-  std::vector<double> chose(static_cast<size_t>(E), 0.0), mean(static_cast<size_t>(E), 0.0);
+  // In a fixed order: the result does not depend on the threads.
   for (int64_t t = 0; t < M; ++t) {
-    for (int64_t j = 0; j < k; ++j) chose[static_cast<size_t>(ex[t * k + j])] += 1;
-    const double inv = sigmoid ? 1.0 / row_sum(t) : 1.0;
-    for (int64_t e = 0; e < E; ++e) mean[static_cast<size_t>(e)] += p[t * E + e] * inv;
+    for (int64_t j = 0; j < k; ++j) sums.chose[static_cast<size_t>(ex[t * k + j])] += 1;
+    const double inv = sigmoid ? 1.0 / score_sum(p + t * E, E) : 1.0;
+    for (int64_t e = 0; e < E; ++e) sums.share[static_cast<size_t>(e)] += p[t * E + e] * inv;
   }
-  const double Md = static_cast<double>(M), Ed = static_cast<double>(E);
+  sums.tokens += static_cast<double>(M);
+}
+
+double router_aux_loss(const RouterAuxSums& sums) {
+  if (sums.tokens == 0) return 0.0;
+  const double M = sums.tokens;
   double loss = 0;
-  for (int64_t e = 0; e < E; ++e) loss += chose[static_cast<size_t>(e)] / Md * mean[static_cast<size_t>(e)] / Md;
-  loss *= Ed;
-  if (dlogits != nullptr) {
-    ANVIL_ASSERT(dlogits->shape() == probs.shape() && dlogits->dtype() == DType::f32, "router aux loss: dlogits ",
-                 shape_str(dlogits->shape()), " must be f32 ", shape_str(probs.shape()));
-    // dloss/dshare_{t,e} = E · n_e / M² (c_e), then through each token's softmax, or through its
-    // normalisation q_e = p_e / S and the sigmoids: dp_e = (c_e − Σ_f c_f q_f) / S, dx_e = dp_e p_e (1 − p_e).
-    float* dx = dlogits->data<float>();
-    parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) {
-        const float* pt = p + t * E;
-        const double S = sigmoid ? row_sum(t) : 1.0;
-        double cq = 0;
-        for (int64_t e = 0; e < E; ++e) cq += pt[e] / S * Ed * chose[static_cast<size_t>(e)] / (Md * Md);
-        for (int64_t e = 0; e < E; ++e) {
-          const double c = Ed * chose[static_cast<size_t>(e)] / (Md * Md);
-          const double g = sigmoid ? (c - cq) / S * pt[e] * (1.0 - pt[e]) : pt[e] * (c - cq);
-          dx[t * E + e] += static_cast<float>(coef * g);
-        }
+  for (size_t e = 0; e < sums.chose.size(); ++e) loss += sums.chose[e] / M * sums.share[e] / M;
+  return loss * static_cast<double>(sums.chose.size());
+}
+
+void router_aux_backward(const Tensor& probs, const RouterAuxSums& sums, float coef, Tensor& dlogits, bool sigmoid) {
+  ANVIL_ASSERT(dlogits.shape() == probs.shape() && dlogits.dtype() == DType::f32 && probs.dtype() == DType::f32 &&
+                   probs.ndim() == 2 && static_cast<int64_t>(sums.chose.size()) == probs.size(1),
+               "router aux backward: dlogits ", shape_str(dlogits.shape()), " must be f32 ", shape_str(probs.shape()),
+               " over ", sums.chose.size(), " experts");
+  const ScopedOpTime op("moe.router.aux_backward");
+  const int64_t M = probs.size(0), E = probs.size(1);
+  if (dry_run() || M == 0 || sums.tokens == 0) return;
+  // dloss/dshare_{t,e} = E · n_e / M² (c_e), then through each token's softmax, or through its
+  // normalisation q_e = p_e / S and the sigmoids: dp_e = (c_e − Σ_f c_f q_f) / S, dx_e = dp_e p_e (1 − p_e).
+  const double Md = sums.tokens, Ed = static_cast<double>(E);
+  const float* p = probs.data<float>();
+  float* dx = dlogits.data<float>();
+  parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const float* pt = p + t * E;
+      const double S = sigmoid ? score_sum(pt, E) : 1.0;
+      double cq = 0;
+      for (int64_t e = 0; e < E; ++e) cq += pt[e] / S * Ed * sums.chose[static_cast<size_t>(e)] / (Md * Md);
+      for (int64_t e = 0; e < E; ++e) {
+        const double c = Ed * sums.chose[static_cast<size_t>(e)] / (Md * Md);
+        const double g = sigmoid ? (c - cq) / S * pt[e] * (1.0 - pt[e]) : pt[e] * (c - cq);
+        dx[t * E + e] += static_cast<float>(coef * g);
       }
-    });
-  }
-  return loss;
+    }
+  });
+}
+
+double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef, Tensor* dlogits, bool sigmoid) {
+  check_probs(probs, experts, "router aux loss");
+  if (dry_run() || probs.size(0) == 0) return 0.0;
+  RouterAuxSums sums;
+  router_aux_sums(probs, experts, sigmoid, sums);
+  if (dlogits != nullptr) router_aux_backward(probs, sums, coef, *dlogits, sigmoid);
+  return router_aux_loss(sums);
 }
 
 }  // namespace anvil

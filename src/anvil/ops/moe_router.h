@@ -23,6 +23,7 @@
 // around it); forward and backward in f32.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "anvil/core/tensor.h"
 
@@ -39,6 +40,9 @@ struct RouterConfig {
   // case (sort_routes), and a real run under it allocates the same.
   bool balanced = false;
   int64_t sequence_length = 0;  // the rows' sequences' length, for `balanced` (0: one sequence of all M rows)
+  // For `balanced`: each row's position in its sequence (M values), when the
+  // rows are not whole sequences from position 0 (context parallelism's chunks).
+  const int64_t* positions = nullptr;
   bool sigmoid = false;         // sigmoid scores (DeepSeek-V3) instead of the softmax
   const float* bias = nullptr;  // E values added to the scores for the choice only; null: none
 };
@@ -60,5 +64,20 @@ void router_backward(const Tensor& probs, const Tensor& experts, const Tensor& d
 // given, adds coef times its gradient there.
 double router_aux_loss(const Tensor& probs, const Tensor& experts, float coef = 0.0f, Tensor* dlogits = nullptr,
                        bool sigmoid = false);
+
+// The same in parts, for a sequence whose tokens lie in several places (its
+// chunks on the ranks of a context-parallel group): the sums over some of its
+// tokens — n_e, Σ_t of each token's share of e, and the tokens — add up to the
+// whole sequence's, whose loss and gradient follow from them.
+struct RouterAuxSums {
+  std::vector<double> chose, share;  // E each
+  double tokens = 0;
+};
+// Adds rows' counts and shares to `sums` (sized E on first use).
+void router_aux_sums(const Tensor& probs, const Tensor& experts, bool sigmoid, RouterAuxSums& sums);
+double router_aux_loss(const RouterAuxSums& sums);
+// Adds coef times the gradient of router_aux_loss(sums) with respect to these
+// rows' logits to dlogits (the rows' probs and dlogits; sums the whole sequence's).
+void router_aux_backward(const Tensor& probs, const RouterAuxSums& sums, float coef, Tensor& dlogits, bool sigmoid);
 
 }  // namespace anvil

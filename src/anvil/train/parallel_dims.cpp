@@ -126,11 +126,12 @@ void validate_layout(const JobConfig& cfg, const ModelArgs& args, const MeshLayo
               "--hardware ...); Anvil's trainer does not shard over one rank: set it false (or remove it) to train");
   ANVIL_CHECK(cfg.training.seq_len <= args.max_seq_len, "training.seq_len ", cfg.training.seq_len, " exceeds ",
               args.name, "/", args.flavor, "'s max_seq_len ", args.max_seq_len);
-  ANVIL_CHECK(!args.moe() || layout.cp() == 1, args.name, "/", args.flavor,
-              " is a mixture-of-experts model, and context parallelism does not split it yet; set "
-              "parallelism.context_parallel_degree to 1");
   const int64_t ep = p.expert_parallel_degree;
   if (ep > 1) {
+    ANVIL_CHECK(layout.cp() == 1, "parallelism.expert_parallel_degree ", ep, " with context_parallel_degree ",
+                layout.cp(),
+                ": expert parallelism over context-parallel ranks is not built yet; set one of them to 1 (context "
+                "parallelism alone splits a mixture of experts' sequences, each rank holding every expert)");
     ANVIL_CHECK(args.moe(), "parallelism.expert_parallel_degree ", ep, " splits a mixture of experts' experts, but ",
                 args.name, "/", args.flavor, " has none; set it to 1");
     ANVIL_CHECK(args.num_experts % ep == 0, "parallelism.expert_parallel_degree ", ep, " must divide ", args.name,

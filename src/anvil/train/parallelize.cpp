@@ -195,9 +195,10 @@ void ParallelizedModel::begin_moe_step(const MicroBatches& batches) {
   MoeStepState* moe = model_->moe_state();
   if (!moe) return;
   moe->begin_step();
-  // Whole sequences per micro-batch row (MoE runs without context parallelism), over the data-parallel ranks.
+  // The step's sequences over the data-parallel ranks: a micro-batch row is
+  // a whole sequence, or under context parallelism one of its two chunks here.
   int64_t sequences = 0;
-  for (const Tensor& t : batches.tokens) sequences += t.size(0);
+  for (const Tensor& t : batches.tokens) sequences += t.size(0) / (par_.cp_size > 1 ? 2 : 1);
   model_->set_step_sequences(sequences * par_.dp_size);
 }
 
