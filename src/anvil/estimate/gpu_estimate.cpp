@@ -455,7 +455,7 @@ RunTerms run_terms(const GpuRunSpec& sp, const GpuHardware& hw, const Rates& rat
       ring_link(hw, sp.dp_replicate, sp.tp * sp.cp * sp.dp_shard),
       ring_link(hw, sp.tp, 1),
       ring_link(hw, sp.cp, sp.tp),
-      ring_link(hw, sp.dp_shard * sp.cp / sp.ep, sp.ep),
+      ring_link(hw, sp.dp_shard * sp.cp / sp.ep, sp.ep * sp.tp),
       pp_stride < hw.gpus_per_node ? hw.nvlink_bandwidth * gpu_software().nvlink_efficiency
                                    : hw.internode_bandwidth * gpu_software().internode_efficiency,
       rates.cal ? rates.cal->software_figures() : gpu_software(),

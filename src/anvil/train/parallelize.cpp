@@ -196,9 +196,9 @@ void ParallelizedModel::begin_moe_step(const MicroBatches& batches) {
   if (!moe) return;
   moe->begin_step();
   // The step's sequences over the data-parallel ranks: a micro-batch row is
-  // a whole sequence, or under context parallelism one of its two chunks here.
+  // a whole sequence, or under context parallelism a chunk of one (the layout says how many).
   int64_t sequences = 0;
-  for (const Tensor& t : batches.tokens) sequences += t.size(0) / (par_.cp_size > 1 ? 2 : 1);
+  for (const Tensor& t : batches.tokens) sequences += cp_ ? cp_->sequences(t.size(0)) : t.size(0);
   model_->set_step_sequences(sequences * par_.dp_size);
 }
 
