@@ -73,11 +73,12 @@ TEST(Checkpoint, CorruptOrMismatchingCheckpointsAreRefused) {
   ASSERT_EQ(out.exit_code, 0) << out.text;
   const fs::path model = dir / "run" / "checkpoint" / "step-2" / "model.safetensors";
   ASSERT_TRUE(fs::exists(model));
-  // A checkpoint of another model shape: the first mismatching tensor is named.
+  // A checkpoint of another model: the flavour it recorded and the keys that resume it.
   out = run(args(dir, "float32") + " --training.steps 4 --model.flavor 25M" + ck);
   EXPECT_EQ(out.exit_code, 1) << out.text;
-  EXPECT_NE(out.text.find("model.embed_tokens.weight"), std::string::npos) << out.text;
-  EXPECT_NE(out.text.find("different model shape"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("holds a llama3/debugmodel model but this run trains llama3/25M"), std::string::npos)
+      << out.text;
+  EXPECT_NE(out.text.find("--model.name llama3 --model.flavor debugmodel"), std::string::npos) << out.text;
   // One flipped byte: the file and the reason.
   {
     std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
@@ -90,6 +91,10 @@ TEST(Checkpoint, CorruptOrMismatchingCheckpointsAreRefused) {
   out = run(args(dir, "float32") + " --training.steps 4" + ck);
   EXPECT_EQ(out.exit_code, 1) << out.text;
   EXPECT_NE(out.text.find("model.safetensors' is corrupt: CRC32"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("No complete step precedes it. To start afresh, run again with "
+                          "--checkpoint.overwrite_newer true"),
+            std::string::npos)
+      << out.text;
 }
 
 TEST(Checkpoint, AnUnfinishedSaveIsNeverLoaded) {
@@ -227,15 +232,23 @@ TEST(Checkpoint, AModelOnlyLastSaveStartsANewRunButIsNotResumed) {
   // bf16 weights: half the bytes of the fp32 ones in step-4.
   EXPECT_LT(fs::file_size(last / "model.safetensors") * 10,
             fs::file_size(dir / "a" / "checkpoint" / "step-4" / "model.safetensors") * 6);
-  // Rerunning the job resumes from the newest resumable checkpoint, step 4.
+  // Rerunning the job would retrain from step 4 and write over the model-only
+  // step 6: refused, naming both ways on; with overwrite_newer it resumes from
+  // step 4 and moves step 6 aside.
   out = run(common + " --training.steps 6" + ck);
-  ASSERT_EQ(out.exit_code, 0) << out.text;
-  EXPECT_NE(out.text.find("resumed from " + (dir / "a" / "checkpoint" / "step-4").string()), std::string::npos)
+  EXPECT_EQ(out.exit_code, 1) << out.text;
+  EXPECT_NE(out.text.find("holds only the model weights (checkpoint.last_save_model_only), so training cannot "
+                          "continue from it. To continue from step-4"),
+            std::string::npos)
       << out.text;
+  EXPECT_NE(out.text.find("--checkpoint.load_step 4 --checkpoint.overwrite_newer true"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("--checkpoint.initial_load_path " + last.string()), std::string::npos) << out.text;
+  EXPECT_TRUE(fs::exists(last / "state.json"));
   // Asking for the model-only step says why not.
   out = run(common + " --training.steps 8 --checkpoint.load_step 6" + ck);
   EXPECT_EQ(out.exit_code, 1) << out.text;
-  EXPECT_NE(out.text.find("initial_load_path"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("it cannot be resumed from. Use it as checkpoint.initial_load_path"), std::string::npos)
+      << out.text;
   // A new run starts from its weights: its first loss is the loss those weights
   // give, far below a fresh initialisation's.
   out = run(common + " --training.steps 1 --checkpoint.initial_load_path " + last.string() +

@@ -44,7 +44,7 @@ TEST(Train, LossFallsAndMetricsAreLogged) {
                          " --training.steps 30 --training.global_batch_size 8 --activation_checkpoint.mode full");
   ASSERT_EQ(out.exit_code, 0) << out.text;
   EXPECT_NE(out.text.find("6,163,712 parameters"), std::string::npos) << out.text;
-  EXPECT_NE(out.text.find("2 micro-batch(es) per step"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("2 micro-batches of 4 x 64 tokens per step"), std::string::npos) << out.text;
   std::ifstream jsonl(dump / "metrics.jsonl");
   std::vector<nlohmann::json> rows;
   for (std::string line; std::getline(jsonl, line);) rows.push_back(nlohmann::json::parse(line));

@@ -65,6 +65,8 @@ bool wants_help(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time: stdout and stderr keep their order when both go to one file or pipe.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     const std::string cmd = argc > 1 ? argv[1] : "help";
     const std::vector<std::string> rest(argv + std::min(argc, 2), argv + argc);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <random>
 
 #include "anvil/core/error.h"
@@ -124,6 +125,16 @@ bool StreamLoader::ensure(StreamState& s, int64_t begin, int64_t end) {
     if (s.unit >= units) {  // the epoch is done: the stream runs on into the next
       ANVIL_CHECK(cursor > s.epoch_start, "the dataset holds no tokens (", units,
                   " file(s), every one empty or skipped)");
+      // Less data than one sequence trains on the same tokens over and over: legal, but never silent.
+      const int64_t epoch_tokens = cursor - s.epoch_start, row = opts_.seq_len + 1;
+      if (epoch_tokens < row && !warned_short_epoch_) {
+        warned_short_epoch_ = true;
+        std::printf("anvil: warning: %s holds %lld tokens, fewer than one sequence (seq_len + 1 = %lld): every "
+                    "sequence repeats it about %.1f times. Give more text, or lower training.seq_len\n",
+                    opts_.what.c_str(), static_cast<long long>(epoch_tokens), static_cast<long long>(row),
+                    static_cast<double>(row) / static_cast<double>(epoch_tokens));
+        std::fflush(stdout);
+      }
       if (opts_.max_epochs > 0 && s.epoch + 1 >= opts_.max_epochs) return false;
       ++s.epoch;
       s.unit = 0;

@@ -116,6 +116,7 @@ struct StreamLoaderOptions {
   bool shuffle = false;    // a new unit order every epoch, from (seed, epoch)
   int64_t max_epochs = 0;  // 0: no limit; else next_batch returns false when they are used up
   bool prefetch = true;
+  std::string what = "the training data";  // how a warning names this stream
 };
 
 // Where the stream stands for one rank.
@@ -175,6 +176,7 @@ class StreamLoader {
   StreamLoaderOptions opts_;
   StreamState state_;  // after the last batch returned
   int64_t order_epoch_ = -1;
+  bool warned_short_epoch_ = false;  // the data is shorter than one sequence (said once)
   std::vector<size_t> order_;
   double wait_seconds_ = 0;
   int64_t batches_ = 0;

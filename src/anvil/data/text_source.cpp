@@ -18,8 +18,6 @@ namespace anvil {
 
 namespace {
 
-constexpr const char* kSkipHint = "; fix or remove it, or pass --skip-bad to skip and count bad input";
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -28,7 +26,7 @@ bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std
 
 // Reports a missing input: throws, or counts it when skipping.
 void missing(const std::string& message, const SourceOptions& opts, SourceStats& stats) {
-  ANVIL_CHECK(opts.skip_bad, message, kSkipHint);
+  ANVIL_CHECK(opts.skip_bad, message, "; ", opts.bad_input_hint);
   ++stats.missing_files;
 }
 
@@ -103,7 +101,7 @@ int64_t FileDocuments::file_offset() const {
 }
 
 void FileDocuments::bad(int64_t& counter, const std::string& message) {
-  ANVIL_CHECK(opts_.skip_bad, message, kSkipHint);
+  ANVIL_CHECK(opts_.skip_bad, message, "; ", opts_.bad_input_hint);
   ++counter;
 }
 
@@ -198,7 +196,7 @@ bool FileDocuments::next(std::string& text) {
     const auto field = doc.is_object() ? doc.find(opts_.text_field) : doc.end();
     if (!doc.is_object() || field == doc.end() || !field->is_string()) {
       bad(stats_.missing_field_lines, path_ + ":" + std::to_string(line_) + ": no string field \"" +
-                                          opts_.text_field + "\" (set the field name with --text-field)");
+                                          opts_.text_field + "\" (" + opts_.text_field_hint + ")");
       continue;
     }
     text = field->get<std::string>();

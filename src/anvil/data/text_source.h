@@ -23,6 +23,9 @@ namespace anvil {
 struct SourceOptions {
   std::string text_field = "text";  // the JSON Lines field holding a document
   bool skip_bad = false;            // skip and count bad input instead of throwing
+  // What an error on bad input tells the user to do (the caller's own keys or flags).
+  std::string bad_input_hint = "fix or remove it, or pass --skip-bad to skip and count bad input";
+  std::string text_field_hint = "set the field name with --text-field";
 };
 
 // What was read, and what was skipped for which reason (only with skip_bad).

@@ -1,5 +1,6 @@
 #include "anvil/model/args.h"
 
+#include <cctype>
 #include <cmath>
 
 #include "anvil/core/error.h"
@@ -199,9 +200,20 @@ std::vector<ModelArgs> all_flavors() {
 ModelArgs model_flavor(const std::string& name, const std::string& flavor) {
   for (const ModelArgs& a : all_flavors())
     if (a.name == name && a.flavor == flavor) return a;
+  // The commonest slip is the case ("8b" for "8B"): name the one meant.
+  auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  for (const ModelArgs& a : all_flavors())
+    if (lower(a.name) == lower(name) && lower(a.flavor) == lower(flavor))
+      throw Error(detail::concat("unknown model '", name, "' flavor '", flavor, "'; did you mean '", a.name,
+                                 "' flavor '", a.flavor, "'? Names and flavours are case-sensitive: set --model.name ",
+                                 a.name, " --model.flavor ", a.flavor));
   std::string known;
   for (const std::string& k : known_flavors()) known += (known.empty() ? "" : ", ") + k;
-  throw Error(detail::concat("unknown model '", name, "' flavor '", flavor, "'; known: ", known));
+  throw Error(detail::concat("unknown model '", name, "' flavor '", flavor, "'; known: ", known,
+                             ". Set --model.name and --model.flavor to one of these"));
 }
 
 std::vector<std::string> known_flavors() {

@@ -148,8 +148,15 @@ void run_widened(const GemmShape& s, const void* A, const void* B, void* C);
 
 // Whether this (normalised, bf16) product runs widened: see matmul.h. A product
 // with Aᵀ whose bf16 C would be rounded between K panels stays native.
+// oneDNN builds bf16 products from AVX-512 up; an AVX2-only CPU has none, so
+// there every bf16 product widens, those inside parallel regions included.
+bool native_bf16_products() { return cpu_features().avx512f; }
+
 bool widens(const GemmShape& s) {
-  if (s.ab != DType::bf16 || omp_in_parallel() || !bf16_products_widened()) return false;
+  if (s.ab != DType::bf16) return false;
+  if (!native_bf16_products()) return true;
+  // Inside a parallel region (a caller's own scratchpad) products stay native.
+  if (omp_in_parallel() || !bf16_products_widened()) return false;
   if (s.trans_a && !s.trans_b && s.c == DType::bf16) {
     const int64_t k_panel = std::max<int64_t>(1, static_cast<int64_t>(kWidenedPanelBytes / 4) / std::max(s.M, s.N));
     return k_panel >= s.K;
@@ -357,7 +364,9 @@ void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
 
 size_t gemm_scratchpad_bytes(const GemmShape& shape) {
   if (shape.M == 0 || shape.N == 0 || shape.K == 0) return 0;
-  return primitive_for(normalised(shape)).scratch.get_size();
+  const GemmShape s = normalised(shape);
+  if (s.ab == DType::bf16 && !native_bf16_products()) return 0;  // widened: the thread's own buffers
+  return primitive_for(s).scratch.get_size();
 }
 
 void gemm(const GemmShape& shape, const void* A, const void* B, void* C, void* scratchpad) {
@@ -368,6 +377,7 @@ void gemm(const GemmShape& shape, const void* A, const void* B, void* C, void* s
     ANVIL_ASSERT(s.accumulate, "gemm with K = 0 must accumulate");
     return;
   }
+  if (s.ab == DType::bf16 && !native_bf16_products()) return run_widened(s, A, B, C);
   run_native(s, A, B, C, scratchpad);
 }
 

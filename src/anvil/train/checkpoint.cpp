@@ -2,10 +2,10 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -21,6 +21,7 @@
 #include "anvil/core/profiler.h"
 #include "anvil/core/safetensors.h"
 #include "anvil/estimate/memory.h"
+#include "anvil/train/checkpoint_folder.h"
 
 namespace anvil {
 
@@ -28,58 +29,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kConfigFile = "config.toml";
-
-uint32_t file_crc32(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  ANVIL_CHECK(in.good(), "cannot read '", p.string(), "'");
-  std::vector<char> buf(1 << 20);
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize n = in.gcount();
-    if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
-  }
-  return static_cast<uint32_t>(crc);
-}
-
-bool parse_step_dir(const std::string& name, int64_t& step) {
-  if (name.rfind("step-", 0) != 0 || name.size() <= 5) return false;
-  const std::string digits = name.substr(5);
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
-  step = std::stoll(digits);
-  return true;
-}
-
-nlohmann::json read_state(const fs::path& dir) {
-  const fs::path state_path = dir / "state.json";
-  std::ifstream in(state_path);
-  ANVIL_CHECK(in.good(), "checkpoint '", dir.string(), "' has no state.json; it is incomplete or not a checkpoint");
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::concat("'", state_path.string(), "' is not valid JSON: ", e.what()));
-  }
-  ANVIL_CHECK(state.value("format_version", 0) == kFormatVersion, "'", state_path.string(),
-              "' has format version ", state.value("format_version", 0), "; this build reads version ",
-              kFormatVersion);
-  return state;
-}
-
-// Every file state.json lists must be there with the CRC32 it recorded.
-void verify_files(const fs::path& dir, const nlohmann::json& state) {
-  for (const auto& [f, crc] : state.at("crc32").items()) {
-    const uint32_t want = crc.get<uint32_t>();
-    ANVIL_CHECK(fs::exists(dir / f), "checkpoint file '", (dir / f).string(), "' is missing");
-    const uint32_t got = file_crc32(dir / f);
-    ANVIL_CHECK(got == want, "checkpoint file '", (dir / f).string(), "' is corrupt: CRC32 ", got,
-                " but state.json recorded ", want);
-  }
-}
 
 void copy_into(const SafetensorsFile& file, const fs::path& path, const std::string& name, Tensor dst) {
   auto it = file.tensors.find(name);
@@ -142,19 +94,8 @@ std::string Checkpointer::path_of(int64_t step) const {
 
 int64_t Checkpointer::latest_step() const {
   int64_t best = -1;
-  std::error_code ec;
-  if (!fs::is_directory(folder_, ec)) return -1;
-  for (const auto& e : fs::directory_iterator(folder_, ec)) {
-    int64_t step;
-    // Only complete checkpoints (a step-N directory, never .tmp, holding its
-    // state.json) that hold the optimizer state.
-    if (!e.is_directory() || !parse_step_dir(e.path().filename().string(), step) || step <= best ||
-        !fs::exists(e.path() / "state.json"))
-      continue;
-    std::ifstream in(e.path() / "state.json");
-    const nlohmann::json state = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!state.is_discarded() && !state.value("model_only", false)) best = step;
-  }
+  for (const StepFolder& f : scan_checkpoint_folder(folder_))
+    if (f.kind == StepFolder::Kind::resumable) best = f.step;
   return best;
 }
 
@@ -210,7 +151,11 @@ void Checkpointer::write(Pending& p) {
   fs::create_directories(folder_, ec);
   ANVIL_CHECK(!ec, "cannot create checkpoint folder '", folder_, "': ", ec.message());
   const fs::path final_dir = path_of(p.step), tmp_dir = final_dir.string() + ".tmp";
-  fs::remove_all(tmp_dir, ec);
+  // A run resumes from its newest step folder or moves the newer ones aside
+  // first (plan_resume), so a step folder is never there to be replaced.
+  ANVIL_CHECK(!fs::exists(final_dir), "saving checkpoint step ", p.step, ": '", final_dir.string(),
+              "' already exists; a checkpoint is never overwritten. Move it aside and run again");
+  fs::remove_all(tmp_dir, ec);  // an unfinished save of this step from a run that died
   fs::create_directories(tmp_dir, ec);
   ANVIL_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
 
@@ -241,7 +186,6 @@ void Checkpointer::write(Pending& p) {
                                previous >= 0 ? "the previous checkpoint " + path_of(previous) + " is intact"
                                              : std::string("there is no earlier checkpoint")));
   }
-  fs::remove_all(final_dir, ec);  // a stale step-N from an earlier run of the same folder
   fs::rename(tmp_dir, final_dir, ec);
   ANVIL_CHECK(!ec, "cannot rename '", tmp_dir.string(), "' to '", final_dir.string(), "': ", ec.message());
   fsync_path(folder_, true);
@@ -275,7 +219,7 @@ void Checkpointer::write_files(const Pending& p, const fs::path& dir,
   files.push_back(kConfigFile);
 
   nlohmann::ordered_json state;
-  state["format_version"] = kFormatVersion;
+  state["format_version"] = kCheckpointFormatVersion;
   state["step"] = p.step;
   state["model"] = p.meta.model;
   state["model_only"] = p.model_only;
@@ -283,24 +227,24 @@ void Checkpointer::write_files(const Pending& p, const fs::path& dir,
   state["loader"] = p.meta.loader;
   state["rng"] = p.meta.rng;
   if (!p.meta.model_state.is_null()) state["model_state"] = p.meta.model_state;
+  if (std::isfinite(p.meta.loss)) state["loss"] = p.meta.loss;
   for (const std::string& f : files) {
     fsync_path(dir / f, false);
     state["crc32"][f] = file_crc32(dir / f);
+    state["bytes"][f] = fs::file_size(dir / f);
   }
-  write_text("state.json", state.dump(2) + "\n");
+  write_text("state.json", state_json_text(state));
   fsync_path(dir / "state.json", false);
   fsync_path(dir, true);
 }
 
 void Checkpointer::drop_oldest() const {
   if (keep_latest_k_ <= 0) return;
-  std::vector<int64_t> steps;
-  for (const auto& e : fs::directory_iterator(folder_)) {
-    int64_t s;
-    if (e.is_directory() && parse_step_dir(e.path().filename().string(), s)) steps.push_back(s);
-  }
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + static_cast<size_t>(keep_latest_k_) < steps.size(); ++i) fs::remove_all(path_of(steps[i]));
+  // Only complete steps count and go; a damaged folder is the user's to judge.
+  std::vector<StepFolder> complete;
+  for (StepFolder& f : scan_checkpoint_folder(folder_))
+    if (f.kind != StepFolder::Kind::damaged) complete.push_back(std::move(f));
+  for (size_t i = 0; i + static_cast<size_t>(keep_latest_k_) < complete.size(); ++i) fs::remove_all(complete[i].path);
 }
 
 nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const {
@@ -312,11 +256,11 @@ nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam
 nlohmann::json Checkpointer::load(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat,
                                   const Tensor& adam_m, const Tensor& adam_v) const {
   const fs::path dir = path_of(step);
-  const nlohmann::json state = read_state(dir);
+  const nlohmann::json state = read_checkpoint_state(dir);
   ANVIL_CHECK(!state.value("model_only", false), "checkpoint '", dir.string(),
               "' holds only the model weights (checkpoint.last_save_model_only); it cannot be resumed from. "
               "Use it as checkpoint.initial_load_path to start a new run from its weights");
-  verify_files(dir, state);
+  verify_checkpoint_files(dir, state);
   load_model_file(dir, specs, master_flat);
   const fs::path opt_path = dir / kOptimizerFile;
   const SafetensorsFile optimizer = load_safetensors(opt_path.string());
@@ -328,8 +272,8 @@ nlohmann::json Checkpointer::load(int64_t step, const std::vector<ParamSpec>& sp
 }
 
 void load_checkpoint_model(const std::string& step_dir, ParamStore& params) {
-  const nlohmann::json state = read_state(step_dir);
-  verify_files(step_dir, state);
+  const nlohmann::json state = read_checkpoint_state(step_dir);
+  verify_checkpoint_files(step_dir, state);
   load_model_file(step_dir, params.specs(), params.master_flat());
   params.sync_compute_copy();
 }
@@ -337,8 +281,8 @@ void load_checkpoint_model(const std::string& step_dir, ParamStore& params) {
 CheckpointWeights load_checkpoint_weights(const std::string& step_dir) {
   const fs::path dir(step_dir);
   CheckpointWeights out;
-  out.state = read_state(dir);
-  verify_files(dir, out.state);
+  out.state = read_checkpoint_state(dir);
+  verify_checkpoint_files(dir, out.state);
   out.tensors = load_safetensors((dir / kModelFile).string(), MemCategory::parameters).tensors;
   for (auto& [name, t] : out.tensors) {
     ANVIL_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "'", (dir / kModelFile).string(),
@@ -372,14 +316,15 @@ size_t save_model_only_checkpoint(const std::string& folder, int64_t step,
   fsync_path(tmp_dir / kModelFile, false);
 
   nlohmann::ordered_json state;
-  state["format_version"] = kFormatVersion;
+  state["format_version"] = kCheckpointFormatVersion;
   state["step"] = step;
   state["model"] = model;
   state["model_only"] = true;
   state["model_dtype"] = dtype_name(weights.front().second.dtype());
   for (const auto& [k, v] : extra.items()) state[k] = v;
   state["crc32"][kModelFile] = file_crc32(tmp_dir / kModelFile);
-  write_file_durably(tmp_dir / "state.json", state.dump(2) + "\n");
+  state["bytes"][kModelFile] = fs::file_size(tmp_dir / kModelFile);
+  write_file_durably(tmp_dir / "state.json", state_json_text(state));
   fsync_path(tmp_dir, true);
   fs::rename(tmp_dir, final_dir, ec);
   ANVIL_CHECK(!ec, "cannot rename '", tmp_dir.string(), "' to '", final_dir.string(), "': ", ec.message());

@@ -6,6 +6,7 @@
 // stored by Hugging Face parameter name with their global shape (safetensors),
 // so a later parallel layout can load them; every file's CRC32 is checked on load.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -30,6 +31,7 @@ struct CheckpointMeta {
   std::string config_toml;  // the whole job configuration
   std::string model;        // "llama3/debugmodel"
   nlohmann::json model_state;  // what the model keeps but does not train (a MoE's expert biases); null: none
+  double loss = std::nan("");  // the saved step's training loss, for the resumed run's summary (NaN: none)
 };
 
 class Checkpointer {

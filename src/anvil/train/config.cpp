@@ -165,6 +165,9 @@ std::vector<Key> key_table(JobConfig& c) {
        "checkpoints every k-th block"},
 
       {"metrics", "log_freq", &c.metrics.log_freq, "log every this many steps", {}, 1, kInf},
+      {"metrics", "verbose", &c.metrics.verbose,
+       "the long step line: also TFLOP/s, memory by category, the data-loading share, elapsed time and, distributed, "
+       "communication (metrics.jsonl holds every figure either way)"},
       {"metrics",
        "peak_tflops",
        &c.metrics.peak_tflops,
@@ -205,6 +208,10 @@ std::vector<Key> key_table(JobConfig& c) {
       {"checkpoint", "interval", &c.checkpoint.interval, "save every this many steps", {}, 1, kInf},
       {"checkpoint", "keep_latest_k", &c.checkpoint.keep_latest_k, "checkpoints kept; 0: all", {}, 0, kInf},
       {"checkpoint", "load_step", &c.checkpoint.load_step, "resume from this step; -1: the latest", {}, -1, kInf},
+      {"checkpoint", "overwrite_newer", &c.checkpoint.overwrite_newer,
+       "resume from an older step (load_step, or the newest complete one) although newer step folders exist: they "
+       "are first renamed step-<N>.damaged-<time> or step-<N>.superseded-<time>, never deleted. Off: such a run is "
+       "refused, and a damaged newest step stops the run"},
       {"checkpoint", "initial_load_path", &c.checkpoint.initial_load_path,
        "when the folder holds no checkpoint yet, start from the model weights in this Anvil step-N folder or "
        "Hugging Face folder (config.json + safetensors); the step, optimizer and data position start afresh"},

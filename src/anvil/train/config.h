@@ -63,6 +63,7 @@ struct JobConfig {
   } activation_checkpoint;
   struct Metrics {
     int64_t log_freq = 10;
+    bool verbose = false;  // the long step line
     double peak_tflops = 0;  // 0: derive from the CPU's ISA, cores and clock
     bool enable_tensorboard = true;
     std::string save_tb_folder = "tb";
@@ -82,6 +83,7 @@ struct JobConfig {
     int64_t interval = 500;
     int64_t keep_latest_k = 2;
     int64_t load_step = -1;
+    bool overwrite_newer = false;
     std::string initial_load_path = "";
     bool last_save_model_only = false;
     std::string export_dtype = "float32";

@@ -77,20 +77,24 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
               static_cast<long long>(args.n_heads), static_cast<long long>(args.n_kv_heads),
               static_cast<long long>(args.head_dim()), args.qk_norm ? " with q/k norms" : "", ffn.c_str(),
               static_cast<long long>(args.vocab_size));
-  std::printf("anvil: %s compute%s, %s attention, activation checkpointing %s, %lld x %lld tokens per "
-              "micro-batch, %lld micro-batch(es) per step, %d threads\n",
-              dt == DType::bf16 ? "bf16" : "fp32", dt == DType::bf16 ? " with fp32 master weights" : "",
-              cfg.model.attn_mask_type == "block_causal" ? "block-causal (each document to itself, split at EOS)"
+  std::printf("anvil: %s compute%s; %s attention; activation checkpointing %s; %lld micro-batch%s of %lld x %lld "
+              "tokens per step; %d threads\n",
+              dt == DType::bf16 ? "bf16" : "fp32", dt == DType::bf16 ? ", fp32 master weights" : "",
+              cfg.model.attn_mask_type == "block_causal" ? "block-causal (documents split at EOS)"
                                                          : "causal (across documents)",
               ac.mode == AcMode::selective_layer ? ("selective every " + std::to_string(ac.every) + " layers").c_str()
                                                  : ac_mode_name(ac.mode),
-              static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len),
-              static_cast<long long>(par.accum_steps), num_threads());
-  std::printf("anvil: %s; peak %s per rank; %.3g FLOP per token\n", par.description.c_str(),
-              mfu.peak.derivation.c_str(), mfu.flops_per_token);
-  std::printf("anvil: predicted peak memory of rank %d %s, %s with the allocator's block cache (params %s, grads %s, "
-              "optimizer %s, activations %s, communication %s, workspace %s); %s available\n",
-              par.rank, human_bytes(est.peak_total).c_str(), human_bytes(est.peak_reserved).c_str(), human_bytes(est.bytes(MemCategory::parameters)).c_str(),
+              static_cast<long long>(par.accum_steps), par.accum_steps == 1 ? "" : "es",
+              static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len), num_threads());
+  // The peak's derivation is anvil info's; the banner says what MFU divides by.
+  std::printf("anvil: %s; MFU against a peak of %.3g TFLOP/s per rank (%s)%s; %.3g FLOP per token\n",
+              par.description.c_str(), mfu.peak.flops_per_s / 1e12,
+              cfg.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "derived by anvil info",
+              par.world_size > 1 ? "; step lines show the fullest rank's memory" : "", mfu.flops_per_token);
+  std::printf("anvil: predicted peak memory of rank %d %s (%s reserved): params %s, grads %s, optimizer %s, "
+              "activations %s, comm %s, workspace %s; %s available\n",
+              par.rank, human_bytes(est.peak_total).c_str(), human_bytes(est.peak_reserved).c_str(),
+              human_bytes(est.bytes(MemCategory::parameters)).c_str(),
               human_bytes(est.bytes(MemCategory::gradients)).c_str(),
               human_bytes(est.bytes(MemCategory::optimizer_state)).c_str(),
               human_bytes(est.bytes(MemCategory::activations)).c_str(),

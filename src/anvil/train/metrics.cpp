@@ -8,6 +8,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/estimate/memory.h"
+#include "anvil/train/console.h"
 
 namespace anvil {
 
@@ -42,7 +43,7 @@ std::string expert_load_summary(const std::vector<double>& load) {
   const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
   std::string out;
   // A fixed scale, so bars compare across lines: 0 the lowest, twice the mean and above the highest.
-  if (load.size() <= 64)
+  if (load.size() <= 48)
     for (const double l : load) out += kBars[std::clamp(static_cast<int>(l / 2.0 * 8.0), 0, 7)];
   char tail[96];
   std::snprintf(tail, sizeof tail, "%sload max %.2f (expert %lld) min %.2f (expert %lld)", out.empty() ? "" : " ",
@@ -50,28 +51,49 @@ std::string expert_load_summary(const std::vector<double>& load) {
   return out + tail;
 }
 
-void print_step_line(const StepLog& s) {
-  auto cat = [&](MemCategory c) { return s.memory.peak[static_cast<int>(c)]; };
-  std::printf(
-      "step %5lld | loss %7.4f | grad_norm %7.3f | lr %.2e | %8.0f tok/s | %6.3f TFLOP/s | MFU %5.2f%% | "
-      "mem %s (param %s, grad %s, opt %s, act %s, ws %s) | data %4.1f%% | %6.1fs",
-      static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.tokens_per_s, s.tflops, s.mfu_pct,
-      human_bytes(s.memory.peak_total).c_str(), human_bytes(cat(MemCategory::parameters)).c_str(),
-      human_bytes(cat(MemCategory::gradients)).c_str(), human_bytes(cat(MemCategory::optimizer_state)).c_str(),
-      human_bytes(cat(MemCategory::activations)).c_str(), human_bytes(cat(MemCategory::workspace)).c_str(),
-      s.data_pct, s.elapsed_s);
-  // Distributed: the figures above are rank 0's (tok/s and MFU per rank); the
-  // memory that matters is the fullest rank's.
-  if (s.world_size > 1)
-    std::printf(" | %d ranks, max mem %s | comm %s/step, %.0f%% hidden", s.world_size,
-                human_bytes(s.max_memory_over_ranks).c_str(), human_bytes(static_cast<size_t>(s.comm_bytes_per_step)).c_str(),
-                s.comm_hidden_pct);
-  if (s.ep_comm_bytes_per_step > 0)
-    std::printf(", experts' all-to-all %s/step", human_bytes(static_cast<size_t>(s.ep_comm_bytes_per_step)).c_str());
-  if (s.moe_experts > 0)
-    std::printf(" | aux %.4f | experts %s", s.moe_aux_loss,
-                expert_load_summary(expert_load(s.moe_routes, s.moe_experts)).c_str());
-  std::printf("\n");
+std::string duration_text(double seconds) {
+  const auto t = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (t < 60) std::snprintf(buf, sizeof buf, "%llds", t);
+  else if (t < 3600) std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  else if (t < 86400) std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, t % 3600 / 60);
+  else std::snprintf(buf, sizeof buf, "%lldd%02lldh", t / 86400, t % 86400 / 3600);
+  return buf;
+}
+
+std::string step_line(const StepLog& s, bool verbose) {
+  auto cat = [&](MemCategory c) { return human_bytes(s.memory.peak[static_cast<int>(c)]); };
+  std::string line = detail::concat("step ", s.step, "/", s.total_steps);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, " | loss %.4f | grad_norm %.3f | lr %.1e | %s tok/s | MFU %.1f%%", s.loss,
+                s.grad_norm, s.lr, with_commas(static_cast<int64_t>(s.tokens_per_s + 0.5)).c_str(), s.mfu_pct);
+  line += buf;
+  // Distributed: tok/s and MFU are rank 0's (per rank); the memory shown is the
+  // fullest rank's, the one that runs out first (the banner says so).
+  line += " | mem " + human_bytes(s.world_size > 1 ? s.max_memory_over_ranks : s.memory.peak_total);
+  if (verbose) {
+    std::snprintf(buf, sizeof buf, " | %.3f TFLOP/s | data loading %.1f%% of the time | %.1f s elapsed", s.tflops,
+                  s.data_pct, s.elapsed_s);
+    line += " (param " + cat(MemCategory::parameters) + ", grad " + cat(MemCategory::gradients) + ", opt " +
+            cat(MemCategory::optimizer_state) + ", act " + cat(MemCategory::activations) + ", ws " +
+            cat(MemCategory::workspace) + ")" + buf;
+    if (s.world_size > 1)
+      line += detail::concat(" | ", s.world_size, " ranks, rank 0 mem ", human_bytes(s.memory.peak_total), " | comm ",
+                             human_bytes(static_cast<size_t>(s.comm_bytes_per_step)), "/step, ",
+                             static_cast<int>(s.comm_hidden_pct + 0.5), "% hidden");
+    if (s.ep_comm_bytes_per_step > 0)
+      line += ", experts' all-to-all " + human_bytes(static_cast<size_t>(s.ep_comm_bytes_per_step)) + "/step";
+  }
+  if (s.eta_s >= 0) line += ", ETA " + duration_text(s.eta_s);
+  if (s.moe_experts > 0) {
+    std::snprintf(buf, sizeof buf, "%saux %.4f | experts ", verbose ? " | " : "\n    ", s.moe_aux_loss);
+    line += buf + expert_load_summary(expert_load(s.moe_routes, s.moe_experts));
+  }
+  return line;
+}
+
+void print_step_line(const StepLog& s, bool verbose) {
+  std::printf("%s\n", step_line(s, verbose).c_str());
   std::fflush(stdout);
 }
 

@@ -16,6 +16,8 @@ namespace anvil {
 
 struct StepLog {
   int64_t step = 0;
+  int64_t total_steps = 0;  // training.steps
+  double eta_s = -1;        // the remaining steps at this interval's pace (-1: none left)
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;
@@ -52,11 +54,16 @@ struct StepLog {
 };
 
 // The console line of a logging step (every rank prints it: rank 0 to the
-// console, the others to their logs).
-void print_step_line(const StepLog& s);
+// console, the others to their logs). By default it fits 120 columns (a
+// mixture of experts' routing goes on a second line); verbose adds the
+// throughput in TFLOP/s, memory by category, data-loading share and elapsed time.
+std::string step_line(const StepLog& s, bool verbose);
+void print_step_line(const StepLog& s, bool verbose);
+// "42s", "12m05s", "3h12m", "2d03h".
+std::string duration_text(double seconds);
 
 // The experts' load over every layer, each expert's routes over the mean
-// (1.0: balanced), and the line's summary of it: a bar per expert (up to 64
+// (1.0: balanced), and the line's summary of it: a bar per expert (up to 48
 // experts; ▅ the mean, █ twice it or more) and the most and least loaded.
 std::vector<double> expert_load(const std::vector<double>& routes, int64_t num_experts);
 std::string expert_load_summary(const std::vector<double>& load);

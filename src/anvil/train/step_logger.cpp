@@ -1,6 +1,7 @@
 #include "anvil/train/step_logger.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -28,18 +29,18 @@ StepLogger::StepLogger(const JobConfig& cfg, const ParallelDims& par, PeakFlops 
 }
 
 void StepLogger::print_destinations() const {
-  std::printf("anvil: dump folder %s: metrics %s", cfg_.job.dump_folder.c_str(),
+  std::printf("anvil: outputs in %s: metrics %s", cfg_.job.dump_folder.c_str(),
               metrics_ ? metrics_->path().c_str() : "(rank 0)");
   if (tb_)
     std::printf(", TensorBoard %s", (std::filesystem::path(cfg_.job.dump_folder) / cfg_.metrics.save_tb_folder).c_str());
-  std::printf("\n");
+  std::printf("; a report of the run: anvil report %s\n", cfg_.job.dump_folder.c_str());
 }
 
 void StepLogger::measure_untracked(int64_t after_step, size_t predicted_reserved) {
   const size_t rss = resident_set_bytes(), reserved = TrackingAllocator::instance().stats().reserved;
   untracked_ = rss > reserved ? rss - reserved : 0;
-  std::printf("anvil: %s: resident %s, of which %s not seen by the allocator (binary, libraries, threads, MPI, "
-              "oneDNN's kernels, data loader); predicted peak RSS %s (the estimate's %s + that)\n",
+  std::printf("anvil: %s: resident %s, %s of it outside the allocator (binary, libraries, threads, kernels); "
+              "predicted peak RSS %s (the estimate's %s + that)\n",
               after_step > 0 ? detail::concat("after step ", after_step).c_str() : "training starts",
               human_bytes(rss).c_str(), human_bytes(untracked_).c_str(),
               human_bytes(predicted_reserved + untracked_).c_str(), human_bytes(predicted_reserved).c_str());
@@ -106,6 +107,7 @@ void StepLogger::add_moe(const MoeReport& r) {
 
 void StepLogger::step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens) {
   interval_tokens_ += step_tokens;
+  ++interval_logged_steps_;
   if (step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps) write(step, loss, grad_norm, lr);
 }
 
@@ -114,6 +116,12 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   const double secs = seconds_since(t_interval_);
   StepLog log;
   log.step = step;
+  log.total_steps = cfg_.training.steps;
+  // The remaining steps at this interval's pace (its validation and saves included).
+  if (step < cfg_.training.steps)
+    log.eta_s = secs / static_cast<double>(std::max<int64_t>(1, interval_logged_steps_)) *
+                static_cast<double>(cfg_.training.steps - step);
+  interval_logged_steps_ = 0;
   log.loss = loss;
   log.grad_norm = grad_norm;
   log.lr = lr;
@@ -163,7 +171,7 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   interval_pp_bytes_ = 0;
   interval_ep_bytes_ = 0;
   gather_rank_figures(par_, log);
-  print_step_line(log);
+  print_step_line(log, cfg_.metrics.verbose);
   if (metrics_) metrics_->log(log);
   if (tb_) {
     tb_->add_scalar("loss/train", log.loss, step);
@@ -203,13 +211,27 @@ void StepLogger::log_validation(int64_t step, double loss, int64_t tokens) {
 }
 
 void StepLogger::print_done(const TrainResult& result) const {
-  if (!result.interrupted)
-    std::printf("anvil: done: %lld steps, loss %.4f -> %.4f in %.1fs; peak RSS %s, peak tracked %s, untracked "
-                "%s\n",
-                static_cast<long long>(result.steps_done), result.first_loss, result.last_loss,
-                seconds_since(t_start_), human_bytes(peak_resident_set_bytes()).c_str(),
-                human_bytes(run_peaks().peak_total).c_str(),
-                human_bytes(untracked_).c_str());
+  if (result.interrupted) return;
+  // After a resume the loss runs from the checkpoint's own step, not from this run's first.
+  const bool resumed = result.first_step > 1;
+  const std::string steps =
+      resumed ? detail::concat("steps ", result.first_step, "-", result.steps_done, " (resumed from step ",
+                               result.first_step - 1, ")")
+              : detail::concat(result.steps_done, " steps");
+  char loss[128];
+  if (resumed && !std::isnan(result.resumed_loss))
+    std::snprintf(loss, sizeof loss, "loss %.4f (step %lld) -> %.4f (step %lld)", result.resumed_loss,
+                  static_cast<long long>(result.first_step - 1), result.last_loss,
+                  static_cast<long long>(result.steps_done));
+  else if (resumed)
+    std::snprintf(loss, sizeof loss, "loss %.4f (step %lld) -> %.4f (step %lld)", result.first_loss,
+                  static_cast<long long>(result.first_step), result.last_loss,
+                  static_cast<long long>(result.steps_done));
+  else
+    std::snprintf(loss, sizeof loss, "loss %.4f -> %.4f", result.first_loss, result.last_loss);
+  std::printf("anvil: done: %s, %s in %s; peak RSS %s, peak tracked %s, untracked %s\n", steps.c_str(), loss,
+              duration_text(seconds_since(t_start_)).c_str(), human_bytes(peak_resident_set_bytes()).c_str(),
+              human_bytes(run_peaks().peak_total).c_str(), human_bytes(untracked_).c_str());
 }
 
 }  // namespace anvil

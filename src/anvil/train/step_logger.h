@@ -77,6 +77,7 @@ class StepLogger {
   Clock::time_point t_start_, t_interval_;
   double data_seconds_ = 0;
   int64_t interval_tokens_ = 0;
+  int64_t interval_logged_steps_ = 0;  // steps since the last log line
   MoeReport interval_moe_;  // routes summed over the interval, the last step's aux loss
   MemStats run_peaks_;  // the largest peaks of the logging intervals written so far
   size_t untracked_ = 0;  // the latest measure_untracked

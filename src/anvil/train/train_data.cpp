@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -28,10 +29,24 @@ struct DataSources {
   std::string description;
 };
 
-std::unique_ptr<TokenSource> open_source(const std::string& kind, const std::string& path, const Tokenizer& tok,
-                                         uint64_t tokenizer_hash) {
-  if (kind == "shards") return std::make_unique<ShardSource>(list_shards(path), tokenizer_hash, tok.vocab_size());
-  return std::make_unique<DocumentTokenSource>(std::vector<std::string>{path}, SourceOptions{}, tok);
+// The source at `path`, which the key `key` named: its errors name the key
+// and what a valid value looks like, in anvil train's terms.
+std::unique_ptr<TokenSource> open_source(const std::string& key, const std::string& kind, const std::string& path,
+                                         const Tokenizer& tok, uint64_t tokenizer_hash) {
+  SourceOptions opts;
+  opts.bad_input_hint =
+      kind == "shards" ? "set " + key + " to a folder of token shards that anvil tokenize wrote"
+                       : "set " + key + " to a text or JSON Lines file (.txt, .jsonl, .jsonl.gz), a folder of them, "
+                                        "or a glob such as 'data/*.jsonl'";
+  opts.text_field_hint = "anvil train reads each line's \"text\"; anvil tokenize --text-field reads another field";
+  try {
+    if (kind == "shards") return std::make_unique<ShardSource>(list_shards(path), tokenizer_hash, tok.vocab_size());
+    return std::make_unique<DocumentTokenSource>(std::vector<std::string>{path}, opts, tok);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(detail::concat(key, " = '", path, "': ", e.what()));
+  }
 }
 
 DataSources open_dataset(const JobConfig& cfg, const Tokenizer& tok, uint64_t tokenizer_hash) {
@@ -51,18 +66,30 @@ DataSources open_dataset(const JobConfig& cfg, const Tokenizer& tok, uint64_t to
     d.validation = std::make_unique<TokenVectorSource>("brown/validation", tokenize_documents(tok, validation));
     return d;
   }
-  d.train = open_source(t.dataset, t.dataset_path, tok, tokenizer_hash);
+  d.train = open_source("training.dataset_path", t.dataset, t.dataset_path, tok, tokenizer_hash);
   d.description = detail::concat(t.dataset, " at ", t.dataset_path, ": ", d.train->num_units(), " file(s)");
-  if (!cfg.validation.dataset_path.empty())
-    d.validation = open_source(t.dataset, cfg.validation.dataset_path, tok, tokenizer_hash);
+  // Disabled means not opened: a stale validation path does not stop a run that does not validate.
+  if (cfg.validation.enable && !cfg.validation.dataset_path.empty())
+    d.validation = open_source("validation.dataset_path", t.dataset, cfg.validation.dataset_path, tok, tokenizer_hash);
   return d;
 }
 
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_job_tokenizer(const JobConfig& cfg, const ModelArgs& args) {
-  std::unique_ptr<Tokenizer> tokenizer =
-      load_tokenizer(cfg.model.tokenizer_path.empty() ? "bytes" : cfg.model.tokenizer_path);
+  const std::string& path = cfg.model.tokenizer_path;
+  std::error_code ec;
+  if (!path.empty() && path != "bytes" && !std::filesystem::is_regular_file(path, ec)) {
+    // Which script makes the missing file: Llama 3's is fetched, any other is trained.
+    const bool llama3 = path.find("llama3") != std::string::npos || path.find("tokenizer.model") != std::string::npos;
+    throw Error(detail::concat(
+        "model.tokenizer_path = '", path, "': no such file. ",
+        llama3 ? "scripts/prepare_llama3_tokenizer.sh fetches Llama 3's tokenizer into data/tokenizers/llama3/"
+               : "scripts/train.sh trains data/tokenizers/shakespeare-2048/tokenizer.json on the Shakespeare corpus; "
+                 "for another corpus run anvil tokenizer train --input DIR --vocab-size N --output " + path,
+        "; or set model.tokenizer_path = \"\" (--model.tokenizer_path '') to train on raw bytes"));
+  }
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(path.empty() ? "bytes" : path);
   ANVIL_CHECK(tokenizer->vocab_size() <= args.vocab_size, "the ", tokenizer->name(), " tokenizer has ",
               tokenizer->vocab_size(), " tokens but the model's vocabulary is ", args.vocab_size,
               "; pick a flavour with a larger vocabulary or a smaller tokenizer");
@@ -94,6 +121,7 @@ TrainData::TrainData(const JobConfig& cfg, const Tokenizer& tokenizer, const Par
   if (cfg.validation.enable) {
     StreamLoaderOptions val_opts = loader_opts;
     val_opts.prefetch = false;
+    val_opts.what = "the validation data";
     val_loader_ = std::make_unique<StreamLoader>(std::move(data.validation), val_opts);
   }
   std::printf("anvil: dataset %s; %s tokenizer (%.2fs)\n", data.description.c_str(), tokenizer.name().c_str(),

@@ -24,6 +24,7 @@
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/train/checkpoint.h"
+#include "anvil/train/checkpoint_folder.h"
 #include "anvil/train/console.h"
 #include "anvil/train/forward_backward.h"
 #include "anvil/train/lr_schedule.h"
@@ -46,26 +47,52 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 std::string model_description(const ModelArgs& args) { return detail::concat(args.name, "/", args.flavor); }
 
-// Resumes from the newest checkpoint in the folder (or checkpoint.load_step);
-// failing that, starts from checkpoint.initial_load_path's weights. Returns
-// the first step to run.
+// The step a run resumes from, checked against the model the run trains
+// before anything is allocated.
+ResumePlan plan_run_resume(const JobConfig& cfg, const ModelArgs& args, const Checkpointer* checkpointer) {
+  if (!checkpointer) return {};
+  const ResumePlan plan = plan_resume(checkpointer->folder(), cfg.checkpoint.load_step, cfg.checkpoint.overwrite_newer);
+  const std::string model_desc = model_description(args);
+  ANVIL_CHECK(plan.model.empty() || plan.model == model_desc, "checkpoint ", checkpointer->path_of(plan.step),
+              " holds a ", plan.model, " model but this run trains ", model_desc, " (model.name ", args.name,
+              ", model.flavor ", args.flavor, "). To resume it, run with --model.name ",
+              plan.model.substr(0, plan.model.find('/')), " --model.flavor ",
+              plan.model.substr(plan.model.find('/') + 1), "; to train ", model_desc,
+              ", give another --job.dump_folder (or --checkpoint.folder)");
+  return plan;
+}
+
+// Resumes from the step plan_resume chose (the newest complete one, or
+// checkpoint.load_step); failing that, starts from checkpoint.initial_load_path's
+// weights. Newer step folders the user asked to step back past are moved
+// aside (by rank 0) only once the load has succeeded. Returns the first step to run.
 int64_t restore(const JobConfig& cfg, const ModelArgs& args, ParallelizedModel& layout,
-                const Checkpointer* checkpointer, StreamLoader& loader) {
+                const Checkpointer* checkpointer, const ResumePlan& plan, bool rank0, StreamLoader& loader,
+                double& resumed_loss) {
   int64_t first_step = 1;
-  const int64_t resume =
-      !checkpointer ? -1 : cfg.checkpoint.load_step >= 0 ? cfg.checkpoint.load_step : checkpointer->latest_step();
-  if (resume >= 0) {
+  if (plan.step >= 0) {
     const auto t_load = Clock::now();
-    const nlohmann::json state = layout.load_checkpoint(*checkpointer, resume);
-    const std::string model_desc = model_description(args);
-    ANVIL_CHECK(state.value("model", model_desc) == model_desc, "checkpoint ", checkpointer->path_of(resume),
-                " holds a ", state.value("model", std::string()), " model but this run trains ", model_desc);
+    const std::string path = checkpointer->path_of(plan.step);
+    nlohmann::json state;
+    try {
+      state = layout.load_checkpoint(*checkpointer, plan.step);
+    } catch (const OutOfMemoryError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(detail::concat("cannot resume from ", path, ": ", e.what(), ". Nothing was written. ",
+                                 resume_remedy(checkpointer->folder(), plan.step)));
+    }
     loader.load_state_json(state.at("loader"));
     if (state.contains("model_state")) layout.load_model_state(state.at("model_state"));
-    first_step = resume + 1;
-    std::printf("anvil: resumed from %s (step %lld) in %.2fs\n", checkpointer->path_of(resume).c_str(),
-                static_cast<long long>(resume), seconds_since(t_load));
+    first_step = plan.step + 1;
+    const auto loss = state.find("loss");
+    if (loss != state.end() && loss->is_number()) resumed_loss = loss->get<double>();
+    char loss_text[48] = "";
+    if (!std::isnan(resumed_loss)) std::snprintf(loss_text, sizeof loss_text, ", loss %.4f", resumed_loss);
+    std::printf("anvil: resumed from %s (step %lld%s) in %.2fs\n", path.c_str(), static_cast<long long>(plan.step),
+                loss_text, seconds_since(t_load));
   }
+  if (rank0) set_aside(plan.set_aside);
   if (first_step == 1 && !cfg.checkpoint.initial_load_path.empty()) {
     const auto t_load = Clock::now();
     layout.load_global_weights([&](ParamStore& store) {
@@ -96,7 +123,6 @@ void print_destinations(const JobConfig& cfg, const StepLogger& logger, const Ch
   if (cfg.profiling.enable_memory_snapshot || cfg.profiling.enable_profiling)
     std::printf("anvil: memory snapshots (at a profiled step's peak%s, or if memory runs out) to %s\n",
                 cfg.profiling.enable_memory_snapshot ? "" : ": off", snapshot_dir(cfg).c_str());
-  std::printf("anvil: report: anvil report %s\n", cfg.job.dump_folder.c_str());
 }
 
 // Test hooks, acting after the step's backward, before its gradients are
@@ -142,7 +168,7 @@ class CommDeadlines {
 };
 
 void record_step(TrainResult& result, int64_t step, double loss) {
-  if (result.steps_done == 0) result.first_loss = loss;
+  if (result.steps_done < result.first_step) result.first_loss = loss;
   result.last_loss = loss;
   result.steps_done = step;
 }
@@ -204,6 +230,7 @@ struct TrainRun {
   CommDeadlines& deadlines;
   const StepContext& step_ctx;
   int64_t first_step;
+  double resumed_loss;  // the resumed checkpoint's loss (NaN: none)
 };
 
 // The steps from first_step to training.steps, each followed by its log, the
@@ -214,6 +241,8 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
   const ParallelDims& par = run.par;
   StepLogger& logger = run.logger;
   TrainResult result;
+  result.first_step = run.first_step;
+  result.resumed_loss = run.resumed_loss;
   // Training draws random numbers only to initialise the weights and order the
   // data, both from the seed; the loader's position carries the rest.
   const auto checkpoint_meta = [&] {
@@ -221,7 +250,8 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
                           {{"seed", cfg.training.seed}, {"draws_after_init", 0}},
                           config_to_toml(cfg),
                           model_description(run.args),
-                          run.layout.model_state()};
+                          run.layout.model_state(),
+                          result.last_loss};
   };
   // Ends a timed step's op timing (validation and checkpoint saves are not the
   // step's) and adds its wall time to the table, so the ops sum to it.
@@ -304,6 +334,10 @@ TrainResult train(const JobConfig& cfg) {
     set_comm_deadline(static_cast<double>(cfg.comm.init_timeout_seconds), "comm.init_timeout_seconds");
   // The layout first: every rank checks it, with the same message.
   const ParallelDims par = setup_parallel(cfg, args);
+  // Which step to resume from, before anything is allocated or written: a
+  // damaged newest checkpoint stops the run here.
+  const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
+  const ResumePlan resume = plan_run_resume(cfg, args, checkpointer.get());
   // Rank 0 speaks for the job; the others write their own logs.
   route_rank_output(cfg, par);
   share_cores_between_local_ranks();
@@ -325,10 +359,12 @@ TrainResult train(const JobConfig& cfg) {
   layout.print_comm_closed_form();
   AdamWConfig adamw = adamw_config(cfg);
   const LrSchedule lr = lr_schedule(cfg);
+  // The checkpoint loads before the logs open, so a refused resume writes nothing.
+  double resumed_loss = std::nan("");
+  const int64_t first_step =
+      restore(cfg, args, layout, checkpointer.get(), resume, par.rank0(), data.loader(), resumed_loss);
   StepLogger logger(cfg, par, mfu.peak, mfu.flops_per_token, layout.comm_bytes_closed_form());
-  const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
   CommDeadlines deadlines(cfg, checkpointer.get());
-  const int64_t first_step = restore(cfg, args, layout, checkpointer.get(), data.loader());
   print_destinations(cfg, logger, checkpointer.get(), first_step);
   if (first_step > tc.steps) {
     std::printf("anvil: the checkpoint already reached step %lld of training.steps %lld: nothing to train. Raise "
@@ -355,7 +391,9 @@ TrainResult train(const JobConfig& cfg) {
   TrainResult result;
   try {
     result = run_steps(
-        {cfg, args, par, mfu, stop, data, layout, logger, checkpointer.get(), deadlines, step_ctx, first_step}, step,
+        {cfg, args, par, mfu, stop, data, layout, logger, checkpointer.get(), deadlines, step_ctx, first_step,
+         resumed_loss},
+        step,
         op_table);
   } catch (const OutOfMemoryError& e) {
     rethrow_with_oom_snapshot(e, cfg, par, step);
