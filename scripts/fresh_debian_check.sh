@@ -11,6 +11,9 @@
 # Options: --steps N (training steps appended to the main command; 20),
 #          --keep (leave the root for inspection and print where it is),
 #          --refresh (rebuild the cached pristine root).
+#   scripts/fresh_debian_check.sh --print-commands [README.md]
+#          print the two commands as parsed from the README (each ended by a NUL
+#          byte) and exit; needs nothing (tests/readme_commands_test.sh uses it).
 # Needs root and debootstrap (installed with apt-get when missing). The
 # pristine root is cached as a tarball in /var/cache/anvil-fresh-root/
 # (ANVIL_FRESH_CACHE overrides); each run unpacks a throw-away copy under
@@ -20,7 +23,7 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
-run_main=0 run_tests=0 steps=20 keep=0 refresh=0 inner=
+run_main=0 run_tests=0 steps=20 keep=0 refresh=0 inner= print_only=0 readme=
 while (($#)); do
   case $1 in
     --main) run_main=1 ;;
@@ -28,6 +31,7 @@ while (($#)); do
     --steps) steps=${2:?--steps needs a number}; shift ;;
     --keep) keep=1 ;;
     --refresh) refresh=1 ;;
+    --print-commands) print_only=1; if [ -n "${2:-}" ] && [[ $2 != --* ]]; then readme=$2; shift; fi ;;
     --inner) inner=${2:?}; shift ;;  # internal: the part that runs in a private mount namespace
     -h|--help) usage; exit 0 ;;
     *) echo "fresh_debian_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -83,10 +87,6 @@ fi
 
 # ---------------------------------------------------------------------------
 # Outer part: on the host.
-if [ "$(id -u)" -ne 0 ]; then
-  echo "fresh_debian_check: needs root (debootstrap, mount, chroot); run it with sudo" >&2
-  exit 1
-fi
 self=$(readlink -f "$0")
 repo=$(dirname "$(dirname "$self")")
 
@@ -97,9 +97,17 @@ mapfile -t cmds < <(awk '
   /^## / { in_section = ($0 ~ /^## The two commands/) }
   in_section && /^```sh$/ { in_block = 1; next }
   in_section && in_block && /^```$/ { in_block = 0; print cmd; cmd = ""; next }
-  in_section && in_block { cmd = (cmd == "" ? $0 : cmd "\n" $0) }' "$repo/README.md")
+  in_section && in_block { cmd = (cmd == "" ? $0 : cmd "\n" $0) }' "${readme:-$repo/README.md}")
 if [ "${#cmds[@]}" -ne 2 ]; then
   echo "fresh_debian_check: expected two \`\`\`sh blocks under \"## The two commands\" in README.md, found ${#cmds[@]}" >&2
+  exit 1
+fi
+if ((print_only)); then
+  printf '%s\0' "${cmds[@]}"
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "fresh_debian_check: needs root (debootstrap, mount, chroot); run it with sudo" >&2
   exit 1
 fi
 main_cmd="${cmds[0]} --training.steps $steps"
