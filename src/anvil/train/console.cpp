@@ -78,14 +78,15 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
               static_cast<long long>(args.head_dim()), args.qk_norm ? " with q/k norms" : "", ffn.c_str(),
               static_cast<long long>(args.vocab_size));
   std::printf("anvil: %s compute%s; %s attention; activation checkpointing %s; %lld micro-batch%s of %lld x %lld "
-              "tokens per step; %d threads\n",
+              "tokens per step; %d thread%s\n",
               dt == DType::bf16 ? "bf16" : "fp32", dt == DType::bf16 ? ", fp32 master weights" : "",
               cfg.model.attn_mask_type == "block_causal" ? "block-causal (documents split at EOS)"
                                                          : "causal (across documents)",
               ac.mode == AcMode::selective_layer ? ("selective every " + std::to_string(ac.every) + " layers").c_str()
                                                  : ac_mode_name(ac.mode),
               static_cast<long long>(par.accum_steps), par.accum_steps == 1 ? "" : "es",
-              static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len), num_threads());
+              static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len), num_threads(),
+              num_threads() == 1 ? "" : "s");
   // The peak's derivation is anvil info's; the banner says what MFU divides by.
   std::printf("anvil: %s; MFU against a peak of %.3g TFLOP/s per rank (%s)%s; %.3g FLOP per token\n",
               par.description.c_str(), mfu.peak.flops_per_s / 1e12,

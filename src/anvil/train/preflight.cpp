@@ -6,6 +6,7 @@
 #include <string>
 
 #include "anvil/core/error.h"
+#include "anvil/core/free_cores.h"
 #include "anvil/core/parallel_for.h"
 #include "anvil/train/console.h"
 
@@ -21,7 +22,13 @@ int ranks_on_this_machine() {
 
 void share_cores_between_local_ranks() {
   const int ranks = ranks_on_this_machine();
-  if (ranks <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return;
+  if (ranks <= 1) {
+    // Alone on the machine: the cores other processes leave free (several
+    // local ranks would see each other's start-up as load, so they split the cores instead).
+    if (const std::string line = size_threads_to_free_cores(); !line.empty()) std::printf("anvil: %s\n", line.c_str());
+    return;
+  }
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
   const int cores = omp_get_num_procs(), threads = std::max(1, cores / ranks);
   if (threads >= num_threads()) return;
   set_num_threads(threads);

@@ -23,7 +23,9 @@ int ranks_on_this_machine();
 // Ranks sharing this machine share its cores: unless OMP_NUM_THREADS is set,
 // each rank takes cores / ranks OpenMP threads (at least 1), as torchrun sets
 // one thread per process. Threads beyond the cores spin against each other at
-// every parallel region's barrier. Says so on stdout when it changes the count.
+// every parallel region's barrier. A rank alone on its machine takes the cores
+// other processes leave free (core/free_cores.h). Says so on stdout when it
+// changes the count.
 void share_cores_between_local_ranks();
 
 // A change of the configuration and what the estimate says of it.
