@@ -63,7 +63,8 @@ i=0
 while [ $i -lt ${#cases[@]} ]; do
   flavor=${cases[$i]} seq=${cases[$((i+1))]} batch=${cases[$((i+2))]}
   i=$((i+3))
-  fpt=$(build/anvil estimate --model.flavor "$flavor" --training.seq_len "$seq" | sed -n 's/.*, \([0-9.e+]*\) FLOP per token.*/\1/p')
+  fpt=$(build/anvil estimate --model.flavor "$flavor" --training.seq_len "$seq" --json |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["flops_per_token"])')
   for dtype in bf16 fp32; do
     for r in $(seq 1 "$ROUNDS"); do
       g=$(gemm_tflops)

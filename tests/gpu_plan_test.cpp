@@ -235,6 +235,28 @@ TEST(GpuPlan, OneFOneBHoldsPMicroBatchesOnTheFirstStage) {
   EXPECT_GT(g.stages[0].reserved, e.stages[0].reserved);
 }
 
+// What a GPU stores is its FSDP shard of every stage it holds, not the stage's
+// parameters it gathers to compute (`parameters: ... per GPU` in the estimate
+// once printed the latter): 1/8 of llama3/8B under FSDP 8; under PP 2, one
+// stage per rank or two, the fuller rank's shards, which its fp32 weights
+// (4 bytes a parameter) hold.
+TEST(GpuPlan, StoredParametersPerGpuAreItsShards) {
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  const double params = static_cast<double>(model_flavor("llama3", "8B").num_params());
+  const GpuStepEstimate fsdp = estimate_gpu_run(llama3_8b_fsdp(8), hw);
+  EXPECT_DOUBLE_EQ(fsdp.parameters_stored_per_gpu, params / 8);
+  EXPECT_DOUBLE_EQ(fsdp.parameters_per_gpu, params);
+  GpuRunSpec s = seed000_rows()[3].spec;  // PP 2
+  for (const std::string schedule : {"1F1B", "Interleaved1F1B"}) {
+    s.pp_schedule = schedule;
+    const GpuStepEstimate e = estimate_gpu_run(s, hw);
+    ASSERT_EQ(e.stages.size(), 2u) << schedule;
+    const double fuller = std::max(e.stages[0].parameters, e.stages[1].parameters) / 4;
+    EXPECT_DOUBLE_EQ(e.parameters_stored_per_gpu, fuller) << schedule;
+    EXPECT_LT(e.parameters_stored_per_gpu, e.parameters_per_gpu) << schedule;
+  }
+}
+
 TEST(GpuPlan, CheckpointingTradesActivationsForRecompute) {
   const GpuHardware& hw = gpu_hardware("a100-80g");
   auto run = [&](AcMode mode) {

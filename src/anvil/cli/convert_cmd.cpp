@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "anvil/cli/config_override.h"
+#include "anvil/core/did_you_mean.h"
 #include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 #include "anvil/data/bpe_tokenizer.h"
@@ -25,25 +27,37 @@ namespace anvil {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: anvil convert export <checkpoint step folder> <out_dir> [--dtype float32|bfloat16] [--tokenizer PATH]\n"
-    "       anvil convert import <hf_folder> <out_folder> --model.flavor F [--model.name llama3]\n"
-    "  export  writes a Hugging Face LlamaForCausalLM or Qwen3ForCausalLM folder (model.safetensors,\n"
-    "          config.json) from a checkpoint's master weights; the model is the one the checkpoint's\n"
-    "          state.json records. out_dir must not exist.\n"
+    "usage: anvil convert export CHECKPOINT OUT_DIR [--dtype float32|bfloat16] [--tokenizer PATH]\n"
+    "                            [--section.key value ...]\n"
+    "       anvil convert import HF_DIR OUT_DIR [--model.name N --model.flavor F]\n"
+    "  Converts between Anvil checkpoints and Hugging Face folders, both ways, for each architecture Anvil\n"
+    "  builds: Llama (LlamaForCausalLM: Llama 2 and 3), Qwen3 (Qwen3ForCausalLM) and Qwen3-MoE\n"
+    "  (Qwen3MoeForCausalLM).\n"
+    "  export  writes a Hugging Face folder (model.safetensors, config.json) from a checkpoint's master weights;\n"
+    "          the model is the one the checkpoint's state.json records. CHECKPOINT is any checkpoint anvil\n"
+    "          generate reads: a step-N folder, the checkpoint folder (its newest step), the job's dump folder, or\n"
+    "          the job's CONFIG.toml with its --section.key overrides. OUT_DIR must not exist.\n"
     "    --dtype      float32 (default, exact) or bfloat16 (rounded to nearest even)\n"
     "    --tokenizer  a tokenizer.json to copy into the folder (with a tokenizer_config.json), or 'bytes'; its\n"
     "                 BOS/EOS ids go into config.json\n"
-    "  import  reads a Hugging Face Llama or Qwen3 folder (config.json, model.safetensors or\n"
-    "          model.safetensors.index.json; F32, BF16 or F16), checks it against the flavour, and writes <out_folder>/step-0/, a model-only\n"
-    "          checkpoint of f32 master weights (no optimizer state or data position: a starting point, not a run\n"
-    "          to resume). See docs/checkpoint.md.\n";
+    "  import  reads a Hugging Face folder (config.json, model.safetensors or model.safetensors.index.json; F32,\n"
+    "          BF16 or F16) and writes OUT_DIR/step-0/, a model-only checkpoint of f32 master weights (no\n"
+    "          optimizer state or data position: a starting point, not a run to resume). The model is the Anvil\n"
+    "          flavour config.json matches, as anvil generate finds it; --model.flavor (with --model.name,\n"
+    "          default llama3) names it instead, and config.json is checked against it. See docs/checkpoint.md.\n\n"
+    "examples:\n"
+    "  anvil convert export outputs/checkpoint hf_model --dtype bfloat16 --tokenizer tokenizer.json\n"
+    "  anvil convert export configs/debugmodel.toml hf_debugmodel\n"
+    "  anvil convert import ~/models/Qwen3-0.6B qwen3_start\n"
+    "  anvil convert import ~/models/Llama-3.2-1B llama_start --model.name llama3 --model.flavor 1B\n";
 
 struct ParsedArgs {
   std::vector<std::string> positional;
   std::map<std::string, std::string> options;
+  std::vector<std::string> config_overrides;  // --section.key value, for a CONFIG.toml source
 };
 
-ParsedArgs parse(const std::vector<std::string>& args, const std::vector<std::string>& allowed) {
+ParsedArgs parse(const std::vector<std::string>& args, const std::vector<std::string>& allowed, bool config_overrides) {
   ParsedArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -53,6 +67,7 @@ ParsedArgs parse(const std::vector<std::string>& args, const std::vector<std::st
     }
     bool known = false;
     for (const std::string& k : allowed) known = known || k == a;
+    if (!known && config_overrides && take_config_override(args, i, out.config_overrides)) continue;
     ANVIL_CHECK(known, "anvil convert: unknown option '", a, "'\n", kUsage);
     ANVIL_CHECK(i + 1 < args.size(), "anvil convert: ", a, " needs a value\n", kUsage);
     out.options[a] = args[++i];
@@ -99,10 +114,8 @@ void add_tokenizer(const std::string& path, const ModelArgs& args, HfExportOptio
 }
 
 int export_command(const std::vector<std::string>& words) {
-  const ParsedArgs p = parse(words, {"--dtype", "--tokenizer"});
-  ANVIL_CHECK(p.positional.size() == 2, "anvil convert export needs a checkpoint step folder and an output folder\n",
-              kUsage);
-  const std::string& step_dir = p.positional[0];
+  const ParsedArgs p = parse(words, {"--dtype", "--tokenizer"}, true);
+  ANVIL_CHECK(p.positional.size() == 2, "anvil convert export needs a checkpoint and an output folder\n", kUsage);
   const std::string& out_dir = p.positional[1];
   const std::string dtype = option(p, "--dtype", "float32");
   ANVIL_CHECK(dtype == "float32" || dtype == "bfloat16", "--dtype ", dtype, " is not float32 or bfloat16");
@@ -111,8 +124,13 @@ int export_command(const std::vector<std::string>& words) {
               "' already exists; an export never overwrites: remove it or choose another folder");
   const auto t0 = std::chrono::steady_clock::now();
 
+  // The checkpoint as anvil generate finds it: a step, a checkpoint or dump folder, a job's CONFIG.toml.
+  const ModelSource src = find_model_source(model_source_path(p.positional[0], p.config_overrides));
+  ANVIL_CHECK(src.kind == ModelSource::Kind::anvil_checkpoint, "'", src.path, "' is a Hugging Face folder already; ",
+              "convert export reads an Anvil checkpoint (convert import makes one from it)");
+  const std::string& step_dir = src.path;
   const CheckpointWeights ck = load_checkpoint_weights(step_dir);
-  const ModelArgs args = find_model_source(step_dir).args;
+  const ModelArgs& args = src.args;
   HfExportOptions opts;
   opts.dtype = dtype == "bfloat16" ? DType::bf16 : DType::f32;
   const std::string tokenizer = option(p, "--tokenizer", "");
@@ -131,14 +149,21 @@ int export_command(const std::vector<std::string>& words) {
 }
 
 int import_command(const std::vector<std::string>& words) {
-  const ParsedArgs p = parse(words, {"--model.flavor", "--model.name"});
+  const ParsedArgs p = parse(words, {"--model.flavor", "--model.name"}, false);
   ANVIL_CHECK(p.positional.size() == 2, "anvil convert import needs a Hugging Face folder and an output folder\n",
               kUsage);
-  ANVIL_CHECK(p.options.count("--model.flavor"), "anvil convert import needs --model.flavor (the model the folder ",
-              "holds; config.json is checked against it)\n", kUsage);
+  ANVIL_CHECK(p.options.count("--model.flavor") || !p.options.count("--model.name"), "anvil convert import: ",
+              "--model.name needs --model.flavor (or give neither: the flavour config.json matches)\n", kUsage);
   const std::string& hf_dir = p.positional[0];
   const std::string& out_dir = p.positional[1];
-  const ModelArgs args = model_flavor(option(p, "--model.name", "llama3"), option(p, "--model.flavor", ""));
+  // The model as anvil generate finds it: the flavour config.json matches, or the one named (checked against it).
+  const std::string named = p.options.count("--model.flavor")
+                                ? option(p, "--model.name", "llama3") + "/" + option(p, "--model.flavor", "")
+                                : "";
+  const ModelSource src = find_model_source(hf_dir, named);
+  ANVIL_CHECK(src.kind == ModelSource::Kind::hugging_face, "'", hf_dir, "' is an Anvil checkpoint, not a Hugging ",
+              "Face folder (config.json and model.safetensors); convert export makes one from it");
+  const ModelArgs& args = src.args;
   args.validate();
   ANVIL_CHECK(!fs::exists(fs::path(out_dir) / "step-0"), "'", (fs::path(out_dir) / "step-0").string(),
               "' already exists; remove it or choose another folder");
@@ -170,8 +195,11 @@ int convert_command(const std::vector<std::string>& args) {
       std::printf("%s", kUsage);
       return 0;
     }
-  ANVIL_CHECK(!args.empty() && (args[0] == "export" || args[0] == "import"),
-              "anvil convert needs 'export' or 'import'\n", kUsage);
+  if (args.empty() || (args[0] != "export" && args[0] != "import")) {
+    const std::string guess = args.empty() ? "" : nearest_word({"export", "import"}, args[0], 2);
+    throw Error(detail::concat("anvil convert needs 'export' or 'import'",
+                               guess.empty() ? "" : "; did you mean '" + guess + "'?", "\n", kUsage));
+  }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   return args[0] == "export" ? export_command(rest) : import_command(rest);
 }

@@ -1,5 +1,6 @@
 #include "anvil/cli/estimate_cmd.h"
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -8,8 +9,34 @@
 #include "anvil/core/error.h"
 #include "anvil/train/config.h"
 #include "anvil/train/console.h"
+#include "anvil/train/preflight.h"
 
 namespace anvil {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: anvil estimate [CONFIG.toml] [--section.key value ...] [--ranks N] [--json]\n"
+    "       anvil estimate [CONFIG.toml] [--section.key value ...] --hardware H --gpus N [--json]\n"
+    "                      [--calibration FILE] [--mean-document-tokens L]\n"
+    "  Predicts a run without running it: every rank's peak memory per category under the configured layout,\n"
+    "  FLOPs per token and communication per step. The last line is the verdict: whether the run fits this\n"
+    "  machine's memory (all its ranks here, checked as anvil train checks before it starts) and, when it does\n"
+    "  not, the changes that would fit.\n"
+    "  --ranks N     the world size (default: the product of the degrees, data_parallel_shard_degree -1 as 1)\n"
+    "  --json        the estimate as JSON, the verdict in its fits_this_machine and verdict fields\n"
+    "  --hardware H --gpus N\n"
+    "                the GPU-cluster planner instead: per-GPU memory, step time, tokens/s and MFU on N GPUs of H\n"
+    "                (h100-80g, a100-80g, a100-40g or h200), and whether it fits their memory (Anvil plans GPU\n"
+    "                runs but does not train on GPUs yet)\n"
+    "  --calibration FILE  the planner's rates measured on your GPU (anvil calibrate --help)\n"
+    "  --mean-document-tokens L  the planner's block-causal attention over documents of L tokens\n\n"
+    "examples:\n"
+    "  anvil estimate configs/debugmodel.toml\n"
+    "  anvil estimate configs/llama3_8b.toml --parallelism.data_parallel_shard_degree 8 --json\n"
+    "  anvil estimate configs/llama3_8b.toml --hardware h100-80g --gpus 8\n\n";
+
+}  // namespace
 
 EstimateOptions parse_estimate_args(const std::vector<std::string>& args) {
   EstimateOptions o;
@@ -46,7 +73,7 @@ int implied_world_size(const JobConfig& cfg) {
                           p.tensor_parallel_degree);
 }
 
-std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& args, int64_t seq_len) {
+nlohmann::ordered_json layout_estimate_json(const LayoutEstimate& est, const ModelArgs& args, int64_t seq_len) {
   nlohmann::ordered_json j;
   j["model"] = args.name + "/" + args.flavor;
   j["parameters"] = args.num_params();
@@ -83,7 +110,7 @@ std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& arg
                               {"tensor_parallel", tp},
                               {"pipeline", pp},
                               {"note", "the largest of any rank's; pipeline: sent and received"}};
-  return j.dump(2) + "\n";
+  return j;
 }
 
 namespace {
@@ -106,8 +133,8 @@ std::string rank_list(const LayoutEstimate& est, const RankEstimate& role) {
 }
 
 void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConfig& cfg) {
-  std::printf("%s/%s: %s parameters, %.4g FLOP per token at seq_len %lld\n", args.name.c_str(), args.flavor.c_str(),
-              with_commas(args.num_params()).c_str(), est.flops_per_token,
+  std::printf("%s/%s: %s parameters, %s FLOPs per token at seq_len %lld\n", args.name.c_str(), args.flavor.c_str(),
+              with_commas(args.num_params()).c_str(), with_commas(std::llround(est.flops_per_token)).c_str(),
               static_cast<long long>(cfg.training.seq_len));
   std::printf("layout: %s; %lld micro-batch(es) per step\n", est.par.description.c_str(),
               static_cast<long long>(est.par.accum_steps));
@@ -150,7 +177,7 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
   for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_total).c_str());
   std::printf("\n  %-16s", "with the cache");  // the allocator's cached blocks: what the process holds
   for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_reserved).c_str());
-  std::printf("\n  (available on this machine: %s)\n", human_bytes(available_memory_bytes()).c_str());
+  std::printf("\n");
   double dp = 0, pp = 0, tp = 0, ep = 0;
   for (const RankEstimate& r : est.ranks)
     dp = std::max(dp, r.data_parallel_bytes), pp = std::max(pp, r.pipeline_bytes),
@@ -164,9 +191,48 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
         ep > 0 ? (", experts' all-to-all " + human_bytes(static_cast<size_t>(ep))).c_str() : "");
 }
 
+// Whether the run fits this machine, judged as `anvil train` judges it
+// before it starts (train/preflight.h), with every rank of the job on this
+// machine, as `mpirun -np N` here starts them: the fullest rank's peak
+// against the memory available to each.
+struct MachineVerdict {
+  size_t available = 0;  // 0: unknown
+  int ranks = 1;
+  const RankEstimate* fullest = nullptr;
+  std::string refusal;  // anvil train's, with the changes that would fit; "" when it fits
+  bool known() const { return available > 0; }
+  bool fits() const { return refusal.empty(); }
+
+  std::string line() const {
+    if (!known()) return "verdict: unknown: this machine's available memory could not be read (/proc/meminfo)";
+    if (!fits()) return "verdict: does not fit this machine: " + refusal;
+    return detail::concat("verdict: fits this machine: the fullest rank (rank ", fullest->rank, ") needs ",
+                          human_bytes(fullest->memory.peak_reserved), " of the ", human_bytes(available / ranks),
+                          ranks > 1 ? detail::concat(" each of the ", ranks, " ranks has (", human_bytes(available),
+                                                     " available on this machine)")
+                                    : std::string(" available on this machine"));
+  }
+};
+
+MachineVerdict machine_verdict(const JobConfig& cfg, const ModelArgs& model, const LayoutEstimate& est) {
+  MachineVerdict v;
+  v.available = available_memory_bytes();
+  v.ranks = est.par.world_size;
+  v.fullest = &est.ranks.front();
+  for (const RankEstimate& r : est.ranks)
+    if (r.memory.peak_reserved > v.fullest->memory.peak_reserved) v.fullest = &r;
+  v.refusal = fit_refusal(cfg, model, est.par, *v.fullest, v.available, v.ranks);
+  return v;
+}
+
 }  // namespace
 
 int estimate_command(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") {
+      std::printf("%s%s", kUsage, config_help().c_str());
+      return 0;
+    }
   const EstimateOptions o = parse_estimate_args(args);
   const JobConfig cfg = parse_config(o.config_args);
   if (!o.hardware.empty())
@@ -174,8 +240,18 @@ int estimate_command(const std::vector<std::string>& args) {
   const ModelArgs model = job_model_args(cfg);
   const int ranks = o.ranks > 0 ? o.ranks : implied_world_size(cfg);
   const LayoutEstimate est = estimate_layout(cfg, model, ranks);
-  if (o.json) std::printf("%s", layout_estimate_json(est, model, cfg.training.seq_len).c_str());
-  else print_table(est, model, cfg);
+  const MachineVerdict verdict = machine_verdict(cfg, model, est);
+  if (o.json) {
+    nlohmann::ordered_json j = layout_estimate_json(est, model, cfg.training.seq_len);
+    j["available_bytes"] = verdict.available;
+    j["ranks_on_this_machine"] = verdict.ranks;
+    j["fits_this_machine"] = verdict.known() ? nlohmann::ordered_json(verdict.fits()) : nlohmann::ordered_json();
+    j["verdict"] = verdict.line();
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    print_table(est, model, cfg);
+    std::printf("%s\n", verdict.line().c_str());
+  }
   return 0;
 }
 

@@ -1,9 +1,12 @@
 // `anvil estimate CONFIG [--section.key value ...] [--ranks N] [--json]`: the
 // predicted peak memory of every rank of a run, per category, under the
 // configured layout (train/estimate.h), its FLOPs per token and
-// communication per step; no MPI and no data needed. With --hardware and
-// --gpus, the GPU-cluster planner's prediction instead (plan_cmd.h).
+// communication per step, and the verdict: whether it fits this machine, as
+// `anvil train`'s pre-flight check judges (train/preflight.h); no MPI and no
+// data needed. With --hardware and --gpus, the GPU-cluster planner's
+// prediction instead (plan_cmd.h).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -30,8 +33,10 @@ int implied_world_size(const JobConfig& cfg);
 
 // The estimate as JSON: {"model", "world_size", "layout", "ranks": [{"rank",
 // "pp_rank", "pp_stages", "peak_bytes", "by_category": {...}}],
-// "flops_per_token", "comm_bytes_per_step": {...}}.
-std::string layout_estimate_json(const LayoutEstimate& est, const ModelArgs& args, int64_t seq_len);
+// "flops_per_token", "comm_bytes_per_step": {...}}; the command adds its
+// verdict on this machine ("available_bytes", "ranks_on_this_machine",
+// "fits_this_machine", "verdict").
+nlohmann::ordered_json layout_estimate_json(const LayoutEstimate& est, const ModelArgs& args, int64_t seq_len);
 
 int estimate_command(const std::vector<std::string>& args);
 

@@ -1,19 +1,17 @@
 #include "anvil/cli/generate_cmd.h"
 
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <memory>
 
+#include "anvil/cli/config_override.h"
 #include "anvil/cli/count_arg.h"
 #include "anvil/core/error.h"
+#include "anvil/core/free_cores.h"
 #include "anvil/generate/generator.h"
 #include "anvil/model/llama.h"
-#include "anvil/train/config.h"
 #include "anvil/train/model_source.h"
-
-namespace fs = std::filesystem;
 
 namespace anvil {
 
@@ -24,9 +22,10 @@ constexpr const char* kUsage =
     "  Continues each prompt with a model: the prompt in one pass, then one token per step from a key/value\n"
     "  cache. One prompt streams its text as it comes; several decode as a batch and print when done. Speed\n"
     "  (prompt and generated tokens/s) goes to stderr.\n"
-    "  SOURCE            an Anvil checkpoint: a step-N folder, or the checkpoint folder (its newest step);\n"
-    "                    a Hugging Face Llama folder (config.json, model.safetensors); or a job's CONFIG.toml\n"
-    "                    with its --section.key overrides: the newest checkpoint that job saved\n"
+    "  SOURCE            an Anvil checkpoint: a step-N folder, the checkpoint folder (its newest step) or the\n"
+    "                    job's dump folder (its checkpoint/'s newest step); a Hugging Face Llama, Qwen3 or\n"
+    "                    Qwen3-MoE folder (config.json, model.safetensors); or a job's CONFIG.toml with its\n"
+    "                    --section.key overrides: the newest checkpoint that job saved\n"
     "  --prompt TEXT     a prompt ('-' reads it from stdin); repeat for a batch\n"
     "  --max_new_tokens  tokens to generate per prompt (default 64; fewer at EOS or the model's context)\n"
     "  --temperature T   softmax temperature (default 0.8; 0 is greedy)\n"
@@ -35,7 +34,11 @@ constexpr const char* kUsage =
     "  --seed S          the sampling seed (default 0): the same seed gives the same text\n"
     "  --dtype D         bf16 (default) or fp32 compute\n"
     "  --tokenizer PATH  the tokenizer (default: the checkpoint's job tokenizer, or the folder's tokenizer.json)\n"
-    "  --model N/F       a Hugging Face folder's model, e.g. llama3/8B (default: the flavour config.json matches)\n";
+    "  --model N/F       a Hugging Face folder's model, e.g. llama3/8B (default: the flavour config.json matches)\n\n"
+    "examples:\n"
+    "  anvil generate outputs/checkpoint --prompt 'Once upon a time' --max_new_tokens 100\n"
+    "  anvil generate configs/debugmodel.toml --prompt 'The' --prompt 'A' --temperature 0\n"
+    "  anvil generate ~/models/Llama-3.2-1B --prompt 'The capital of France is' --top_p 0.9\n";
 
 double number(const std::string& flag, const std::string& value) {
   try {
@@ -84,10 +87,7 @@ int generate_command(const std::vector<std::string>& args) {
     const bool ours = a == "--prompt" || a == "--max_new_tokens" || a == "--temperature" || a == "--top_k" ||
                       a == "--top_p" || a == "--seed" || a == "--dtype" || a == "--tokenizer" || a == "--model";
     if (!ours) {  // a job configuration's --section.key [value]
-      ANVIL_CHECK(a.find('.') != std::string::npos, "anvil generate: unknown option '", a, "'\n", kUsage);
-      overrides.push_back(a);
-      if (a.find('=') == std::string::npos && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
-        overrides.push_back(args[++i]);
+      ANVIL_CHECK(take_config_override(args, i, overrides), "anvil generate: unknown option '", a, "'\n", kUsage);
       continue;
     }
     ANVIL_CHECK(i + 1 < args.size(), "anvil generate: ", a, " needs a value\n", kUsage);
@@ -116,20 +116,11 @@ int generate_command(const std::vector<std::string>& args) {
   ANVIL_CHECK(!prompts.empty(), "anvil generate needs at least one --prompt\n", kUsage);
   ANVIL_CHECK(dtype == "bf16" || dtype == "fp32", "anvil generate: --dtype ", dtype, " is not bf16 or fp32");
   check_sampling_options(opts.sampling);  // before anything is loaded or printed
-  // A job's configuration stands for the checkpoints it saved.
-  std::string path = source_arg;
-  if (source_arg.size() > 5 && source_arg.substr(source_arg.size() - 5) == ".toml") {
-    std::vector<std::string> words = {source_arg};
-    words.insert(words.end(), overrides.begin(), overrides.end());
-    const JobConfig cfg = parse_config(words);
-    path = (fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
-    ANVIL_CHECK(fs::is_directory(path), "the job of ", source_arg, " has saved no checkpoint yet ('", path,
-                "' does not exist): train it first (checkpoint.enable = true)");
-  } else {
-    ANVIL_CHECK(overrides.empty(), "anvil generate: unknown option '", overrides.front(),
-                "' (configuration overrides go with a CONFIG.toml SOURCE)\n", kUsage);
-  }
-  const ModelSource src = find_model_source(path, model);
+  // A job's CONFIG.toml stands for the checkpoints it saved.
+  // Decoding runs many small parallel regions: a thread beside a busy process would stall every one.
+  if (const std::string line = size_threads_to_free_cores(); !line.empty())
+    std::fprintf(stderr, "anvil: %s\n", line.c_str());
+  const ModelSource src = find_model_source(model_source_path(source_arg, overrides), model);
   const std::unique_ptr<Tokenizer> tok = model_source_tokenizer(src, tokenizer);
   const DType dt = dtype == "fp32" ? DType::f32 : DType::bf16;
   Llama llama(src.args, dt, src.args.max_seq_len);

@@ -21,8 +21,10 @@ constexpr const char* kUsage =
     "  --csv              a schedule file as parallelism.pipeline_parallel_schedule_csv reads it\n"
     "  --stages-per-rank  the looped schedules' V (default 2)\n"
     "  --format           table (default): each rank's actions, in-flight micro-batches and the unit-cost\n"
-    "                     bubble; csv: the program as a CSV schedule file\n";
-
+    "                     bubble; csv: the program as a CSV schedule file\n\n"
+    "examples:\n"
+    "  anvil pipeline-schedule --schedule 1F1B --ranks 4 --micro-batches 8\n"
+    "  anvil pipeline-schedule --schedule Interleaved1F1B --ranks 4 --micro-batches 8 --format csv > schedule.csv\n";
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 #include "anvil/cli/plan_cmd.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "anvil/estimate/gpu_hardware.h"
 #include "anvil/estimate/gpu_search.h"
 #include "anvil/estimate/gpu_seeds.h"
+#include "anvil/train/console.h"
 
 namespace anvil {
 
@@ -39,7 +41,15 @@ constexpr const char* kUsage =
     "  --mean-document-tokens  block-causal attention (model.attn_mask_type) over documents of L tokens on\n"
     "              average: attention's time scaled to the share of the causal pairs it computes (default:\n"
     "              documents no shorter than a sequence, the causal work)\n"
-    "  --seeds     the predictions against seeds 000 and 001, as markdown tables with each row's error\n";
+    "  --seeds     the predictions against seeds 000 and 001, as markdown tables with each row's error\n"
+    "  The layouts are for GPU clusters, which Anvil plans but does not train on yet.\n\n"
+    "examples:\n"
+    "  anvil plan configs/llama3_8b.toml --hardware h100-80g --gpus 64\n"
+    "  anvil plan configs/llama3_70b.toml --training.seq_len 8192 --hardware h200 --gpus 256 --top 5 --json\n";
+
+// Said before any plan: the layouts are not ones `anvil train` runs.
+constexpr const char* kGpuOnlyNote =
+    "note: these layouts are for GPU clusters, which Anvil plans but does not train on yet (it trains on CPUs)\n";
 
 // The model, sequence, batch and AC mode of the configuration; the layout is left at its defaults.
 GpuRunSpec model_spec(const JobConfig& cfg, double mean_document_tokens) {
@@ -152,6 +162,57 @@ std::string layout_flags(const GpuRunSpec& s) {
   return f;
 }
 
+nlohmann::json plan_row_json(const GpuPlanRow& r) {
+  const GpuStepEstimate& e = r.estimate;
+  return nlohmann::json{{"tokens_per_second_per_gpu", e.tokens_per_second_per_gpu},
+                        {"mfu", e.mfu},
+                        {"step_seconds", e.step_seconds},
+                        {"compute_seconds", e.compute_seconds},
+                        {"exposed_comm_seconds", e.exposed_comm_seconds},
+                        {"bubble_seconds", e.bubble_seconds},
+                        {"overhead_seconds", e.overhead_seconds},
+                        {"max_reserved_bytes", e.max_reserved},
+                        {"global_batch", r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate},
+                        {"cp_comm_seconds", e.cp_comm_seconds},
+                        {"pipeline_schedule", r.spec.pp > 1 ? r.spec.pp_schedule : ""},
+                        {"flags", layout_flags(r.spec)}};
+}
+
+// The estimate's verdict on the GPUs: whether the configured layout fits
+// their memory and, when it does not, the layouts of as many GPUs that do,
+// fastest first, as `anvil plan` finds them (at most three).
+struct GpuVerdict {
+  bool fits = false;
+  std::vector<GpuPlanRow> instead;
+
+  std::string line(const GpuStepEstimate& e, const GpuHardware& hw, int64_t gpus) const {
+    const std::string where = detail::concat(gpus, " x ", hw.name);
+    const std::string memory =
+        detail::concat("max reserved ", gib(e.max_reserved), " GiB of ", gib(hw.hbm_bytes), " GiB per GPU");
+    if (fits) return "verdict: fits " + where + ": " + memory;
+    std::string out = "verdict: does not fit " + where + ": " + memory + ". ";
+    if (instead.empty())
+      return out + "No layout of " + where + " fits: more GPUs, a shorter sequence or a smaller model";
+    out += "What fits on " + where + ", fastest first (anvil plan):";
+    for (size_t i = 0; i < instead.size(); ++i)
+      out += detail::concat(i ? ";" : "", " ", i + 1, ") ", layout_flags(instead[i].spec), " (max reserved ",
+                            gib(instead[i].estimate.max_reserved), " GiB, ",
+                            with_commas(std::llround(instead[i].estimate.tokens_per_second_per_gpu)),
+                            " tokens/s per GPU)");
+    return out;
+  }
+};
+
+GpuVerdict gpu_verdict(const GpuStepEstimate& e, const GpuRunSpec& base, const GpuHardware& hw, int64_t gpus,
+                       const GpuCalibration* cal) {
+  GpuVerdict v;
+  v.fits = e.fits;
+  if (v.fits) return v;
+  v.instead = distinct_layouts(search_gpu_layouts(base, hw, gpus, cal).rows);
+  if (v.instead.size() > 3) v.instead.resize(3);
+  return v;
+}
+
 }  // namespace
 
 int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int64_t gpus, bool json,
@@ -161,6 +222,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
   std::optional<GpuCalibration> cal;
   if (!calibration.empty()) cal = GpuCalibration::load(calibration);
   const GpuStepEstimate e = estimate_gpu_run(spec, hw, cal ? &*cal : nullptr);
+  const GpuVerdict verdict = gpu_verdict(e, model_spec(cfg, mean_document_tokens), hw, gpus, cal ? &*cal : nullptr);
   if (json) {
     nlohmann::json j;
     j["hardware"] = hw.name;
@@ -189,6 +251,11 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     j["flops_per_token"] = e.flops_per_token;
     j["mfu"] = e.mfu;
     j["rates"] = e.rate_sources;
+    j["parameters_stored_per_gpu"] = e.parameters_stored_per_gpu;
+    j["hbm_bytes"] = hw.hbm_bytes;
+    j["verdict"] = verdict.line(e, hw, gpus);
+    j["fitting_layouts"] = nlohmann::json::array();  // when it does not fit: what does, fastest first
+    for (const GpuPlanRow& r : verdict.instead) j["fitting_layouts"].push_back(plan_row_json(r));
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -226,10 +293,14 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
         "model.moe_routing = \"balanced\" make it); the experts' products as torch._grouped_mm\n",
         static_cast<long long>(spec.model.num_experts), static_cast<long long>(spec.model.experts_per_token),
         static_cast<long long>(spec.model.num_experts / spec.ep));
-  std::printf("parameters: %.0f per GPU, %lld in the model", e.parameters_per_gpu,
-              static_cast<long long>(spec.model.num_params()));
-  if (spec.model.moe()) std::printf(", %lld active per token", static_cast<long long>(spec.model.active_params()));
-  std::printf("\n");
+  // What a GPU stores (its FSDP shard) is not what it computes with (its stage, gathered): both, named.
+  std::printf("parameters: %s in the model", with_commas(spec.model.num_params()).c_str());
+  if (spec.model.moe()) std::printf(" (%s active per token)", with_commas(spec.model.active_params()).c_str());
+  std::printf(
+      "; per GPU, %s stored (its FSDP shard) and %s gathered to compute (the largest pipeline stage's, "
+      "after tensor and expert parallelism)\n",
+      with_commas(std::llround(e.parameters_stored_per_gpu)).c_str(),
+      with_commas(std::llround(e.parameters_per_gpu)).c_str());
   std::printf("per GPU, GiB       ");
   for (const GpuStageMemory& m : e.stages) std::printf(" | stage %-3d", m.stage);
   std::printf("\n");
@@ -264,10 +335,12 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
       e.step_seconds, e.compute_seconds, e.exposed_comm_seconds, e.bubble_seconds, 100 * e.bubble_fraction,
       e.overhead_seconds, e.optimizer_seconds, e.fsdp_comm_seconds, e.tp_comm_seconds, e.cp_comm_seconds,
       e.ep_comm_seconds);
-  std::printf("tokens/s per GPU: %.0f   MFU: %.1f%% (%.4g FLOPs per token, %.0f TFLOP/s peak)\n",
-              e.tokens_per_second_per_gpu, 100 * e.mfu, e.flops_per_token, hw.peak_bf16_flops / 1e12);
+  std::printf("tokens/s per GPU: %.0f   MFU: %.1f%% (%s FLOPs per token, %.0f TFLOP/s peak)\n",
+              e.tokens_per_second_per_gpu, 100 * e.mfu, with_commas(std::llround(e.flops_per_token)).c_str(),
+              hw.peak_bf16_flops / 1e12);
   std::printf("(from measured kernel rates and published link speeds, not peaks; docs/estimator.md)\n");
   std::printf("rates: %s\n", e.rate_sources.c_str());
+  std::printf("%s\n", verdict.line(e, hw, gpus).c_str());
   return 0;
 }
 
@@ -278,7 +351,9 @@ int calibrate_command(const std::vector<std::string>& args) {
       "  configuration's run on N GPUs of H. On the GPU, time them with\n"
       "    python3 bench/gpu/calibrate.py --shapes FILE --output calibration.json\n"
       "  and estimate with them: anvil estimate CONFIG.toml --hardware H --gpus N --calibration calibration.json\n"
-      "  (anvil plan takes --calibration too). docs/estimator.md describes the file.\n";
+      "  (anvil plan takes --calibration too). docs/estimator.md describes the file.\n\n"
+      "example:\n"
+      "  anvil calibrate configs/llama3_8b.toml --hardware h100-80g --gpus 8 --shapes shapes.json\n";
   std::string hardware, shapes;
   int64_t gpus = 0;
   std::vector<std::string> rest;
@@ -355,34 +430,20 @@ int plan_command(const std::vector<std::string>& args) {
   const size_t distinct = rows.size();
   if (static_cast<int64_t>(rows.size()) > top) rows.resize(static_cast<size_t>(top));
   const std::vector<GpuPlanRow> by_schedule = fastest_per_schedule(found.rows);
-  auto row_json = [](const GpuPlanRow& r) {
-    const GpuStepEstimate& e = r.estimate;
-    return nlohmann::json{{"tokens_per_second_per_gpu", e.tokens_per_second_per_gpu},
-                          {"mfu", e.mfu},
-                          {"step_seconds", e.step_seconds},
-                          {"compute_seconds", e.compute_seconds},
-                          {"exposed_comm_seconds", e.exposed_comm_seconds},
-                          {"bubble_seconds", e.bubble_seconds},
-                          {"overhead_seconds", e.overhead_seconds},
-                          {"max_reserved_bytes", e.max_reserved},
-                          {"global_batch", r.spec.local_batch * r.spec.dp_shard * r.spec.dp_replicate},
-                          {"cp_comm_seconds", e.cp_comm_seconds},
-                          {"pipeline_schedule", r.spec.pp > 1 ? r.spec.pp_schedule : ""},
-                          {"flags", layout_flags(r.spec)}};
-  };
   if (json) {
     nlohmann::json j = nlohmann::json::array();
-    for (const GpuPlanRow& r : rows) j.push_back(row_json(r));
+    for (const GpuPlanRow& r : rows) j.push_back(plan_row_json(r));
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
+  std::printf("%s", kGpuOnlyNote);
   std::printf(
-      "%s/%s, seq %lld, on %lld x %s: %lld configurations tried, %zu layouts fit in %s GiB; the "
+      "%s/%s, seq %lld, on %lld x %s: %s configurations tried, %s layouts fit in %s GiB; the "
       "fastest %zu by predicted tokens/s per GPU, each with its best batch, checkpointing and "
       "accumulation\n\n",
       base.model.name.c_str(), base.model.flavor.c_str(), static_cast<long long>(base.seq_len),
-      static_cast<long long>(gpus), hw.name.c_str(), static_cast<long long>(found.tried), distinct,
-      gib(hw.hbm_bytes).c_str(), rows.size());
+      static_cast<long long>(gpus), hw.name.c_str(), with_commas(found.tried).c_str(),
+      with_commas(static_cast<int64_t>(distinct)).c_str(), gib(hw.hbm_bytes).c_str(), rows.size());
   auto table = [&](const std::vector<GpuPlanRow>& list) {
     std::printf(
         "| # | tokens/s/GPU | MFU | step (s) | compute | exposed comm | bubble | overhead | max reserved (GiB) "

@@ -14,7 +14,10 @@ constexpr const char* kUsage =
     "  <dump_folder>   a run's job.dump_folder: metrics.jsonl, and any step-N.trace.json and\n"
     "                  step-N.snapshot.json files below it\n"
     "  --output        where to write the page (default: <dump_folder>/report.html)\n"
-    "  --trace-step    the traced step whose memory timeline to chart (default: 1 if traced, else the first)\n";
+    "  --trace-step    the traced step whose memory timeline to chart (default: 1 if traced, else the first)\n\n"
+    "examples:\n"
+    "  anvil report outputs\n"
+    "  anvil report outputs --output /tmp/run.html --trace-step 10\n";
 
 }  // namespace
 

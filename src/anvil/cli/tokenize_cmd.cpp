@@ -30,7 +30,10 @@ constexpr const char* kUsage =
     "  --output-dir    where shard_NNNNNN.shard files and manifest.json go\n"
     "  --text-field    the JSON field holding a document's text (default: text)\n"
     "  --shard-tokens  a shard ends at the first document end past this many tokens (default: 100000000)\n"
-    "  --skip-bad      skip and count bad input (missing or empty files, bad lines) instead of stopping\n";
+    "  --skip-bad      skip and count bad input (missing or empty files, bad lines) instead of stopping\n\n"
+    "examples:\n"
+    "  anvil tokenize --input data/text/ --output-dir data/shards\n"
+    "  anvil tokenize --input 'data/web/*.jsonl.gz' --tokenizer tokenizer.json --output-dir data/web --skip-bad\n";
 
 std::string shard_name(size_t index) {
   char s[32];

@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 
+#include "anvil/core/did_you_mean.h"
 #include "anvil/core/error.h"
 #include "anvil/data/bpe_tokenizer.h"
 
@@ -18,7 +19,17 @@ constexpr const char* kUsage =
     "usage: anvil tokenizer encode --tokenizer PATH [--bos] [--eos] [--stats]   (UTF-8 text on stdin -> ids;\n"
     "       --stats prints the encoding time and MB/s as JSON on stderr)\n"
     "       anvil tokenizer decode --tokenizer PATH                   (ids on stdin -> text)\n"
-    "PATH is a Hugging Face tokenizer.json, a tiktoken file, or \"bytes\".\n";
+    "PATH is a Hugging Face tokenizer.json, a tiktoken file, or \"bytes\".\n"
+    "       anvil tokenizer train --help   learns a tokenizer.json from text\n\n"
+    "examples:\n"
+    "  echo 'Hello, world' | anvil tokenizer encode --tokenizer bytes --bos\n"
+    "  echo '72 105' | anvil tokenizer decode --tokenizer tokenizer.json\n";
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
 
 std::string read_stdin() {
   std::ostringstream ss;
@@ -29,14 +40,15 @@ std::string read_stdin() {
 }  // namespace
 
 int tokenizer_command(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+  if (args.empty() || wants_help(args)) {  // `anvil tokenizer encode --help` too
     std::fputs(kUsage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
   }
   const std::string& sub = args[0];
   if (sub != "encode" && sub != "decode") {
-    std::fprintf(stderr, "anvil tokenizer: unknown sub-command \"%s\" (expected encode or decode)\n%s",
-                 sub.c_str(), kUsage);
+    const std::string guess = nearest_word({"encode", "decode", "train"}, sub, 2);
+    std::fprintf(stderr, "anvil tokenizer: unknown sub-command \"%s\"%s (expected encode, decode or train)\n%s",
+                 sub.c_str(), guess.empty() ? "" : ("; did you mean \"" + guess + "\"?").c_str(), kUsage);
     return 2;
   }
   std::string path;

@@ -29,7 +29,10 @@ void print_usage() {
       "  --output PATH     where to write tokenizer.json (written to a temporary file, then renamed)\n"
       "  --special TOKEN   a special token; repeat for several. They take the top ids in the order\n"
       "                    given; the default is <|begin_of_text|> (BOS) then <|end_of_text|> (EOS)\n"
-      "  --pattern REGEX   the pre-tokenizer regex (default: Llama 3's)\n");
+      "  --pattern REGEX   the pre-tokenizer regex (default: Llama 3's)\n\n"
+      "examples:\n"
+      "  anvil tokenizer train --input data/text/ --vocab-size 8192 --output tokenizer.json\n"
+      "  anvil tokenizer train --brown data/brown --vocab-size 2048 --output brown.json\n");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

@@ -1131,8 +1131,14 @@ GpuStepEstimate estimate_gpu_run(const GpuRunSpec& sp, const GpuHardware& hw, co
     const int rank = sp.pp > 1 ? schedule.placement.rank_of(static_cast<int>(si)) : 0;
     held[static_cast<size_t>(rank)].push_back(stage_memory(r, shapes[si], static_cast<int>(si), in_flight[si]));
   }
-  for (size_t si = 0; si < shapes.size(); ++si)
-    out.parameters_per_gpu = std::max(out.parameters_per_gpu, stage_params(r, shapes[si]).psi);
+  std::vector<double> stored(static_cast<size_t>(P), 0.0);  // each pipeline rank's FSDP shards of its stages
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const StageParams p = stage_params(r, shapes[si]);
+    out.parameters_per_gpu = std::max(out.parameters_per_gpu, p.psi);
+    const int rank = sp.pp > 1 ? schedule.placement.rank_of(static_cast<int>(si)) : 0;
+    stored[static_cast<size_t>(rank)] += p.state / r.N;
+  }
+  out.parameters_stored_per_gpu = *std::max_element(stored.begin(), stored.end());
   for (int rank = 0; rank < P; ++rank) {
     out.stages.push_back(rank_memory(rank, held[static_cast<size_t>(rank)]));
     out.max_reserved = std::max(out.max_reserved, out.stages.back().reserved);

@@ -116,6 +116,7 @@ struct GpuStageMemory {
 struct GpuStepEstimate {
   std::vector<GpuStageMemory> stages;  // one per pipeline rank (one when pp == 1), with every stage it holds
   double parameters_per_gpu = 0;       // the largest pipeline stage's parameters, TP-split, its EP share of the experts
+  double parameters_stored_per_gpu = 0;  // the most any GPU keeps: its FSDP shard of every stage it holds
   double max_reserved = 0;
   bool fits = false;                // every stage's reserved <= the GPU's memory
   double compute_seconds = 0;       // the GPU's kernels on the critical path (under PP: the busiest rank's)

@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 #include <variant>
 
+#include "anvil/core/did_you_mean.h"
 #include "anvil/core/error.h"
 
 namespace anvil {
@@ -372,18 +373,6 @@ std::vector<Key> key_table(JobConfig& c) {
   };
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 std::string nearest_key(const std::vector<Key>& keys, const std::string& wanted) {
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
@@ -616,8 +605,7 @@ std::string config_to_toml(const JobConfig& config) {
 std::string config_help() {
   JobConfig c;
   std::ostringstream out;
-  out << "usage: anvil train [CONFIG.toml | --job.config_file CONFIG.toml] [--section.key value ...]\n"
-         "Booleans take true|false or stand bare (--training.deterministic). Keys and defaults:\n";
+  out << "configuration keys (booleans take true|false or stand bare: --training.deterministic), with defaults:\n";
   std::string section;
   for (const Key& k : key_table(c)) {
     if (k.section != section) out << "\n[" << (section = k.section) << "]\n";

@@ -145,7 +145,8 @@ DType compute_dtype(const JobConfig& config);
 ModelArgs job_model_args(const JobConfig& config);
 AcPolicy activation_checkpoint_policy(const JobConfig& config);
 
-// `anvil train --help`: every key, its type, default and meaning.
+// Every key, its type, default and meaning: what `anvil train --help` and
+// `anvil estimate --help` list after their own usage.
 std::string config_help();
 // The same table as Markdown, for docs/configuration.md.
 std::string config_markdown();

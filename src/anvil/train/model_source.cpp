@@ -24,7 +24,9 @@ nlohmann::json read_json(const fs::path& p) {
   }
 }
 
-// The newest step-N inside a checkpoint folder that holds a state.json.
+// The newest step-N inside a checkpoint folder that holds a state.json; in a
+// job's dump folder, its checkpoint folder's (under the default name,
+// checkpoint.folder = "checkpoint").
 fs::path newest_step(const fs::path& folder) {
   int64_t best = -1;
   for (const fs::directory_entry& e : fs::directory_iterator(folder)) {
@@ -35,8 +37,10 @@ fs::path newest_step(const fs::path& folder) {
     } catch (const std::exception&) {
     }
   }
-  ANVIL_CHECK(best >= 0, "'", folder.string(), "' holds no complete checkpoint (a step-N folder with state.json), ",
-              "config.json (a Hugging Face model) or state.json (a step folder)");
+  if (best < 0 && fs::is_directory(folder / "checkpoint")) return newest_step(folder / "checkpoint");
+  ANVIL_CHECK(best >= 0, "'", folder.string(), "' holds no complete checkpoint (a step-N folder with state.json, ",
+              "or a dump folder's checkpoint/ of them), config.json (a Hugging Face model) or state.json (a step ",
+              "folder)");
   return folder / ("step-" + std::to_string(best));
 }
 
@@ -44,7 +48,8 @@ fs::path newest_step(const fs::path& folder) {
 
 ModelSource find_model_source(const std::string& path, const std::string& flavor) {
   ANVIL_CHECK(fs::exists(path), "'", path, "' is not a folder (it does not exist); give an Anvil checkpoint (a ",
-              "step-N folder, or the checkpoint folder holding them) or a Hugging Face Llama or Qwen3 folder");
+              "step-N folder, the checkpoint folder holding them, or the job's dump folder) or a Hugging Face Llama, ",
+              "Qwen3 or Qwen3-MoE folder");
   ANVIL_CHECK(fs::is_directory(path), "'", path, "' is a file; give an Anvil checkpoint folder or a Hugging Face ",
               "Llama or Qwen3 folder");
   ModelSource src;
@@ -93,6 +98,22 @@ ModelSource find_model_source(const std::string& path, const std::string& flavor
   }
   src.model_state = state.value("model_state", nlohmann::json());
   return src;
+}
+
+std::string model_source_path(const std::string& source, const std::vector<std::string>& overrides) {
+  const bool toml = source.size() > 5 && source.substr(source.size() - 5) == ".toml";
+  if (!toml) {
+    ANVIL_CHECK(overrides.empty(), "unknown option '", overrides.empty() ? "" : overrides.front(),
+                "' (configuration overrides go with a CONFIG.toml SOURCE)");
+    return source;
+  }
+  std::vector<std::string> words = {source};
+  words.insert(words.end(), overrides.begin(), overrides.end());
+  const JobConfig cfg = parse_config(words);
+  const std::string path = (fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
+  ANVIL_CHECK(fs::is_directory(path), "the job of ", source, " has saved no checkpoint yet ('", path,
+              "' does not exist): train it first (checkpoint.enable = true)");
+  return path;
 }
 
 nlohmann::json model_state_of(Llama& model) {

@@ -1,12 +1,15 @@
 // Where a model's weights come from outside the run that made them: an Anvil
 // checkpoint step folder (step-N, holding state.json), a checkpoint folder
-// (its newest complete step), or a Hugging Face Llama folder (config.json and
-// model.safetensors). Training's checkpoint.initial_load_path and `anvil
-// generate` read them the same way.
+// (its newest complete step), a job's dump folder (its checkpoint folder's
+// newest step), or a Hugging Face Llama, Qwen3 or Qwen3-MoE folder
+// (config.json and model.safetensors). Training's
+// checkpoint.initial_load_path, `anvil generate` and `anvil convert` read
+// them the same way.
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "anvil/data/tokenizer.h"
 #include "anvil/model/args.h"
@@ -36,6 +39,14 @@ void apply_model_state(const nlohmann::json& state, Llama& model);
 // what the folder lacks (no state.json, no config.json, no step-N inside, no
 // matching flavour).
 ModelSource find_model_source(const std::string& path, const std::string& flavor = "");
+
+// A command's SOURCE word (`anvil generate`, `anvil convert export`) as the
+// path find_model_source reads: a job's CONFIG.toml, with its --section.key
+// `overrides`, stands for the checkpoint folder that job saves to
+// (<job.dump_folder>/<checkpoint.folder>); any other word for itself. Throws
+// anvil::Error when that job has saved no checkpoint yet, or when overrides
+// come without a CONFIG.toml.
+std::string model_source_path(const std::string& source, const std::vector<std::string>& overrides);
 
 // The source's weights into the master weights and their compute copy,
 // checksums (Anvil) and shapes (both) checked.

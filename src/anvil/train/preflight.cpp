@@ -153,30 +153,29 @@ std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& ar
   return out;
 }
 
-RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, size_t available,
-                             int local_ranks) {
-  const RankEstimate mine = dry_run_rank(cfg, args, par.world_size, par.rank);
+std::string fit_refusal(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, const RankEstimate& rank,
+                        size_t available, int local_ranks) {
   const size_t share = available / static_cast<size_t>(std::max(1, local_ranks));
-  if (available == 0 || mine.memory.peak_reserved <= share) return mine;
+  if (available == 0 || rank.memory.peak_reserved <= share) return "";
 
-  std::string where = detail::concat("rank ", par.rank);
+  std::string where = detail::concat("rank ", rank.rank);
   if (par.pp_size > 1) {
     where += " (pipeline stage";
-    for (size_t i = 0; i < mine.stages.size(); ++i) where.append(i ? ", " : " ").append(std::to_string(mine.stages[i]));
+    for (size_t i = 0; i < rank.stages.size(); ++i) where.append(i ? ", " : " ").append(std::to_string(rank.stages[i]));
     where += ")";
   }
   // The categories, largest first: the first is what to attack.
   std::vector<MemCategory> cats;
   for (int c = 0; c < kNumMemCategories; ++c) cats.push_back(static_cast<MemCategory>(c));
   std::stable_sort(cats.begin(), cats.end(),
-                   [&](MemCategory a, MemCategory b) { return mine.memory.bytes(a) > mine.memory.bytes(b); });
+                   [&](MemCategory a, MemCategory b) { return rank.memory.bytes(a) > rank.memory.bytes(b); });
   std::string parts;
   for (MemCategory c : cats)
-    if (mine.memory.bytes(c) > 0)
-      parts.append(parts.empty() ? "" : ", ").append(category_name(c)).append(" ").append(human_bytes(mine.memory.bytes(c)));
+    if (rank.memory.bytes(c) > 0)
+      parts.append(parts.empty() ? "" : ", ").append(category_name(c)).append(" ").append(human_bytes(rank.memory.bytes(c)));
   std::string msg = detail::concat(
       args.name, "/", args.flavor, " has ", with_commas(args.num_params()), " parameters; predicted peak memory of ",
-      where, " is ", human_bytes(mine.memory.peak_reserved), ", over the ", human_bytes(share), " available to it (",
+      where, " is ", human_bytes(rank.memory.peak_reserved), ", over the ", human_bytes(share), " available to it (",
       human_bytes(available), " on this machine", local_ranks > 1 ? detail::concat(" shared by ", local_ranks, " ranks") : "",
       "); largest first: ", parts, " (layout: ", par.description, "). ");
   const std::vector<FitOption> options = fitting_changes(cfg, args, par.world_size, share);
@@ -195,7 +194,15 @@ RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const 
     msg += detail::concat(". Each rank with ", human_bytes(share),
                           "; more ranks: mpirun -np N anvil train ... with the flags shown");
   }
-  throw Error(msg);
+  return msg;
+}
+
+RankEstimate check_rank_fits(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, size_t available,
+                             int local_ranks) {
+  const RankEstimate mine = dry_run_rank(cfg, args, par.world_size, par.rank);
+  const std::string refusal = fit_refusal(cfg, args, par, mine, available, local_ranks);
+  if (!refusal.empty()) throw Error(refusal);
+  return mine;
 }
 
 }  // namespace anvil

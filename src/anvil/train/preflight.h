@@ -40,6 +40,14 @@ struct FitOption {
 // count), under which every rank's predicted peak is at most `per_rank`.
 std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& args, int world_size, size_t per_rank);
 
+// Why `rank` (its estimate under the layout `par`) does not fit in
+// `available` bytes shared by `local_ranks` processes: its predicted peak,
+// where the bytes go, and the nearest changes that would fit
+// (fitting_changes); "" when it fits or available is 0 (unknown). The
+// refusal `anvil train` stops with and `anvil estimate`'s verdict.
+std::string fit_refusal(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, const RankEstimate& rank,
+                        size_t available, int local_ranks);
+
 // This rank's estimate, after checking it against `available` bytes shared by
 // `local_ranks` processes; throws anvil::Error, saying what would fit, when it
 // does not fit. available = 0: unknown, nothing is checked.
