@@ -20,8 +20,7 @@ struct Spinner {
   pid_t pid = fork();
   Spinner() {
     if (pid == 0) {
-      for (volatile unsigned long i = 0;; i = i + 1) {
-      }
+      for (;;) asm volatile("");  // spins; the empty asm keeps the loop
     }
     usleep(200 * 1000);  // running before anyone samples
   }
