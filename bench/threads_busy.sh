@@ -31,7 +31,7 @@ PY
 decode() {  # threads -> decoding tokens/s of the checkpoint train() left
   local env=()
   [ -n "$1" ] && env=(OMP_NUM_THREADS="$1")
-  env "${env[@]}" build/anvil generate "$out/run/checkpoint" --prompt "The cat" --max_new_tokens 64 \
+  env "${env[@]}" build/anvil generate "$out/run/checkpoint" --prompt "The cat" --max_new_tokens 256 \
     --temperature 0 2>&1 >/dev/null | sed -n 's/.*decoding (\([0-9.]*\) tokens\/s.*/\1/p'
 }
 
