@@ -222,6 +222,11 @@ TEST(Gemm, Bf16ProductsMatchADoubleReferenceWidenedAndNative) {
   };
   const bool chosen = bf16_products_widened();
   for (const bool widened : {false, true}) {
+    // Without AVX-512 oneDNN has no native bf16 product: every one widens.
+    if (!widened && !native_bf16_products()) {
+      std::printf("no native bf16 products on this CPU (no AVX-512): the native half is not run\n");
+      continue;
+    }
     set_bf16_products_widened(widened);
     for (const Case& c : cases) {
       SCOPED_TRACE(::testing::Message() << (widened ? "widened" : "native") << " M=" << c.M << " N=" << c.N

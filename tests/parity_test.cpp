@@ -505,8 +505,52 @@ TEST(Parity, Model25MFp32GqaRopeScaling) { check_parity("25M", DType::f32, {5e-7
 // 120x its own). Bounds: loss 5e-4
 // relative (6x 8.1e-5), gradients 5e-2 (4x), trajectory 1e-2 (6x, 8x). They
 // were 2e-3, 5e-2 and 2e-2.
-TEST(Parity, DebugModelBf16) { check_parity("debugmodel", DType::bf16, {5e-4, 5e-2, 1e-2}); }
-TEST(Parity, Model25MBf16Gqa) { check_parity("25M", DType::bf16, {5e-4, 5e-2, 1e-2}); }
+//
+// PyTorch is an oracle for bf16 only where its bf16 matmul accumulates in f32
+// (oneDNN's kernels, from AVX-512 up). Below that, PyTorch 1.13 falls back to
+// a product that accumulates in bf16: on a 2-core AMD EPYC with AVX2 only its
+// relative error against the exact product of its own bf16 inputs was 1.8e-2
+// at K = 256, 5.2e-2 at 2048 and 1.0e-1 at 8192, growing with K, where one
+// rounding of the exact sum gives 1.7e-3 whatever K. The check measures that first
+// and, when PyTorch's error is above 1e-2, skips with the figure: on such a CPU
+// the comparison would measure PyTorch's accumulation, not Anvil.
+namespace {
+
+double torch_bf16_matmul_error() {
+  static const double error = [] {
+    const std::string cmd =
+        "/usr/bin/python3 -c 'import torch; torch.manual_seed(0); a = torch.randn(64, 2048).bfloat16(); "
+        "b = torch.randn(2048, 64).bfloat16(); r = a.double() @ b.double(); "
+        "print(((a @ b).double() - r).norm().item() / r.norm().item())' 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[256];
+    while (p && fgets(buf, sizeof buf, p)) out += buf;
+    if (p) pclose(p);
+    try {
+      return std::stod(out);
+    } catch (const std::exception&) {
+      ADD_FAILURE() << "PyTorch's bf16 matmul check did not run: " << out;
+      return 1.0;
+    }
+  }();
+  return error;
+}
+
+void check_bf16_parity(const std::string& flavor) {
+  const double torch_error = torch_bf16_matmul_error();
+  if (torch_error > 1e-2)
+    GTEST_SKIP() << "PyTorch's bf16 matmul on this CPU has relative error " << torch_error
+                 << " at K = 2048 against the exact product of its inputs (it accumulates in bf16; one rounding of the exact sum "
+                    "gives 1.7e-3): no oracle for bf16 here. The fp32 parity tests still hold Anvil to PyTorch.";
+  std::printf("PyTorch's bf16 matmul: relative error %.2e at K = 2048 (f32 accumulation)\n", torch_error);
+  check_parity(flavor, DType::bf16, {5e-4, 5e-2, 1e-2});
+}
+
+}  // namespace
+
+TEST(Parity, DebugModelBf16) { check_bf16_parity("debugmodel"); }
+TEST(Parity, Model25MBf16Gqa) { check_bf16_parity("25M"); }
 
 // Qwen3-MoE (the debug flavour's 8 experts; its attention is the debug
 // Qwen3's) against a plain PyTorch MoE written from the Qwen3 definition, in

@@ -148,10 +148,6 @@ void run_widened(const GemmShape& s, const void* A, const void* B, void* C);
 
 // Whether this (normalised, bf16) product runs widened: see matmul.h. A product
 // with Aᵀ whose bf16 C would be rounded between K panels stays native.
-// oneDNN builds bf16 products from AVX-512 up; an AVX2-only CPU has none, so
-// there every bf16 product widens, those inside parallel regions included.
-bool native_bf16_products() { return cpu_features().avx512f; }
-
 bool widens(const GemmShape& s) {
   if (s.ab != DType::bf16) return false;
   if (!native_bf16_products()) return true;
@@ -275,13 +271,8 @@ void run_panel(const GemmShape& p, const GemmShape& s, const float* fa, const fl
 }
 
 
-void run_widened(const GemmShape& s, const void* A, const void* B, void* C) {
-  ThreadBuffers& kept = thread_buffers();
-  const WidenedBytes need = widened_operand_bytes(s);
-  float* fa = grown(kept.a, need.a, "gemm.widened_a");
-  float* fb = grown(kept.b, need.b, "gemm.widened_b");
-  float* fc = need.c > 0 ? grown(kept.c, need.c, "gemm.widened_c") : nullptr;
-  if (dry_run()) return;
+// The widened product in the f32 buffers fa, fb, fc (sized by widened_operand_bytes).
+void run_widened_in(const GemmShape& s, const void* A, const void* B, void* C, float* fa, float* fb, float* fc) {
   const char* a = static_cast<const char*>(A);
   const char* b = static_cast<const char*>(B);
   GemmShape p = s;
@@ -300,9 +291,16 @@ void run_widened(const GemmShape& s, const void* A, const void* B, void* C) {
     }
     return;
   }
-  // Aᵀ (A stored K × M): panels of K for A and, stored K × N, for B; each adds into C.
+  // Aᵀ (A stored K × M): panels of K for A and, stored K × N, for B; each adds
+  // into C. A bf16 C is held whole in f32 (fc) across the panels and rounded
+  // once at the end, as a native kernel would, not once per panel.
   const int64_t k_rows = s.trans_b ? s.K : panel_rows(s.K, std::max(s.M, s.N));
   p.lda = s.M;
+  if (s.c == DType::bf16) {
+    p.c = DType::f32;
+    p.ldc = s.N;
+    if (s.accumulate) widen_rows(C, s.ldc, s.M, s.N, fc);
+  }
   for (int64_t k0 = 0; k0 < s.K; k0 += k_rows) {
     p.K = std::min(k_rows, s.K - k0);
     p.accumulate = s.accumulate || k0 > 0;
@@ -314,11 +312,31 @@ void run_widened(const GemmShape& s, const void* A, const void* B, void* C) {
       widen_rows(b + k0 * s.ldb * 2, s.ldb, p.K, s.N, fb);
       p.ldb = s.N;
     }
-    run_panel(p, s, fa, fb, fc, C);
+    run_gemm(p, fa, fb, s.c == DType::bf16 ? static_cast<void*>(fc) : C);
   }
+  if (s.c == DType::bf16) narrow_rows(fc, s.M, s.N, C, s.ldc);
+}
+
+// The widened product in this thread's kept buffers.
+void run_widened(const GemmShape& s, const void* A, const void* B, void* C) {
+  ThreadBuffers& kept = thread_buffers();
+  const WidenedBytes need = widened_operand_bytes(s);
+  float* fa = grown(kept.a, need.a, "gemm.widened_a");
+  float* fb = grown(kept.b, need.b, "gemm.widened_b");
+  float* fc = need.c > 0 ? grown(kept.c, need.c, "gemm.widened_c") : nullptr;
+  if (!dry_run()) run_widened_in(s, A, B, C, fa, fb, fc);
+}
+
+// A widened product's buffers carved from a caller's scratchpad, each 64-byte aligned.
+size_t aligned64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+size_t widened_scratchpad_bytes(const GemmShape& s) {
+  const WidenedBytes need = widened_operand_bytes(s);
+  return aligned64(need.a) + aligned64(need.b) + aligned64(need.c);
 }
 
 }  // namespace
+
+bool native_bf16_products() { return cpu_features().avx512f; }
 
 namespace {
 std::atomic<int> g_bf16_widened{-1};  // -1: not chosen yet
@@ -365,7 +383,8 @@ void gemm(const GemmShape& shape, const void* A, const void* B, void* C) {
 size_t gemm_scratchpad_bytes(const GemmShape& shape) {
   if (shape.M == 0 || shape.N == 0 || shape.K == 0) return 0;
   const GemmShape s = normalised(shape);
-  if (s.ab == DType::bf16 && !native_bf16_products()) return 0;  // widened: the thread's own buffers
+  // Widened (no native bf16 product on this CPU): the f32 operands live in the scratchpad.
+  if (s.ab == DType::bf16 && !native_bf16_products()) return widened_scratchpad_bytes(s);
   return primitive_for(s).scratch.get_size();
 }
 
@@ -377,7 +396,15 @@ void gemm(const GemmShape& shape, const void* A, const void* B, void* C, void* s
     ANVIL_ASSERT(s.accumulate, "gemm with K = 0 must accumulate");
     return;
   }
-  if (s.ab == DType::bf16 && !native_bf16_products()) return run_widened(s, A, B, C);
+  if (s.ab == DType::bf16 && !native_bf16_products()) {
+    // In the caller's scratchpad, so a product inside a parallel region
+    // allocates nothing (the dry run, which runs no parallel body, sees it all).
+    const WidenedBytes need = widened_operand_bytes(s);
+    float* fa = static_cast<float*>(scratchpad);
+    float* fb = fa + aligned64(need.a) / 4;
+    float* fc = need.c > 0 ? fb + aligned64(need.b) / 4 : nullptr;
+    return run_widened_in(s, A, B, C, fa, fb, fc);
+  }
   run_native(s, A, B, C, scratchpad);
 }
 

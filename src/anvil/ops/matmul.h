@@ -46,8 +46,12 @@ std::string matmul_impl_name(DType dtype, int64_t size = 512);
 // order (both accumulate in f32). Products called inside a parallel region
 // (attention's tiles, single-threaded) stay native: widening per tile costs
 // more than it gains. The environment variable ANVIL_BF16_PRODUCTS=native or
-// =widened overrides the choice, to measure one against the other.
+// =widened overrides the choice, to measure one against the other. Below
+// AVX-512 (an AVX2-only CPU) oneDNN has no bf16 product at all: there every
+// bf16 product widens, whatever the choice, those in parallel regions included.
 bool bf16_products_widened();
+// Whether oneDNN can run bf16 products natively on this CPU (AVX-512 and up).
+bool native_bf16_products();
 // Sets the choice for this process (tests run both routes on any CPU).
 void set_bf16_products_widened(bool widened);
 inline constexpr size_t kWidenedPanelBytes = size_t{16} << 20;
