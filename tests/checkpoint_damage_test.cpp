@@ -19,6 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Output = anvil::testing::CommandOutput;
+using anvil::testing::losses_by_step;
 Output run(const std::string& args) { return anvil::testing::run_anvil(args); }
 
 struct Job {
@@ -59,16 +60,6 @@ std::map<std::string, std::string> snapshot(const fs::path& root) {
   std::map<std::string, std::string> out;
   for (const auto& e : fs::recursive_directory_iterator(root))
     out[fs::relative(e.path(), root).string()] = e.is_regular_file() ? bytes_of(e.path()) : "<dir>";
-  return out;
-}
-
-std::map<int64_t, std::string> losses_by_step(const fs::path& metrics) {
-  std::map<int64_t, std::string> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].dump();
-  }
   return out;
 }
 

@@ -112,21 +112,7 @@ TEST(Checkpoint, AnUnfinishedSaveIsNeverLoaded) {
   EXPECT_NE(out.text.find("resumed from " + (folder / "step-2").string()), std::string::npos) << out.text;
 }
 
-namespace {
-
-// The losses by step, the last line of a step winning (a resumed run logs the
-// steps after its checkpoint again).
-std::map<int64_t, std::string> losses_by_step(const fs::path& metrics) {
-  std::map<int64_t, std::string> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].dump();
-  }
-  return out;
-}
-
-}  // namespace
+using anvil::testing::losses_by_step;
 
 TEST(Checkpoint, AsyncSavesResumeExactlyLikeUninterruptedRuns) {
   const fs::path dir = workdir("async");

@@ -9,7 +9,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <fstream>
 #include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string_view>
 #include <vector>
 
@@ -61,6 +64,19 @@ struct ScopedThreads {
   ScopedThreads& operator=(const ScopedThreads&) = delete;
   int before;
 };
+
+// A run's training losses by step from its metrics.jsonl, as printed (so
+// comparisons are exact), the last line of a step winning: a resumed run logs
+// the steps after its checkpoint again.
+inline std::map<int64_t, std::string> losses_by_step(const std::filesystem::path& metrics) {
+  std::map<int64_t, std::string> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].dump();
+  }
+  return out;
+}
 
 inline std::filesystem::path scratch_root() {
   struct Root {
