@@ -56,22 +56,6 @@ ModelArgs small_llama() {
   return args;
 }
 
-// Random token ids and targets (B, T) in [0, V), a few targets ignored.
-void make_batch(int64_t B, int64_t T, int64_t V, Tensor& tokens, Tensor& targets) {
-  tokens = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "tokens");
-  targets = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "targets");
-  const uint64_t key = RngStream{1, "stage-batch"}.key();
-  for (int64_t i = 0; i < B * T; ++i) {
-    tokens.data<int32_t>()[i] = static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i)) * static_cast<double>(V));
-    targets.data<int32_t>()[i] =
-        i % 7 == 3 ? -100 : static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i + B * T)) * static_cast<double>(V));
-  }
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
 const AcPolicy kPolicies[] = {{AcMode::none, 1}, {AcMode::selective_op, 1}, {AcMode::selective_layer, 2}, {AcMode::full, 1}};
 
 }  // namespace

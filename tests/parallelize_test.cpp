@@ -20,6 +20,7 @@
 
 namespace anvil {
 namespace {
+using testing::same_bytes;
 
 JobConfig small_config(int64_t seed = 0) {
   JobConfig cfg;
@@ -48,10 +49,6 @@ MicroBatches random_batches(int64_t n, int64_t B, int64_t T, int64_t vocab, uint
 
 size_t live_optimizer_bytes() {
   return TrackingAllocator::instance().stats().live[static_cast<int>(MemCategory::optimizer_state)];
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(), a.numel() * sizeof(float)) == 0;
 }
 
 // One step as train() drives it: begin, the schedule, finish, norm, AdamW, release.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <fstream>
@@ -107,6 +108,22 @@ inline Tensor random_tensor(Shape shape, DType dtype, std::string_view name, flo
     if (p[i] == 0.0f) p[i] = scale * 0.5f;
   t.copy_from(f);
   return t;
+}
+
+// Random token ids and targets (B, T) in [0, V), a few targets ignored.
+inline void make_batch(int64_t B, int64_t T, int64_t V, Tensor& tokens, Tensor& targets) {
+  tokens = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "tokens");
+  targets = Tensor::empty({B, T}, DType::i32, MemCategory::workspace, "targets");
+  const uint64_t key = RngStream{1, "stage-batch"}.key();
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i)) * static_cast<double>(V));
+    targets.data<int32_t>()[i] =
+        i % 7 == 3 ? -100 : static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i + B * T)) * static_cast<double>(V));
+  }
+}
+
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 inline std::vector<double> to_double(const Tensor& t) {

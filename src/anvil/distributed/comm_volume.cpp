@@ -19,7 +19,7 @@ double fsdp_bytes_per_step(const std::vector<ParamGroup>& groups, int n, int rep
   for (size_t i = 0; i < groups.size(); ++i) {
     // The head's forward and backward are one fused pass: one gather, whatever the policy.
     const bool head = groups[i].module == ModuleKind::head;
-    const bool kept = head || fsdp_keep_after_forward(groups, static_cast<int>(i), reshard);
+    const bool kept = head || keep_after_forward(groups, static_cast<int>(i), reshard);
     const double gathers = gather_once ? 1.0 : passes * (kept ? 1 : 2);
     // The dense part over n ranks, the expert weights (if any) over expert_n.
     const int64_t experts = fsdp_expert_numel(groups[i]);

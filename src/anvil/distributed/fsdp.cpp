@@ -9,27 +9,9 @@
 
 namespace anvil {
 
-ReshardPolicy parse_reshard_policy(const std::string& s) {
-  if (s == "default") return ReshardPolicy::default_policy;
-  if (s == "always") return ReshardPolicy::always;
-  if (s == "never") return ReshardPolicy::never;
-  throw Error(detail::concat("parallelism.fsdp_reshard_after_forward is '", s, "'; use default, always or never"));
-}
-
 int64_t fsdp_shard_numel(int64_t group_numel, int n) {
   const int64_t per_rank = (group_numel + n - 1) / n;
   return (per_rank + 31) / 32 * 32;
-}
-
-bool fsdp_keep_after_forward(const std::vector<ParamGroup>& groups, int group, ReshardPolicy reshard) {
-  switch (reshard) {
-    case ReshardPolicy::never: return true;
-    case ReshardPolicy::always: return false;
-    case ReshardPolicy::default_policy: break;
-  }
-  // The last block's weights are needed again at once by the backward.
-  const size_t next = static_cast<size_t>(group) + 1;
-  return next < groups.size() && groups[next].module == ModuleKind::head;
 }
 
 int64_t fsdp_dense_numel(const ParamGroup& g) {
@@ -226,7 +208,7 @@ void FsdpParams::before_forward(int group) {
 
 void FsdpParams::after_forward(int group) {
   model_.unbind_group(group);
-  if (!hold_for_step_ && !fsdp_keep_after_forward(model_.groups(), group, reshard_))
+  if (!hold_for_step_ && !keep_after_forward(model_.groups(), group, reshard_))
     gathered_[static_cast<size_t>(group)] = Tensor();
 }
 

@@ -34,22 +34,16 @@
 #include "anvil/distributed/comm_tracker.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
+#include "anvil/model/reshard_policy.h"
 
 namespace anvil {
 
-enum class ReshardPolicy { default_policy, always, never };
-ReshardPolicy parse_reshard_policy(const std::string& s);
-
-// FSDP's layout and reshard rules, here once for FsdpParams and for the closed
-// form of its traffic (comm_volume.h), so the two cannot drift apart.
+// FSDP's layout rules, here once for FsdpParams and for the closed form of
+// its traffic (comm_volume.h), so the two cannot drift apart; its reshard
+// rule is model/reshard_policy.h's, shared with one process's per-group cast.
 // Elements of each rank's slice of a group of `group_numel` over n shards: the
 // 1/n share rounded up to a multiple of 32, so every shard stays 64-byte aligned.
 int64_t fsdp_shard_numel(int64_t group_numel, int n);
-// Whether group `group` keeps its gathered weights from its forward to its
-// backward instead of gathering them again: under "never" every group, under
-// "always" none, by default the block just before the head, whose backward
-// comes at once. (The head's forward and backward are one pass: it gathers once.)
-bool fsdp_keep_after_forward(const std::vector<ParamGroup>& groups, int group, ReshardPolicy reshard);
 // A group's elements outside expert weights (its data_parallel_runs), and in them.
 int64_t fsdp_dense_numel(const ParamGroup& g);
 inline int64_t fsdp_expert_numel(const ParamGroup& g) { return g.numel - fsdp_dense_numel(g); }

@@ -114,7 +114,7 @@ Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, co
     : args_(args),
       style_(options.parallel_style ? options.parallel_style : &single_process_),
       params_(style_->shard_params(llama_param_specs(args, stages_or_whole(args, options), options.expert_shard)),
-              compute_dtype, options.allocate_params),
+              compute_dtype, options.allocate_params, options.compute_copy),
       expert_exchange_(options.expert_exchange) {
   ANVIL_ASSERT((options.expert_shard.size > 1) == (expert_exchange_ != nullptr) &&
                    (!expert_exchange_ || expert_exchange_->size() == options.expert_shard.size),

@@ -70,6 +70,9 @@ struct LlamaOptions {
   // false: no flat parameter buffers; every group is bound while in use by
   // someone who owns its weights (FSDP).
   bool allocate_params = true;
+  // In bf16: a bf16 copy of every weight kept, or each group's cast while it
+  // runs (ParamStore's ComputeCopy; model/cast_on_use.h).
+  ComputeCopy compute_copy = ComputeCopy::whole;
   // Expert parallelism (a mixture of experts): this rank holds experts
   // [rank·E/size, (rank+1)·E/size) of every layer and exchanges routed rows
   // through `expert_exchange` (not owned; null when size is 1).

@@ -22,8 +22,8 @@ int64_t padded_numel(const std::vector<ParamSpec>& specs) {
   return n;
 }
 
-ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool allocate)
-    : specs_(std::move(specs)), compute_dtype_(compute_dtype), allocate_(allocate) {
+ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool allocate, ComputeCopy copy)
+    : specs_(std::move(specs)), compute_dtype_(compute_dtype), allocate_(allocate), copy_(copy) {
   ANVIL_ASSERT(compute_dtype == DType::f32 || compute_dtype == DType::bf16);
   for (size_t i = 0; i < specs_.size(); ++i) {
     ParamSpec& s = specs_[i];
@@ -49,7 +49,7 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool a
   for (const ParamGroup& g : groups_) bound_numel_.push_back(g.numel);
   if (!allocate) return;
   master_ = Tensor::empty({numel_}, DType::f32, MemCategory::parameters, "params.master_f32");
-  compute_ = compute_dtype == DType::f32
+  compute_ = compute_dtype == DType::f32 || copy == ComputeCopy::per_group
                  ? master_
                  : Tensor::empty({numel_}, DType::bf16, MemCategory::parameters, "params.compute_bf16");
   grads_ = Tensor::zeros({numel_}, DType::f32, MemCategory::gradients, "params.grads_f32");
@@ -152,7 +152,7 @@ void ParamStore::init(uint64_t seed) {
 }
 
 void ParamStore::sync_compute_copy() {
-  if (compute_dtype_ == DType::bf16) compute_.copy_from(master_);
+  if (compute_dtype_ == DType::bf16 && copy_ == ComputeCopy::whole) compute_.copy_from(master_);
 }
 
 void ParamStore::zero_grad() {

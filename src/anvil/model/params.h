@@ -86,13 +86,23 @@ struct ParamGroup {
   std::vector<std::pair<int64_t, int64_t>> data_parallel_runs;
 };
 
+// Where a bf16 store's compute weights live. `whole`: a bf16 copy of every
+// parameter, kept and rewritten by each optimizer step (18 bytes per
+// parameter with the fp32 master, gradients and AdamW's moments). `per_group`:
+// none kept; each group's bf16 weights are cast from the master while the
+// group runs and bound to it (model/cast_on_use.h), as FSDP2 does on one
+// device: 16 bytes per parameter, plus the groups in use.
+enum class ComputeCopy { whole, per_group };
+
 class ParamStore {
  public:
   // compute_dtype bf16 adds a bf16 copy of the master weights for the matrix
-  // products. Groups come from the specs' `group` fields, which must be
-  // non-decreasing. allocate = false makes a store without flat buffers, whose
-  // groups are all bound to buffers someone else owns (FSDP's gathered groups).
-  ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool allocate = true);
+  // products, whole or per group (ComputeCopy). Groups come from the specs'
+  // `group` fields, which must be non-decreasing. allocate = false makes a
+  // store without flat buffers, whose groups are all bound to buffers someone
+  // else owns (FSDP's gathered groups).
+  ParamStore(std::vector<ParamSpec> specs, DType compute_dtype, bool allocate = true,
+             ComputeCopy copy = ComputeCopy::whole);
 
   // Initialise from the counter-based RNG, keyed by (seed, parameter name).
   void init(uint64_t seed);
@@ -102,13 +112,16 @@ class ParamStore {
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t numel() const { return numel_; }
   DType compute_dtype() const { return compute_dtype_; }
+  ComputeCopy compute_copy() const { return copy_; }
   int index_of(const std::string& name) const;  // throws anvil::Error when unknown
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
 
   Tensor master(int i) const { return view(master_, i); }
   // The compute copy and gradient of parameter i: views into the group's bound
-  // buffers when it has them, else into the flat buffers.
+  // buffers when it has them, else into the flat buffers. A per_group store's
+  // unbound group reads the fp32 master (the embedding gathers its rows from
+  // it, converting only those; a product would refuse the f32 weight).
   Tensor compute(int i) const;
   Tensor grad(int i) const;
   // Parameters [first, first + count) of one shape, back to back in their
@@ -130,7 +143,8 @@ class ParamStore {
   void unbind_group(int g);
 
   Tensor& master_flat() { return master_; }
-  Tensor& compute_flat() { return compute_; }  // the master buffer itself in pure f32
+  // The master buffer itself in pure f32 or a per_group store.
+  Tensor& compute_flat() { return compute_; }
   Tensor& grad_flat() { return grads_; }
   void zero_grad();
   // The trainer frees the gradients after each optimizer step, as PyTorch's
@@ -156,6 +170,7 @@ class ParamStore {
   std::vector<ParamSpec> specs_;
   DType compute_dtype_;
   bool allocate_;
+  ComputeCopy copy_;
   int64_t numel_ = 0;
   std::vector<ParamGroup> groups_;
   std::vector<Tensor> bound_compute_, bound_grads_;  // per group; undefined: use the flat buffers

@@ -15,6 +15,7 @@
 #include "anvil/distributed/expert_parallel.h"
 #include "anvil/distributed/fsdp.h"
 #include "anvil/distributed/tensor_parallel.h"
+#include "anvil/model/cast_on_use.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/pipeline/executor.h"
@@ -34,7 +35,7 @@ namespace {
 // Under context parallelism the style (the tensor-parallel one, or a plain
 // one made for it) runs RoPE and attention through `cp`.
 void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype,
-                 bool allocate_params, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
+                 bool allocate_params, ComputeCopy compute_copy, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
                  std::unique_ptr<ParallelStyle>& plain_style, std::unique_ptr<ExpertExchange>& experts,
                  std::unique_ptr<Llama>& model) {
   if (par.ep_size > 1)
@@ -54,6 +55,7 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
                                   LlamaOptions{.stages = rank_stages(args, par),
                                                .parallel_style = style,
                                                .allocate_params = allocate_params,
+                                               .compute_copy = compute_copy,
                                                .expert_shard = {par.ep_rank, par.ep_size},
                                                .expert_exchange = experts.get()});
 }
@@ -74,8 +76,14 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   // Under FSDP the model holds no weights of its own: FsdpParams keeps this
   // rank's shards and lends each group's gathered weights while the group runs.
   const bool fsdp_mode = par.mode == DataParallelMode::fsdp;
+  // Without FSDP, bf16 weights are cast per group while the group runs (16
+  // bytes per parameter, as FSDP2 on one device), except under pipeline
+  // parallelism, where every micro-batch would cast each group again: there a
+  // whole bf16 copy is kept, as FSDP under PP keeps its gathered weights.
+  const ComputeCopy copy = !fsdp_mode && par.pp_size == 1 ? ComputeCopy::per_group : ComputeCopy::whole;
   std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
-  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, tp_, cp_, plain_style_, experts_, model_);
+  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, copy, tp_, cp_, plain_style_, experts_,
+              model_);
   ParamStore& ps = model_->params();
   const ReshardPolicy reshard = parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward);
   if (fsdp_mode) {
@@ -93,6 +101,11 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   } else if (par.mode == DataParallelMode::ddp) {
     ddp_ = std::make_unique<DdpGradSync>(ps, par.mesh->dp());
     model_->set_hooks(ddp_.get());
+  }
+  if (compute_dtype == DType::bf16 && copy == ComputeCopy::per_group) {
+    // The whole model is this rank's one stage, so the embedding is group 0.
+    cast_ = std::make_unique<CastOnUse>(ps, reshard, args.tie_embeddings ? 0 : -1, ddp_.get());
+    model_->set_hooks(cast_.get());
   }
   // What the layout should send per step, to set against what it does.
   if (fsdp_)
@@ -117,8 +130,9 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   }
   setup_phase.reset();
   ps.release_grads();  // each step's backward creates them
-  // AdamW updates this rank's master weights (its FSDP shard, or the model's) and their bf16 copy.
-  Tensor* compute_copy = compute_dtype == DType::bf16 ? (fsdp_ ? &fsdp_->compute() : &ps.compute_flat()) : nullptr;
+  // AdamW updates this rank's master weights (its FSDP shard, or the model's) and their bf16 copy, if one is kept.
+  Tensor* compute_copy =
+      compute_dtype == DType::bf16 && !cast_ ? (fsdp_ ? &fsdp_->compute() : &ps.compute_flat()) : nullptr;
   optimizer_ = std::make_unique<RankOptimizer>(fsdp_ ? fsdp_->master() : ps.master_flat(), compute_copy);
 }
 
@@ -137,6 +151,7 @@ void ParallelizedModel::print_comm_closed_form() const {
 Tensor& ParallelizedModel::master() { return fsdp_ ? fsdp_->master() : model_->params().master_flat(); }
 
 void ParallelizedModel::sync_compute_copy() {
+  if (cast_) cast_->release();  // a group kept cast holds the weights before the load
   if (fsdp_)
     fsdp_->sync_compute_copy();
   else
@@ -273,7 +288,11 @@ ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& ba
 }
 
 CrossEntropyResult ParallelizedModel::evaluate(const Tensor& tokens, const Tensor& targets, const Tensor& documents) {
-  if (!pipeline_) return evaluate_single_stage(*model_, tokens, targets, documents);
+  if (!pipeline_) {
+    const CrossEntropyResult r = evaluate_single_stage(*model_, tokens, targets, documents);
+    if (cast_) cast_->release();  // the last block keeps its cast for a backward that will not come
+    return r;
+  }
   CrossEntropyResult r = pipeline_->evaluate(tokens, targets, documents);
   sum_loss_over_pp(r.loss_sum, r.num_tokens);
   return r;
@@ -290,6 +309,7 @@ void ParallelizedModel::sum_loss_over_pp(double& loss_sum, int64_t& tokens) {
 }
 
 void ParallelizedModel::begin_step() {
+  if (cast_) cast_->release();  // what a step stopped mid-way kept
   model_->params().zero_kept_grads();  // the first step's backward creates them
   if (fsdp_) fsdp_->zero_grad();
 }
