@@ -94,6 +94,17 @@ ANVIL_HD inline float sqrt_rn(float a) {
 #endif
 }
 
+// e^x: CUDA's expf on the device (at most 2 ulp off, per the CUDA C
+// Programming Guide's accuracy tables; not the __expf intrinsic), the C
+// library's on the host.
+ANVIL_HD inline float exp_f32(float x) {
+#ifdef __CUDA_ARCH__
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+
 ANVIL_HD inline uint32_t bits_of(float f) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(f);
