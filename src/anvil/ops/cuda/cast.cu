@@ -1,29 +1,33 @@
-#include <cuda_bf16.h>
-
-#include "anvil/core/error.h"
 #include "anvil/ops/cuda/cast.h"
+#include "anvil/ops/cuda/cast_body.h"
+#include "anvil/ops/cuda/launch_check.h"
 
 namespace anvil {
 
 namespace {
 
-// A grid-stride loop: any n with a grid sized for the GPU, not for n.
 __global__ void cast_f32_to_bf16_kernel(const float* __restrict__ in, uint16_t* __restrict__ out, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
+  kernel::cast_f32_to_bf16_body(kernel::this_thread(), in, out, n);
+}
+
+__global__ void cast_bf16_to_f32_kernel(const uint16_t* __restrict__ in, float* __restrict__ out, int64_t n) {
+  kernel::cast_bf16_to_f32_body(kernel::this_thread(), in, out, n);
 }
 
 }  // namespace
 
 void cast_f32_to_bf16_cuda(const float* in, uint16_t* out, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  constexpr int kThreads = 256;
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  const int grid = static_cast<int>(blocks < 65536 ? blocks : 65536);
-  cast_f32_to_bf16_kernel<<<grid, kThreads, 0, stream>>>(in, out, n);
-  const cudaError_t err = cudaGetLastError();
-  ANVIL_CHECK(err == cudaSuccess, "cast_f32_to_bf16_cuda: launch failed: ", cudaGetErrorString(err));
+  const kernel::LaunchShape s = kernel::cast_launch_shape(n);
+  cast_f32_to_bf16_kernel<<<s.grid.x, s.block.x, 0, stream>>>(in, out, n);
+  check_launch("cast_f32_to_bf16_cuda");
+}
+
+void cast_bf16_to_f32_cuda(const uint16_t* in, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  const kernel::LaunchShape s = kernel::cast_launch_shape(n);
+  cast_bf16_to_f32_kernel<<<s.grid.x, s.block.x, 0, stream>>>(in, out, n);
+  check_launch("cast_bf16_to_f32_cuda");
 }
 
 }  // namespace anvil
