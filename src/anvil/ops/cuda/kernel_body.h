@@ -11,6 +11,12 @@
 // block_sum that adds in the device's exact order, so host and device give the
 // same bits for the same block size.
 //
+// A kernel that makes several reductions per block, or walks several rows per
+// block, is written as a block program (DeviceBlock, HostBlock below): one function,
+// templated on the block it runs on, that alternates per-thread phases with
+// block-wide sums and maxima; the device runs it with DeviceBlock, the host
+// with HostBlock, thread by thread between the reductions.
+//
 // Plain C++ for g++; the device parts are compiled only by nvcc.
 #pragma once
 #include <cmath>
@@ -105,6 +111,21 @@ ANVIL_HD inline float exp_f32(float x) {
 #endif
 }
 
+// ln x: CUDA's logf on the device (at most 1 ulp off, per the same tables),
+// the C library's on the host.
+ANVIL_HD inline float log_f32(float x) {
+#ifdef __CUDA_ARCH__
+  return logf(x);
+#else
+  return std::log(x);
+#endif
+}
+
+// The larger of a and b by one comparison, the same on the host and the
+// device (fmaxf may pick either zero of ±0, and the two libraries need not
+// pick alike). A NaN b is passed over; a NaN a is kept.
+ANVIL_HD inline float max_f32(float a, float b) { return b > a ? b : a; }
+
 ANVIL_HD inline uint32_t bits_of(float f) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(f);
@@ -145,11 +166,28 @@ ANVIL_HD inline void store_f32(uint16_t* p, int64_t i, float x) { p[i] = bf16_fr
 // (offsets 16, 8, 4, 2, 1), after which lane 0 holds the sum. The block sum is
 // this tree over each warp's threads, then the same tree over the warps' sums
 // (padded with zeros to a warp).
+// block_max combines in the same tree with max_f32, its padding −∞.
+template <class T, class Combine>
+ANVIL_HD inline T warp_tree_on_host(T* lanes, Combine combine) {
+  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2)
+    for (unsigned lane = 0; lane < offset; ++lane) lanes[lane] = combine(lanes[lane], lanes[lane + offset]);
+  return lanes[0];
+}
 template <class T>
 ANVIL_HD inline T warp_tree_on_host(T* lanes) {
-  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2)
-    for (unsigned lane = 0; lane < offset; ++lane) lanes[lane] = lanes[lane] + lanes[lane + offset];
-  return lanes[0];
+  return warp_tree_on_host(lanes, [](T a, T b) { return a + b; });
+}
+
+template <class T, class Combine>
+T block_tree_on_host(const T* partials, unsigned threads, T padding, Combine combine) {
+  T warp_totals[kWarpSize];
+  for (T& v : warp_totals) v = padding;
+  for (unsigned w = 0; w < threads / kWarpSize; ++w) {
+    T lanes[kWarpSize];
+    for (unsigned lane = 0; lane < kWarpSize; ++lane) lanes[lane] = partials[w * kWarpSize + lane];
+    warp_totals[w] = warp_tree_on_host(lanes, combine);
+  }
+  return warp_tree_on_host(warp_totals, combine);
 }
 
 // The sum of a block's per-thread partials (partials[thread_in_block()]) in
@@ -157,13 +195,12 @@ ANVIL_HD inline T warp_tree_on_host(T* lanes) {
 // `threads` is a multiple of the warp size, at most 1024.
 template <class T>
 T block_sum_on_host(const T* partials, unsigned threads) {
-  T warp_sums[kWarpSize] = {};
-  for (unsigned w = 0; w < threads / kWarpSize; ++w) {
-    T lanes[kWarpSize];
-    for (unsigned lane = 0; lane < kWarpSize; ++lane) lanes[lane] = partials[w * kWarpSize + lane];
-    warp_sums[w] = warp_tree_on_host(lanes);
-  }
-  return warp_tree_on_host(warp_sums);
+  return block_tree_on_host(partials, threads, T(0), [](T a, T b) { return a + b; });
+}
+
+// The maximum of a block's partials in block_max's order (max_f32), its bits.
+inline float block_max_on_host(const float* partials, unsigned threads) {
+  return block_tree_on_host(partials, threads, -INFINITY, max_f32);
 }
 
 #ifdef __CUDACC__
@@ -195,6 +232,27 @@ __device__ inline T block_sum(T v) {
   return total;
 }
 
+// The maximum (max_f32) of v over the calling block, returned to every
+// thread; as block_sum, with −∞ for the missing warps.
+__device__ inline float block_max(float v) {
+  __shared__ float warp_maxima[kWarpSize];
+  const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
+  const unsigned lane = t % kWarpSize, warp = t / kWarpSize;
+  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2) v = max_f32(v, __shfl_down_sync(0xffffffffu, v, offset));
+  if (lane == 0) warp_maxima[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const unsigned warps = blockDim.x * blockDim.y / kWarpSize;
+    float m = lane < warps ? warp_maxima[lane] : -INFINITY;
+    for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2) m = max_f32(m, __shfl_down_sync(0xffffffffu, m, offset));
+    if (lane == 0) warp_maxima[0] = m;
+  }
+  __syncthreads();
+  const float total = warp_maxima[0];
+  __syncthreads();
+  return total;
+}
+
 __device__ inline ThreadPos this_thread() {
   return ThreadPos{{blockIdx.x, blockIdx.y}, {threadIdx.x, threadIdx.y}, {gridDim.x, gridDim.y}, {blockDim.x, blockDim.y}};
 }
@@ -207,7 +265,75 @@ __device__ inline void block_reduction(Partial partial, Finish finish) {
   finish(pos, total);
 }
 
+// The block a block program runs on, on the device: each(f) is f(this
+// thread), sum and max reduce f(this thread) over the block. Every thread of
+// the block calls each of them, in the same order.
+struct DeviceBlock {
+  __device__ unsigned index() const { return blockIdx.x; }
+  __device__ unsigned count() const { return gridDim.x; }
+  template <class F>
+  __device__ void each(F&& f) const {
+    f(this_thread());
+  }
+  template <class T, class F>
+  __device__ T sum(F&& f) const {
+    return block_sum<T>(f(this_thread()));
+  }
+  template <class F>
+  __device__ float max(F&& f) const {
+    return block_max(f(this_thread()));
+  }
+};
+
 #else
+
+// A block program's block on the host: each(f) runs f for every thread of
+// the block, sum and max collect every thread's f and reduce them in the
+// device's order. A program keeps nothing but block-wide values (row indices,
+// reduction results) outside the functions it hands over: on the host those
+// functions' threads run one after another, so per-thread state between the
+// phases lives in memory, as it does between the device's phases anyway for
+// anything a thread does not itself hold.
+class HostBlock {
+ public:
+  HostBlock(const LaunchShape& s, unsigned block) : pos_{{block, 0}, {}, s.grid, s.block} {}
+  unsigned index() const { return pos_.block.x; }
+  unsigned count() const { return pos_.grid_dim.x; }
+  template <class F>
+  void each(F&& f) {
+    for_threads([&](const ThreadPos& p) { f(p); });
+  }
+  template <class T, class F>
+  T sum(F&& f) {
+    std::vector<T> partials(threads());
+    for_threads([&](const ThreadPos& p) { partials[p.thread_in_block()] = f(p); });
+    return block_sum_on_host(partials.data(), threads());
+  }
+  template <class F>
+  float max(F&& f) {
+    std::vector<float> partials(threads());
+    for_threads([&](const ThreadPos& p) { partials[p.thread_in_block()] = f(p); });
+    return block_max_on_host(partials.data(), threads());
+  }
+
+ private:
+  unsigned threads() const { return pos_.block_dim.x * pos_.block_dim.y; }
+  template <class F>
+  void for_threads(F&& f) {
+    for (pos_.thread.y = 0; pos_.thread.y < pos_.block_dim.y; ++pos_.thread.y)
+      for (pos_.thread.x = 0; pos_.thread.x < pos_.block_dim.x; ++pos_.thread.x) f(static_cast<const ThreadPos&>(pos_));
+  }
+  ThreadPos pos_;
+};
+
+// A block program's host run: program(block) for every block of a 1-D grid.
+template <class Program>
+void for_each_block_on_host(const LaunchShape& s, Program&& program) {
+  for (unsigned b = 0; b < s.grid.x; ++b) {
+    HostBlock block(s, b);
+    program(block);
+  }
+}
 
 // body(pos) for every thread of every block of the grid, block by block.
 template <class Body>
