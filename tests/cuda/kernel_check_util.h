@@ -20,9 +20,10 @@
 
 namespace anvil::testing {
 
+// float f32, uint16_t bf16 bits, int32_t i32.
 template <class T>
 constexpr DType dtype_for() {
-  return std::is_same_v<T, float> ? DType::f32 : DType::bf16;
+  return std::is_same_v<T, float> ? DType::f32 : std::is_same_v<T, int32_t> ? DType::i32 : DType::bf16;
 }
 template <class T>
 std::string type_name() {
