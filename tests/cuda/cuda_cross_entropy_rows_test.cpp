@@ -24,7 +24,8 @@
 // roundings below it. dlogits (softmax·scale, or (p − 1)·scale at the
 // target): p = exp(l − lse) to p·(E_lse + |l − lse| + 4 + 1), −1 one rounding
 // of |p − 1|, ·scale one more; floored exponents (l − lse < −86) add
-// exp(−86)·scale; bf16 dlogits their final rounding.
+// exp(−86)·scale; subnormal dlogits (·scale) a rounding of half 2^-149 not
+// u relative, 2^-149 in all; bf16 dlogits their final rounding.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -159,6 +160,7 @@ template <class T, class D>
 void check_dlogits(const std::string& what, const Problem<T>& pb, const Reference& ref, const std::vector<D>& dlogits) {
   std::vector<double> want(dlogits.size()), bound(dlogits.size());
   const double floor_term = std::exp(static_cast<double>(kernel::kCrossEntropyExpMin)) * kScale / kU;
+  const double subnormal = std::ldexp(1.0, -149) / kU;
   for (int64_t i = 0; i < kM; ++i)
     for (int64_t v = 0; v < kV; ++v) {
       const size_t at = static_cast<size_t>(i * kV + v);
@@ -166,9 +168,10 @@ void check_dlogits(const std::string& what, const Problem<T>& pb, const Referenc
       const double z = pb.logit(i, v) - ref.lse[i], p = std::exp(z);
       const double p_bound = p * (ref.lse_bound[i] + std::fabs(z) + 5);
       if (v == pb.targets[i]) {
-        want[at] = (p - 1) * kScale, bound[at] = kScale * (p_bound + std::fabs(p - 1) * 2 + 1);
+        want[at] = (p - 1) * kScale, bound[at] = kScale * (p_bound + std::fabs(p - 1) * 2 + 1) + subnormal;
       } else {
-        want[at] = p * kScale, bound[at] = kScale * (p_bound + p + 1) + (z < kernel::kCrossEntropyExpMin ? floor_term : 0);
+        want[at] = p * kScale,
+        bound[at] = kScale * (p_bound + p + 1) + subnormal + (z < kernel::kCrossEntropyExpMin ? floor_term : 0);
       }
     }
   expect_within(what + " dlogits (scale: its bound)", dlogits, want, bound, 1);
