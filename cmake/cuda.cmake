@@ -60,8 +60,8 @@ find_path(ANVIL_CCCL_INCLUDE_DIR cuda/std/version PATHS ${CUDAToolkit_INCLUDE_DI
 # which version was loaded and warns when it is older than the one built
 # against (cuda/device.h).
 file(GLOB ANVIL_VENV_SITE_PACKAGES ${CMAKE_SOURCE_DIR}/.venv/lib/python3*/site-packages)
-set(ANVIL_CUDNN_SETUP "run scripts/setup.sh, which installs nvidia-cudnn-cu13==9.14.0.64 and "
-                      "nvidia-cudnn-frontend==1.15.0 into .venv where nvcc is found")
+string(CONCAT ANVIL_CUDNN_SETUP "run scripts/setup.sh, which installs nvidia-cudnn-cu13==9.14.0.64 and "
+              "nvidia-cudnn-frontend==1.15.0 into .venv where nvcc is found")
 find_path(ANVIL_CUDNN_INCLUDE_DIR cudnn_version.h PATHS ${ANVIL_VENV_SITE_PACKAGES} PATH_SUFFIXES nvidia/cudnn/include
           NO_DEFAULT_PATH NO_CACHE)
 find_library(ANVIL_CUDNN_LIBRARY NAMES libcudnn.so.9 PATHS ${ANVIL_VENV_SITE_PACKAGES} PATH_SUFFIXES nvidia/cudnn/lib
