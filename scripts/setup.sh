@@ -45,3 +45,26 @@ fi
 # data packages (scripts/prepare_data.sh, scripts/prepare_llama3_tokenizer.sh).
 source scripts/venv.sh
 ensure_venv setup .venv tokenizers==0.23.3 tiktoken==0.14.0
+
+# The CUDA build only (where nvcc is found; the CPU-only root gets nothing):
+# cuDNN 9.14 and cuDNN's frontend 1.15 from PyPI into .venv. The GPU machine
+# Anvil is checked on has cuDNN 9.14, and cuDNN does not promise to run with
+# an older minor version than the one a binary was built against, so the
+# build compiles and links against 9.14 whatever cuDNN this machine has
+# (cmake/cuda.cmake finds them there). Frontend 1.15 is the one NVIDIA
+# recommends for cuDNN 9.13.1 up to 9.15 (1.16 for 9.15 on); its C++ API is
+# header-only (the wheel's include/), the wheel's Python module is unused.
+# --no-deps: the cuDNN wheel asks for PyPI's cuBLAS, which the toolkit has.
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  cudnn_pins=(nvidia-cudnn-cu13==9.14.0.64 nvidia-cudnn-frontend==1.15.0)
+  if .venv/bin/python - "${cudnn_pins[@]}" <<'PY' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+sys.exit(any(version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
+PY
+    echo "setup: .venv has ${cudnn_pins[*]}"
+  else
+    echo "setup: installing ${cudnn_pins[*]} into .venv (the CUDA build's cuDNN)"
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-deps "${cudnn_pins[@]}"
+  fi
+fi

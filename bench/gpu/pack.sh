@@ -3,6 +3,10 @@
 # CUDA build's binaries and the Debian shared libraries they load that the GPU
 # machine's Ubuntu lacks (oneDNN, Open MPI, toml++, PCRE2, ...; not the C
 # library, the C++ runtime, or CUDA's own, which are there), as .gpu/anvil-gpu.tar.xz.
+# cuDNN is never packed: the binaries are built against cuDNN 9.14 from .venv
+# (cmake/cuda.cmake), and their RUNPATH to that folder names nothing on the GPU
+# machine, so there they load its own cuDNN 9.14, never the 9.19 of this
+# machine's CUDA folder; `anvil info` prints the version loaded.
 # Build first: cmake -S . -B build-cuda -DANVIL_CUDA=ON && cmake --build build-cuda
 #
 #   bench/gpu/pack.sh [BUILD_DIR]      (default build-cuda)

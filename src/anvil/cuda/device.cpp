@@ -48,16 +48,42 @@ CudaLibraryVersions cuda_library_versions() {
     v.cublas = major * 10000 + minor * 100 + patch;
   v.cublaslt = cublasLtGetVersion();
   v.cudnn = cudnnGetVersion();
+  v.cudnn_built = CUDNN_VERSION;
   return v;
+}
+
+namespace {
+
+std::string dotted(size_t x) { return detail::concat(x / 10000, ".", x / 100 % 100, ".", x % 100); }
+
+// At start-up of every binary with the CUDA backend: this file is linked into
+// each (`anvil info`, the device checks of the CUDA tests), and the check needs
+// no GPU, so a cuDNN older than the build's is named before anything runs.
+// Only cuDNN is asked (the other libraries' versions play no part).
+const bool cudnn_version_warned = [] {
+  CudaLibraryVersions v;
+  v.cudnn = cudnnGetVersion();
+  v.cudnn_built = CUDNN_VERSION;
+  const std::string warning = cudnn_version_warning(v);
+  if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
+  return !warning.empty();
+}();
+
+}  // namespace
+
+std::string cudnn_version_warning(const CudaLibraryVersions& v) {
+  if (v.cudnn >= v.cudnn_built) return "";
+  return detail::concat("warning: cuDNN ", dotted(v.cudnn), " is loaded, older than the cuDNN ", dotted(v.cudnn_built),
+                        " Anvil was built against; cuDNN does not promise to run with an older version than that");
 }
 
 std::string cuda_report() {
   const CudaLibraryVersions v = cuda_library_versions();
-  const auto dotted = [](size_t x) { return detail::concat(x / 10000, ".", x / 100 % 100, ".", x % 100); };
   std::string s = detail::concat("CUDA runtime: ", v.runtime / 1000, ".", v.runtime % 1000 / 10, " (static); driver: ",
                                  v.driver ? detail::concat(v.driver / 1000, ".", v.driver % 1000 / 10) : "none",
                                  "; cuBLAS ", dotted(static_cast<size_t>(v.cublas)), ", cuBLASLt ", dotted(v.cublaslt),
-                                 ", cuDNN ", dotted(v.cudnn), "\n");
+                                 ", cuDNN ", dotted(v.cudnn), " (built against ", dotted(v.cudnn_built), ")\n");
+  if (const std::string warning = cudnn_version_warning(v); !warning.empty()) s += warning + "\n";
   std::string why;
   const auto devices = cuda_devices(&why);
   if (devices.empty()) s += "CUDA devices: none (" + why + ")\n";
