@@ -49,8 +49,9 @@ find_path(ANVIL_CCCL_INCLUDE_DIR cuda/std/version PATHS ${CUDAToolkit_INCLUDE_DI
 # Anvil is checked on has cuDNN 9.14, and cuDNN does not promise to run with
 # an older minor version than the one built against, so the build takes 9.14
 # whatever cuDNN the toolkit here carries (CUDA 13.0's folder has 9.19).
-# Searched anew at each configure (NO_CACHE), so a build folder configured
-# before keeps no path to another cuDNN.
+# Searched anew at each configure (NO_CACHE, and any cache entry of the same
+# name, which would stop the search, dropped first), so a build folder
+# configured before keeps no path to another cuDNN.
 #
 # The binary loads libcudnn.so.9 as a shared library (libcudnn.so.9 dlopens
 # its engines beside itself, by its RUNPATH $ORIGIN). In the build tree the
@@ -62,6 +63,9 @@ find_path(ANVIL_CCCL_INCLUDE_DIR cuda/std/version PATHS ${CUDAToolkit_INCLUDE_DI
 file(GLOB ANVIL_VENV_SITE_PACKAGES ${CMAKE_SOURCE_DIR}/.venv/lib/python3*/site-packages)
 string(CONCAT ANVIL_CUDNN_SETUP "run scripts/setup.sh, which installs nvidia-cudnn-cu13==9.14.0.64 and "
               "nvidia-cudnn-frontend==1.15.0 into .venv where nvcc is found")
+unset(ANVIL_CUDNN_INCLUDE_DIR CACHE)
+unset(ANVIL_CUDNN_LIBRARY CACHE)
+unset(ANVIL_CUDNN_FRONTEND_INCLUDE_DIR CACHE)
 find_path(ANVIL_CUDNN_INCLUDE_DIR cudnn_version.h PATHS ${ANVIL_VENV_SITE_PACKAGES} PATH_SUFFIXES nvidia/cudnn/include
           NO_DEFAULT_PATH NO_CACHE)
 find_library(ANVIL_CUDNN_LIBRARY NAMES libcudnn.so.9 PATHS ${ANVIL_VENV_SITE_PACKAGES} PATH_SUFFIXES nvidia/cudnn/lib

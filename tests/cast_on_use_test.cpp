@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "anvil/core/allocator.h"
-#include "anvil/model/cast_on_use.h"
 #include "anvil/model/llama.h"
 #include "test_util.h"
 
@@ -42,10 +41,8 @@ TEST(CastOnUse, GradientsEqualAKeptBf16CopyBitForBit) {
       for (const ReshardPolicy reshard : kReshard) {
         SCOPED_TRACE(std::string(tied ? "tied, " : "") + ac_mode_name(policy.mode) + ", reshard " +
                      std::to_string(static_cast<int>(reshard)));
-        Llama cast(args, DType::bf16, T, LlamaOptions{.compute_copy = ComputeCopy::per_group});
+        Llama cast(args, DType::bf16, T, LlamaOptions{.compute_copy = ComputeCopy::per_group, .cast_reshard = reshard});
         cast.params().init(7);
-        CastOnUse hooks(cast.params(), reshard, tied ? 0 : -1, nullptr);
-        cast.set_hooks(&hooks);
         const size_t before = live_parameter_bytes();
         whole.params().zero_grad();
         cast.params().zero_grad();
@@ -70,10 +67,8 @@ TEST(CastOnUse, ParameterPeakIsTheMasterAndTheGroupsInUse) {
       const ModelArgs args = small_llama(tied);
       Tensor tokens, targets;
       make_batch(B, T, args.vocab_size, tokens, targets);
-      Llama cast(args, DType::bf16, T, LlamaOptions{.compute_copy = ComputeCopy::per_group});
+      Llama cast(args, DType::bf16, T, LlamaOptions{.compute_copy = ComputeCopy::per_group, .cast_reshard = reshard});
       cast.params().init(7);
-      CastOnUse hooks(cast.params(), reshard, tied ? 0 : -1, nullptr);
-      cast.set_hooks(&hooks);
       cast.params().zero_grad();
       const std::vector<ParamGroup>& groups = cast.params().groups();
       const size_t master = static_cast<size_t>(cast.params().numel()) * 4;

@@ -4,8 +4,10 @@
 # go through the memory hierarchy and silently cost a memory-bound kernel much
 # of its bandwidth. Compiles each ops/cuda/*.cu for sm_90a alone with ptxas's
 # report (-Xptxas -v) and fails, naming the kernel and its figures, when a
-# stack frame, a spill or local memory (lmem) is reported. The toolkit here
-# carries no cuobjdump to read the built library, hence the compile.
+# stack frame, a spill or local memory (lmem) is reported; warnings are errors,
+# as in the build (a host-only call in device code only warns, and compiles the
+# kernel to nothing). The toolkit here carries no cuobjdump to read the built
+# library, hence the compile.
 # Usage: kernel_budget_check.sh NVCC SOURCE_DIR FILE.cu...
 set -euo pipefail
 nvcc=$1 src=$2
@@ -15,7 +17,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 status=0 kernels=0
 for cu in "$@"; do
-  "$nvcc" -std=c++20 -arch=sm_90a --cubin -Xptxas -v -DANVIL_CUDA -I"$src" -o "$scratch/k.cubin" "$cu" \
+  "$nvcc" -std=c++20 -arch=sm_90a --cubin -Xptxas -v -Werror=all-warnings -DANVIL_CUDA -I"$src" -o "$scratch/k.cubin" "$cu" \
     >"$scratch/report" 2>&1 || { cat "$scratch/report"; echo "kernel_budget_check: $cu did not compile" >&2; exit 2; }
   # ptxas names each function, then gives its frame and spills, then its registers (and lmem, when any).
   if ! awk -v file="$(basename "$cu")" '

@@ -162,6 +162,9 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+#ifdef ANVIL_CUDA
+  anvil::warn_if_cudnn_is_older();  // before anything runs; needs no GPU
+#endif
   try {
     const std::string cmd = argv[1];
     const std::vector<std::string> rest(argv + 2, argv + argc);

@@ -56,20 +56,15 @@ namespace {
 
 std::string dotted(size_t x) { return detail::concat(x / 10000, ".", x / 100 % 100, ".", x % 100); }
 
-// At start-up of every binary with the CUDA backend: this file is linked into
-// each (`anvil info`, the device checks of the CUDA tests), and the check needs
-// no GPU, so a cuDNN older than the build's is named before anything runs.
-// Only cuDNN is asked (the other libraries' versions play no part).
-const bool cudnn_version_warned = [] {
-  CudaLibraryVersions v;
+}  // namespace
+
+void warn_if_cudnn_is_older() {
+  CudaLibraryVersions v;  // only cuDNN is asked: the other libraries' versions play no part
   v.cudnn = cudnnGetVersion();
   v.cudnn_built = CUDNN_VERSION;
-  const std::string warning = cudnn_version_warning(v);
-  if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
-  return !warning.empty();
-}();
-
-}  // namespace
+  if (const std::string warning = cudnn_version_warning(v); !warning.empty())
+    std::fprintf(stderr, "%s\n", warning.c_str());
+}
 
 std::string cudnn_version_warning(const CudaLibraryVersions& v) {
   if (v.cudnn >= v.cudnn_built) return "";

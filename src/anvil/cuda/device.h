@@ -35,8 +35,9 @@ CudaLibraryVersions cuda_library_versions();
 // One line saying that the loaded cuDNN is older than the one built against
 // (cuDNN does not promise to run with an older minor version than that), or
 // "" when it is not. Printed on standard error when a binary with the CUDA
-// backend starts, and by `anvil info`.
+// backend starts (warn_if_cudnn_is_older, from `anvil`'s main), and by `anvil info`.
 std::string cudnn_version_warning(const CudaLibraryVersions& v);
+void warn_if_cudnn_is_older();
 
 // Lines for `anvil info`: the libraries, then each GPU or why there is none.
 std::string cuda_report();

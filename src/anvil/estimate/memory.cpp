@@ -70,7 +70,8 @@ MemoryEstimate estimate_memory(const ModelArgs& args, const TrainShape& shape) {
   {
     DryRun dry;
     TrackingAllocator& alloc = dry.allocator();
-    Llama model(args, shape.compute_dtype, shape.seq_len);
+    // As the trainer holds a process's whole model: bf16 weights cast per block.
+    Llama model(args, shape.compute_dtype, shape.seq_len, LlamaOptions{.compute_copy = ComputeCopy::per_group});
     if (model.moe_state()) model.set_step_sequences(shape.local_batch_size);
     std::vector<Tensor> batches;
     for (int64_t i = 0; i < std::max<int64_t>(1, shape.micro_batches); ++i)

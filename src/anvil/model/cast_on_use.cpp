@@ -2,8 +2,8 @@
 
 namespace anvil {
 
-CastOnUse::CastOnUse(ParamStore& params, ReshardPolicy reshard, int tied_group, ParamGroupHooks* inner)
-    : params_(params), reshard_(reshard), tied_group_(tied_group), inner_(inner), cast_(params.groups().size()) {
+CastOnUse::CastOnUse(ParamStore& params, ReshardPolicy reshard, int tied_group)
+    : params_(params), reshard_(reshard), tied_group_(tied_group), cast_(params.groups().size()) {
   ANVIL_ASSERT(params.compute_copy() == ComputeCopy::per_group && params.compute_dtype() == DType::bf16,
                "CastOnUse needs a bf16 store without a whole compute copy");
 }

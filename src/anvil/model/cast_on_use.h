@@ -22,7 +22,8 @@
 #pragma once
 #include <vector>
 
-#include "anvil/model/llama.h"
+#include "anvil/core/tensor.h"
+
 #include "anvil/model/params.h"
 #include "anvil/model/reshard_policy.h"
 
@@ -31,9 +32,11 @@ namespace anvil {
 class CastOnUse : public ParamGroupHooks {
  public:
   // `params` has ComputeCopy::per_group and bf16 compute. tied_group: the
-  // embedding's group when the head reads its weight, else -1. inner: hooks
-  // to run as well (not owned; may be null).
-  CastOnUse(ParamStore& params, ReshardPolicy reshard, int tied_group, ParamGroupHooks* inner);
+  // embedding's group when the head reads its weight, else -1. A Llama built
+  // with ComputeCopy::per_group makes its own (LlamaOptions).
+  CastOnUse(ParamStore& params, ReshardPolicy reshard, int tied_group);
+  // Hooks to run as well, inside the casts (not owned; null: none).
+  void set_inner(ParamGroupHooks* inner) { inner_ = inner; }
 
   void before_forward(int group) override;
   void after_forward(int group) override;
@@ -53,7 +56,7 @@ class CastOnUse : public ParamGroupHooks {
   ParamStore& params_;
   ReshardPolicy reshard_;
   int tied_group_;
-  ParamGroupHooks* inner_;
+  ParamGroupHooks* inner_ = nullptr;
   std::vector<Tensor> cast_;  // per group; undefined while not cast
 };
 

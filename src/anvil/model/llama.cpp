@@ -150,6 +150,18 @@ Llama::Llama(const ModelArgs& args, DType compute_dtype, int64_t max_seq_len, co
     }
     stages_.push_back(st);
   }
+  if (compute_dtype == DType::bf16 && options.compute_copy == ComputeCopy::per_group) {
+    // A tied head reads the embedding's weight, which is then in this stage (checked above).
+    cast_ = std::make_unique<CastOnUse>(params_, options.cast_reshard, args.tie_embeddings ? group_of_module(0) : -1);
+    hooks_ = cast_.get();
+  }
+}
+
+void Llama::set_hooks(ParamGroupHooks* hooks) {
+  if (cast_)
+    cast_->set_inner(hooks);
+  else
+    hooks_ = hooks ? hooks : &no_hooks_;
 }
 
 void Llama::set_step_sequences(int64_t sequences) {

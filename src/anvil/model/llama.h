@@ -22,6 +22,7 @@
 #include "anvil/model/kv_cache.h"
 #include "anvil/model/output_head.h"
 #include "anvil/model/parallel_style.h"
+#include "anvil/model/cast_on_use.h"
 #include "anvil/model/params.h"
 #include "anvil/model/token_embedding.h"
 #include "anvil/model/transformer_block.h"
@@ -29,22 +30,6 @@
 #include "anvil/ops/rope.h"
 
 namespace anvil {
-
-// The seam where data parallelism acts, never inside kernels: the model calls
-// these around each module's use, numbering the modules it holds from 0 (each
-// module's parameters are one group; see Llama::group_of_module). FSDP gathers
-// a group's weights before and reshards them and reduce-scatters its gradients
-// after; DDP starts a bucket's all-reduce when its backward is done. The head's
-// forward and backward are one fused pass: it sees before_forward,
-// before_backward, after_backward.
-class ParamGroupHooks {
- public:
-  virtual ~ParamGroupHooks() = default;
-  virtual void before_forward(int group) {}
-  virtual void after_forward(int group) {}
-  virtual void before_backward(int group) {}
-  virtual void after_backward(int group) {}
-};
 
 // Modules in the whole model: the embedding, the blocks, the head.
 inline int llama_num_modules(const ModelArgs& args) { return static_cast<int>(args.n_layers) + 2; }
@@ -71,8 +56,10 @@ struct LlamaOptions {
   // someone who owns its weights (FSDP).
   bool allocate_params = true;
   // In bf16: a bf16 copy of every weight kept, or each group's cast while it
-  // runs (ParamStore's ComputeCopy; model/cast_on_use.h).
+  // runs (ParamStore's ComputeCopy), by the model's own CastOnUse hooks
+  // (model/cast_on_use.h) and this rule of when a cast is let go.
   ComputeCopy compute_copy = ComputeCopy::whole;
+  ReshardPolicy cast_reshard = ReshardPolicy::default_policy;
   // Expert parallelism (a mixture of experts): this rank holds experts
   // [rank·E/size, (rank+1)·E/size) of every layer and exchanges routed rows
   // through `expert_exchange` (not owned; null when size is 1).
@@ -176,8 +163,14 @@ class Llama {
   Tensor forward_cached(const Tensor& tokens, const std::vector<int64_t>& slots, const std::vector<int64_t>& positions,
                         KvCache& cache);
 
-  // Not owned; null: no hooks (a single process).
-  void set_hooks(ParamGroupHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
+  // Not owned; null: no hooks (a single process). Under a per-group cast
+  // they run inside the model's casts (CastOnUse).
+  void set_hooks(ParamGroupHooks* hooks);
+  // Frees the casts a group keeps for a backward that will not come (after an
+  // evaluation, a step stopped mid-way, or a load of the master weights).
+  void release_casts() {
+    if (cast_) cast_->release();
+  }
 
   // ---- Mixture of experts ----
   // What the MoE layers did this step and the scale of their auxiliary
@@ -213,6 +206,7 @@ class Llama {
   std::vector<TransformerBlock> blocks_;       // every stage's, in module order
   std::unique_ptr<OutputHead> head_;           // null unless this rank holds the last module
   ParamGroupHooks no_hooks_;
+  std::unique_ptr<CastOnUse> cast_;  // with ComputeCopy::per_group in bf16
   ParamGroupHooks* hooks_ = &no_hooks_;
   MoeStepState moe_state_;  // the blocks hold its address: Llama is not copied or moved
   ExpertExchange* expert_exchange_ = nullptr;

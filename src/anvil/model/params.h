@@ -179,4 +179,20 @@ class ParamStore {
   Tensor master_, compute_, grads_;
 };
 
+// The seam where data parallelism acts, never inside kernels: the model calls
+// these around each module's use, numbering the modules it holds from 0 (each
+// module's parameters are one group; see Llama::group_of_module). FSDP gathers
+// a group's weights before and reshards them and reduce-scatters its gradients
+// after; DDP starts a bucket's all-reduce when its backward is done. The head's
+// forward and backward are one fused pass: it sees before_forward,
+// before_backward, after_backward.
+class ParamGroupHooks {
+ public:
+  virtual ~ParamGroupHooks() = default;
+  virtual void before_forward(int group) {}
+  virtual void after_forward(int group) {}
+  virtual void before_backward(int group) {}
+  virtual void after_backward(int group) {}
+};
+
 }  // namespace anvil

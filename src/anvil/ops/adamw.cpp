@@ -18,22 +18,12 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 15;  // elements per chunk at least
 
-// Per-step constants, worked out once on the host (in double where powers are
-// involved) so the inner loop is only multiplies, adds, one sqrt and one divide.
-struct Coeffs {
-  float decay;         // 1 − lr·wd
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;     // lr / (1 − β1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 − β2^t)
-  float eps;
-  float grad_scale;
-};
-
-// The update of one element, written the same way in both paths below:
-//   denom = sqrt(v)/sqrt(1 − β2^t) + eps  (= sqrt(v̂) + eps, as torch computes it)
-//   p     = p·(1 − lr·wd) − step_size · m/denom
-
+// The update of one element, the same FMAs and roundings in both paths below
+// (and in the CUDA twin), so every CPU gives the same bits:
+//   m     = fma(m, β1, g·(1 − β1))
+//   v     = fma(v, β2, (g·g)·(1 − β2))
+//   denom = fma(sqrt(v), 1/sqrt(1 − β2^t), eps)  (= sqrt(v̂) + eps, as torch computes it)
+//   p     = fma(−step_size, m/denom, p·(1 − lr·wd))
 #ifdef ANVIL_ADAMW_AVX512
 
 inline __mmask16 tail_mask(int64_t remaining) {
@@ -42,7 +32,7 @@ inline __mmask16 tail_mask(int64_t remaining) {
 
 
 template <bool kWriteBf16>
-void adamw_range(const Coeffs& c, float* p, const float* g, float* m, float* v, bf16* pb, int64_t lo, int64_t hi) {
+void adamw_range(const AdamWCoeffs& c, float* p, const float* g, float* m, float* v, bf16* pb, int64_t lo, int64_t hi) {
   const __m512 decay = _mm512_set1_ps(c.decay);
   const __m512 b1 = _mm512_set1_ps(c.beta1), omb1 = _mm512_set1_ps(c.one_minus_beta1);
   const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_beta2);
@@ -65,13 +55,13 @@ void adamw_range(const Coeffs& c, float* p, const float* g, float* m, float* v, 
 #else  // portable fallback
 
 template <bool kWriteBf16>
-void adamw_range(const Coeffs& c, float* p, const float* g, float* m, float* v, bf16* pb, int64_t lo, int64_t hi) {
+void adamw_range(const AdamWCoeffs& c, float* p, const float* g, float* m, float* v, bf16* pb, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) {
     const float gi = g[i] * c.grad_scale;
-    const float mi = m[i] * c.beta1 + gi * c.one_minus_beta1;
-    const float vi = v[i] * c.beta2 + gi * gi * c.one_minus_beta2;
-    const float denom = std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps;
-    const float pi = p[i] * c.decay - c.step_size * (mi / denom);
+    const float mi = std::fma(m[i], c.beta1, gi * c.one_minus_beta1);
+    const float vi = std::fma(v[i], c.beta2, (gi * gi) * c.one_minus_beta2);
+    const float denom = std::fma(std::sqrt(vi), c.inv_sqrt_bc2, c.eps);
+    const float pi = std::fma(-c.step_size, mi / denom, p[i] * c.decay);
     m[i] = mi, v[i] = vi, p[i] = pi;
     if constexpr (kWriteBf16) pb[i] = from_f32<bf16>(pi);
   }
@@ -85,6 +75,23 @@ void check_f32(const Tensor& t, int64_t n, const char* name) {
 }
 
 }  // namespace
+
+AdamWCoeffs adamw_coeffs(const AdamWConfig& cfg, int64_t step, float grad_scale) {
+  const double t = static_cast<double>(step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), t);
+  AdamWCoeffs c;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
+  c.beta1 = cfg.beta1;
+  c.one_minus_beta1 = 1.0f - cfg.beta1;  // exact in f32 for β in [0.5, 1) (Sterbenz)
+  c.beta2 = cfg.beta2;
+  c.one_minus_beta2 = 1.0f - cfg.beta2;
+  c.step_size = static_cast<float>(cfg.lr / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.eps = cfg.eps;
+  c.grad_scale = grad_scale;
+  return c;
+}
 
 void check_adamw_config(const AdamWConfig& c) {
   auto bad = [](const char* name, float value, const char* rule) {
@@ -119,20 +126,7 @@ void adamw_step(const AdamWConfig& cfg, int64_t step, Tensor& p, const Tensor& g
   }
 
   if (dry_run()) return;
-  const double t = static_cast<double>(step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), t);
-  Coeffs c;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
-  c.beta1 = cfg.beta1;
-  c.one_minus_beta1 = 1.0f - cfg.beta1;  // exact in f32 for β in [0.5, 1) (Sterbenz)
-  c.beta2 = cfg.beta2;
-  c.one_minus_beta2 = 1.0f - cfg.beta2;
-  c.step_size = static_cast<float>(cfg.lr / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.eps = cfg.eps;
-  c.grad_scale = grad_scale;
-
+  const AdamWCoeffs c = adamw_coeffs(cfg, step, grad_scale);
   float* pp = p.data<float>();
   const float* gp = g.data<float>();
   float* mp = m.data<float>();

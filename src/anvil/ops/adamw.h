@@ -31,6 +31,20 @@ struct AdamWConfig {
 // (lr ≥ 0, 0 ≤ β < 1, eps > 0, weight_decay ≥ 0, all finite).
 void check_adamw_config(const AdamWConfig& cfg);
 
+// One step's constants, worked out once on the host (in double where powers
+// are involved) so the inner loop is only multiplies, FMAs, one sqrt and one
+// divide: the CPU kernel and its CUDA twin (ops/cuda/adamw_body.h) use these.
+struct AdamWCoeffs {
+  float decay;  // 1 − lr·wd
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float step_size;     // lr / (1 − β1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 − β2^t)
+  float eps;
+  float grad_scale;
+};
+AdamWCoeffs adamw_coeffs(const AdamWConfig& cfg, int64_t step, float grad_scale);
+
 // One AdamW step for one parameter tensor; any shape, all with the same numel n.
 // cfg         hyper-parameters (lr is the learning rate of this step, after any schedule)
 // step        t, counted from 1 (the bias corrections use it); throws anvil::Error if t < 1

@@ -15,7 +15,6 @@
 #include "anvil/distributed/expert_parallel.h"
 #include "anvil/distributed/fsdp.h"
 #include "anvil/distributed/tensor_parallel.h"
-#include "anvil/model/cast_on_use.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/pipeline/executor.h"
@@ -35,7 +34,7 @@ namespace {
 // Under context parallelism the style (the tensor-parallel one, or a plain
 // one made for it) runs RoPE and attention through `cp`.
 void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType compute_dtype,
-                 bool allocate_params, ComputeCopy compute_copy, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
+                 bool allocate_params, ComputeCopy compute_copy, ReshardPolicy reshard, std::unique_ptr<TensorParallelStyle>& tp, std::unique_ptr<ContextParallel>& cp,
                  std::unique_ptr<ParallelStyle>& plain_style, std::unique_ptr<ExpertExchange>& experts,
                  std::unique_ptr<Llama>& model) {
   if (par.ep_size > 1)
@@ -56,6 +55,7 @@ void build_model(const JobConfig& cfg, const ModelArgs& args, const ParallelDims
                                                .parallel_style = style,
                                                .allocate_params = allocate_params,
                                                .compute_copy = compute_copy,
+                                               .cast_reshard = reshard,
                                                .expert_shard = {par.ep_rank, par.ep_size},
                                                .expert_exchange = experts.get()});
 }
@@ -80,12 +80,13 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   // bytes per parameter, as FSDP2 on one device), except under pipeline
   // parallelism, where every micro-batch would cast each group again: there a
   // whole bf16 copy is kept, as FSDP under PP keeps its gathered weights.
+  // (The model makes its casts itself: LlamaOptions::compute_copy.)
   const ComputeCopy copy = !fsdp_mode && par.pp_size == 1 ? ComputeCopy::per_group : ComputeCopy::whole;
-  std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
-  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, copy, tp_, cp_, plain_style_, experts_,
-              model_);
-  ParamStore& ps = model_->params();
   const ReshardPolicy reshard = parse_reshard_policy(cfg.parallelism.fsdp_reshard_after_forward);
+  std::optional<ScopedPhase> setup_phase(std::in_place, SpanCategory::step, "model.init");
+  build_model(cfg, args, par, compute_dtype, /*allocate_params=*/!fsdp_mode, copy, reshard, tp_, cp_, plain_style_,
+              experts_, model_);
+  ParamStore& ps = model_->params();
   if (fsdp_mode) {
     const bool hsdp = par.mesh->layout().dp_replicate() > 1;
     // Under expert parallelism each rank's experts are sharded over the ranks holding the same ones.
@@ -101,11 +102,6 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   } else if (par.mode == DataParallelMode::ddp) {
     ddp_ = std::make_unique<DdpGradSync>(ps, par.mesh->dp());
     model_->set_hooks(ddp_.get());
-  }
-  if (compute_dtype == DType::bf16 && copy == ComputeCopy::per_group) {
-    // The whole model is this rank's one stage, so the embedding is group 0.
-    cast_ = std::make_unique<CastOnUse>(ps, reshard, args.tie_embeddings ? 0 : -1, ddp_.get());
-    model_->set_hooks(cast_.get());
   }
   // What the layout should send per step, to set against what it does.
   if (fsdp_)
@@ -131,8 +127,9 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   setup_phase.reset();
   ps.release_grads();  // each step's backward creates them
   // AdamW updates this rank's master weights (its FSDP shard, or the model's) and their bf16 copy, if one is kept.
-  Tensor* compute_copy =
-      compute_dtype == DType::bf16 && !cast_ ? (fsdp_ ? &fsdp_->compute() : &ps.compute_flat()) : nullptr;
+  Tensor* compute_copy = compute_dtype == DType::bf16 && copy == ComputeCopy::whole
+                            ? (fsdp_ ? &fsdp_->compute() : &ps.compute_flat())
+                            : nullptr;
   optimizer_ = std::make_unique<RankOptimizer>(fsdp_ ? fsdp_->master() : ps.master_flat(), compute_copy);
 }
 
@@ -151,7 +148,7 @@ void ParallelizedModel::print_comm_closed_form() const {
 Tensor& ParallelizedModel::master() { return fsdp_ ? fsdp_->master() : model_->params().master_flat(); }
 
 void ParallelizedModel::sync_compute_copy() {
-  if (cast_) cast_->release();  // a group kept cast holds the weights before the load
+  model_->release_casts();  // a group kept cast holds the weights before the load
   if (fsdp_)
     fsdp_->sync_compute_copy();
   else
@@ -290,7 +287,7 @@ ForwardBackwardResult ParallelizedModel::forward_backward(const MicroBatches& ba
 CrossEntropyResult ParallelizedModel::evaluate(const Tensor& tokens, const Tensor& targets, const Tensor& documents) {
   if (!pipeline_) {
     const CrossEntropyResult r = evaluate_single_stage(*model_, tokens, targets, documents);
-    if (cast_) cast_->release();  // the last block keeps its cast for a backward that will not come
+    model_->release_casts();  // the last block keeps its cast for a backward that will not come
     return r;
   }
   CrossEntropyResult r = pipeline_->evaluate(tokens, targets, documents);
@@ -309,7 +306,7 @@ void ParallelizedModel::sum_loss_over_pp(double& loss_sum, int64_t& tokens) {
 }
 
 void ParallelizedModel::begin_step() {
-  if (cast_) cast_->release();  // what a step stopped mid-way kept
+  model_->release_casts();  // what a step stopped mid-way kept
   model_->params().zero_kept_grads();  // the first step's backward creates them
   if (fsdp_) fsdp_->zero_grad();
 }

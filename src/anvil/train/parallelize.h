@@ -28,7 +28,6 @@ namespace anvil {
 class Llama;
 class FsdpParams;
 class DdpGradSync;
-class CastOnUse;
 class TensorParallelStyle;
 class ContextParallel;
 class ParallelStyle;
@@ -129,7 +128,6 @@ class ParallelizedModel {
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FsdpParams> fsdp_;
   std::unique_ptr<DdpGradSync> ddp_;
-  std::unique_ptr<CastOnUse> cast_;  // bf16 without FSDP or PP: each group cast while it runs
   std::unique_ptr<PipelineExecutor> pipeline_;  // null without pipeline parallelism
   double comm_closed_form_ = 0;
   bool hold_gathered_ = false;  // FSDP keeps the gathered weights for the step (under PP)

@@ -9,7 +9,7 @@ namespace anvil {
 
 namespace {
 
-__global__ void adamw_kernel(kernel::AdamWCoeffs c, float* __restrict__ p, const float* __restrict__ g,
+__global__ void adamw_kernel(AdamWCoeffs c, float* __restrict__ p, const float* __restrict__ g,
                              float* __restrict__ m, float* __restrict__ v, uint16_t* __restrict__ p_bf16, int64_t n) {
   kernel::adamw_body(kernel::this_thread(), c, p, g, m, v, p_bf16, n);
 }
@@ -24,7 +24,7 @@ void adamw_step_cuda(const AdamWConfig& cfg, int64_t step, float* p, const float
               " is not finite (a NaN/Inf gradient norm?). Stop or skip the step instead of updating the weights.");
   if (n <= 0) return;
   const kernel::LaunchShape s = kernel::adamw_launch_shape(n);
-  adamw_kernel<<<s.grid.x, s.block.x, 0, stream>>>(kernel::adamw_coeffs(cfg, step, grad_scale), p, g, m, v, p_bf16, n);
+  adamw_kernel<<<s.grid.x, s.block.x, 0, stream>>>(adamw_coeffs(cfg, step, grad_scale), p, g, m, v, p_bf16, n);
   check_launch("adamw_step_cuda");
 }
 

@@ -1,8 +1,8 @@
 // AdamW's per-element body (kernel_body.h), the CUDA twin of ops/adamw.cpp.
 //
-// The arithmetic is the CPU kernel's, operation for operation, with the
-// roundings its AVX-512 path has (its portable path is the same expression,
-// which g++ contracts into the same FMAs):
+// The arithmetic is the CPU kernel's, operation for operation, with the same
+// roundings (both its paths write these FMAs explicitly), and the constants
+// are its own (adamw_coeffs, ops/adamw.h):
 //   g' = g·grad_scale
 //   m  = fma(m, β1, g'·(1 − β1))
 //   v  = fma(v, β2, (g'·g')·(1 − β2))
@@ -20,35 +20,6 @@
 #include "anvil/ops/cuda/kernel_body.h"
 
 namespace anvil::kernel {
-
-// The per-step constants, worked out on the host as adamw_step does (in
-// double where powers are involved).
-struct AdamWCoeffs {
-  float decay;  // 1 − lr·wd
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;     // lr / (1 − β1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 − β2^t)
-  float eps;
-  float grad_scale;
-};
-
-inline AdamWCoeffs adamw_coeffs(const AdamWConfig& cfg, int64_t step, float grad_scale) {
-  const double t = static_cast<double>(step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), t);
-  AdamWCoeffs c;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
-  c.beta1 = cfg.beta1;
-  c.one_minus_beta1 = 1.0f - cfg.beta1;
-  c.beta2 = cfg.beta2;
-  c.one_minus_beta2 = 1.0f - cfg.beta2;
-  c.step_size = static_cast<float>(cfg.lr / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.eps = cfg.eps;
-  c.grad_scale = grad_scale;
-  return c;
-}
 
 constexpr unsigned kAdamWThreads = 256;
 
