@@ -23,6 +23,7 @@
 #include "anvil/core/parallel_for.h"
 #ifdef ANVIL_CUDA
 #include "anvil/cuda/device.h"
+#include "anvil/ops/cuda/device_runtime.h"
 #endif
 #include "anvil/distributed/deadline.h"
 #include "anvil/distributed/mesh.h"
@@ -162,6 +163,9 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+#ifdef ANVIL_CUDA
+  anvil::register_cuda_runtime();  // core reaches a GPU through it (core/device.h); touches no GPU yet
+#endif
   try {
     const std::string cmd = argv[1];
     const std::vector<std::string> rest(argv + 2, argv + argc);
