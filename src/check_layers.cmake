@@ -6,7 +6,7 @@
 cmake_minimum_required(VERSION 3.20)
 set(allowed_core core)
 set(allowed_cuda core cuda)
-set(allowed_ops core ops)
+set(allowed_ops core cuda ops)  # cuda: for the CUDA twins (ops/cuda/), built only with the backend
 set(allowed_model core ops model)
 set(allowed_data core data)
 set(allowed_distributed core ops model distributed)

@@ -23,6 +23,7 @@
 #include "anvil/core/parallel_for.h"
 #ifdef ANVIL_CUDA
 #include "anvil/cuda/device.h"
+#include "anvil/ops/cuda/device_runtime.h"
 #endif
 #include "anvil/distributed/deadline.h"
 #include "anvil/distributed/mesh.h"
@@ -163,7 +164,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 #ifdef ANVIL_CUDA
-  anvil::warn_if_cudnn_is_older();  // before anything runs; needs no GPU
+  anvil::warn_if_cudnn_is_older();   // before anything runs; needs no GPU
+  anvil::register_cuda_runtime();  // core reaches a GPU through it (core/device.h); touches no GPU yet
 #endif
   try {
     const std::string cmd = argv[1];

@@ -90,6 +90,7 @@ void DevicePool::release_free_segments() {
 }
 
 void* DevicePool::allocate(size_t bytes, MemCategory category, std::string_view tag) {
+  const std::lock_guard lock(mutex_);
   const size_t size = rounded_size(bytes);
   const bool small = size <= kSmallSize;
   auto& free_blocks = pool(small);
@@ -149,6 +150,7 @@ void DevicePool::absorb_next(Block* b) {
 
 void DevicePool::deallocate(void* ptr) {
   if (ptr == nullptr) return;
+  const std::lock_guard lock(mutex_);
   const auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
   ANVIL_ASSERT(it != live_.end(), "device pool: freeing ", ptr, ", which it did not hand out");
   Block* b = it->second;
@@ -171,9 +173,18 @@ void DevicePool::deallocate(void* ptr) {
   free_blocks.insert(b);
 }
 
-void DevicePool::empty_cache() { release_free_segments(); }
+void DevicePool::empty_cache() {
+  const std::lock_guard lock(mutex_);
+  release_free_segments();
+}
+
+DevicePoolStats DevicePool::stats() const {
+  const std::lock_guard lock(mutex_);
+  return stats_;
+}
 
 void DevicePool::reset_peak() {
+  const std::lock_guard lock(mutex_);
   stats_.peak = stats_.live;
   stats_.peak_allocated = stats_.allocated;
   stats_.peak_reserved = stats_.reserved;

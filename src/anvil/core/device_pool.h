@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -87,7 +88,7 @@ class DevicePool {
   // Peaks restart from what is live (torch.cuda.reset_peak_memory_stats()).
   void reset_peak();
 
-  DevicePoolStats stats() const { return stats_; }
+  DevicePoolStats stats() const;
   const DeviceMemory& memory() const { return *memory_; }
 
   // The block sizes a request of `bytes` is rounded to, and the segment a
@@ -117,6 +118,9 @@ class DevicePool {
   void release_free_segments();
 
   std::unique_ptr<DeviceMemory> memory_;
+  // Tensors are freed on whatever thread drops their last view (the data
+  // loader's, a checkpoint writer's), so every entry point takes the lock.
+  mutable std::mutex mutex_;
   std::set<Block*, BySize> small_free_, large_free_;
   std::unordered_map<uintptr_t, Block*> live_;      // handed-out blocks by address
   std::map<uintptr_t, Block*> segment_heads_;       // every segment's first block

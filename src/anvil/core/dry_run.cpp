@@ -3,6 +3,8 @@
 #include <mutex>
 #include <vector>
 
+#include "anvil/core/device.h"
+#include "anvil/core/device_pool.h"
 #include "anvil/core/error.h"
 
 namespace anvil {
@@ -17,9 +19,13 @@ std::vector<std::function<void()>>& releases() {
 }
 }  // namespace
 
-DryRun::DryRun() : allocator_(std::make_unique<TrackingAllocator>(/*dry=*/true)) {
+DryRun::DryRun(size_t gpu_memory) : allocator_(std::make_unique<TrackingAllocator>(/*dry=*/true)) {
   previous_ = TrackingAllocator::install(allocator_.get());
   ANVIL_ASSERT(previous_ == nullptr, "a dry run inside another dry run");
+  if (gpu_memory > 0) {
+    gpu_pool_ = std::make_unique<DevicePool>(std::make_unique<FakeDeviceMemory>(gpu_memory));
+    install_device_pool(Device::cuda(0), gpu_pool_.get());
+  }
   detail::g_dry_run.store(true);
 }
 
@@ -31,6 +37,7 @@ DryRun::~DryRun() {
   }
   for (const auto& release : pending) release();
   detail::g_dry_run.store(false);
+  if (gpu_pool_) install_device_pool(Device::cuda(0), nullptr);
   TrackingAllocator::install(previous_);
 }
 

@@ -28,12 +28,16 @@ extern std::atomic<bool> g_dry_run;  // set while a DryRun lives
 // One relaxed load: parallel_for and every op ask it.
 inline bool dry_run() { return detail::g_dry_run.load(std::memory_order_relaxed); }
 
+class DevicePool;
+
 class DryRun {
  public:
   // Installs a fresh dry allocator. One dry run at a time, from one thread,
   // while no other thread allocates (the estimator runs before training or
-  // beside nothing).
-  DryRun();
+  // beside nothing). With gpu_memory > 0 it also installs, as cuda:0's pool, a
+  // fresh device pool over a fake device memory of that many bytes: a GPU
+  // job's tensors are allocated, in the same order, with no GPU present.
+  explicit DryRun(size_t gpu_memory = 0);
   // Releases what ops keep between calls for this run (release_at_end) and
   // restores the process's allocator.
   ~DryRun();
@@ -41,6 +45,8 @@ class DryRun {
   DryRun& operator=(const DryRun&) = delete;
 
   TrackingAllocator& allocator() { return *allocator_; }
+  // The fake GPU's pool (null without one).
+  DevicePool* gpu_pool() { return gpu_pool_.get(); }
 
   // Code that keeps tensors between calls in statics (an op's per-thread
   // buffers) registers how to drop the dry run's, which must go before its
@@ -50,6 +56,7 @@ class DryRun {
  private:
   std::unique_ptr<TrackingAllocator> allocator_;
   TrackingAllocator* previous_;
+  std::unique_ptr<DevicePool> gpu_pool_;
 };
 
 }  // namespace anvil
