@@ -17,6 +17,7 @@
 #include "anvil/ops/cuda/embedding_body.h"
 #include "anvil/ops/embedding.h"
 #include "cuda_test_util.h"
+#include "kernel_check_util.h"
 
 namespace {
 
@@ -24,15 +25,12 @@ using namespace anvil;
 using anvil::kernel::LaunchShape;
 using anvil::kernel::ThreadPos;
 using anvil::testing::DeviceArray;
+using anvil::testing::dtype_for;
+using anvil::testing::values;
 
 // Odd sizes: D spans a full and a partial block of columns; few ids, many
 // tokens, so ids repeat (the backward's order matters).
 constexpr int64_t kM = 1003, kV = 97, kD = 300;
-
-template <class T>
-constexpr DType dtype_for() {
-  return std::is_same_v<T, float> ? DType::f32 : DType::bf16;
-}
 
 template <class T>
 std::vector<T> random_storage(int64_t n, uint32_t seed) {
@@ -70,12 +68,6 @@ Tensor tokens_tensor(const std::vector<int32_t>& t) {
   Tensor r = Tensor::empty({static_cast<int64_t>(t.size())}, DType::i32, MemCategory::workspace, "tokens");
   std::memcpy(r.raw(), t.data(), r.nbytes());
   return r;
-}
-template <class T>
-std::vector<T> values(const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.raw(), t.nbytes());
-  return v;
 }
 template <class T>
 size_t bit_mismatches(const std::vector<T>& a, const std::vector<T>& b) {

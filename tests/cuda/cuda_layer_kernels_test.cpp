@@ -26,6 +26,7 @@
 #include "anvil/ops/rope.h"
 #include "anvil/ops/swiglu.h"
 #include "cuda_test_util.h"
+#include "kernel_check_util.h"
 
 namespace {
 
@@ -33,65 +34,7 @@ using namespace anvil;
 using anvil::kernel::LaunchShape;
 using anvil::kernel::ThreadPos;
 using anvil::testing::DeviceArray;
-
-template <class T>
-constexpr DType dtype_for() {
-  return std::is_same_v<T, float> ? DType::f32 : DType::bf16;
-}
-
-// Values as stored (f32, or bf16 bits rounded from f32 draws).
-template <class T>
-std::vector<T> random_storage(int64_t n, float sd, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<T> x(static_cast<size_t>(n));
-  for (T& v : x) {
-    if constexpr (std::is_same_v<T, float>)
-      v = dist(rng);
-    else
-      v = bf16::from_float(dist(rng));
-  }
-  return x;
-}
-
-template <class T>
-double value_of(T x) {
-  return kernel::load_f32(&x, 0);
-}
-
-template <class T>
-Tensor tensor_of(const std::vector<T>& x, Shape shape) {
-  Tensor t = Tensor::empty(std::move(shape), dtype_for<T>(), MemCategory::workspace, "x");
-  std::memcpy(t.raw(), x.data(), t.nbytes());
-  return t;
-}
-template <class T>
-std::vector<T> values(const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.raw(), t.nbytes());
-  return v;
-}
-
-// Checks |got − ref| ≤ ulps·u·scale (+ bf16's final rounding) element-wise,
-// and prints the largest error in units of u·scale.
-template <class T>
-void expect_within(const std::string& what, const std::vector<T>& got, const std::vector<double>& ref,
-                   const std::vector<double>& scale, double ulps) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  const double u = std::ldexp(1.0, -24), final_rounding = std::is_same_v<T, float> ? 0.0 : std::ldexp(1.0, -8);
-  size_t outside = 0;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(value_of(got[i]) - ref[i]);
-    const double allowed = ulps * u * scale[i] * (1 + final_rounding) + final_rounding * std::fabs(ref[i]);
-    if (!(err <= allowed) && ++outside <= 3)
-      ADD_FAILURE() << what << "[" << i << "]: got " << value_of(got[i]) << ", reference " << ref[i] << ", allowed "
-                    << allowed;
-    if (scale[i] > 0) worst = std::max(worst, (err - final_rounding * std::fabs(ref[i])) / (u * scale[i]));
-  }
-  std::printf("%-34s max error %.3g u·scale (bound %g)\n", what.c_str(), std::max(worst, 0.0), ulps);
-  EXPECT_EQ(outside, 0u) << what;
-}
+using namespace anvil::testing;
 
 // ---- SwiGLU ----
 

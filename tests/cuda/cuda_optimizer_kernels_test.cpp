@@ -25,6 +25,7 @@
 #include "anvil/ops/cuda/grad_norm_body.h"
 #include "anvil/ops/grad_norm.h"
 #include "cuda_test_util.h"
+#include "kernel_check_util.h"
 
 namespace {
 
@@ -32,6 +33,8 @@ using namespace anvil;
 using anvil::kernel::LaunchShape;
 using anvil::kernel::ThreadPos;
 using anvil::testing::DeviceArray;
+using anvil::testing::dtype_for;
+using anvil::testing::values;
 
 // Random values around `scale`, both signs, with a sprinkling of exact zeros.
 std::vector<float> random_floats(int64_t n, float scale, uint32_t seed) {
@@ -76,12 +79,6 @@ Tensor bf16_tensor(const std::vector<uint16_t>& x) {
   Tensor t = Tensor::empty({static_cast<int64_t>(x.size())}, DType::bf16, MemCategory::workspace, "x");
   std::memcpy(t.raw(), x.data(), t.nbytes());
   return t;
-}
-template <class T>
-std::vector<T> values(const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.raw(), t.nbytes());
-  return v;
 }
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

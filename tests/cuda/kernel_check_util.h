@@ -1,4 +1,4 @@
-// What the row-kernel tests (RMSNorm, cross-entropy rows, attention softmax)
+// What the kernel tests (tests/cuda/cuda_*_kernels_test.cpp and the row tests)
 // share: storage helpers, the check of a result against a double reference
 // within a derived bound, and the bit-for-bit check of a host run against a
 // device run.
