@@ -6,6 +6,7 @@
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
 #include "anvil/ops/avx512_math.h"
+#include "anvil/ops/cuda/swiglu_body.h"  // plain C++: the portable path shares its sigmoid
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -101,22 +102,15 @@ void backward_range(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t l
 
 #else  // portable fallback, same formulas one element at a time
 
-inline void sigmoid1(float z, float& s, float& oms) {
-  const float e = std::exp(-std::fabs(z));
-  const float r = 1.0f / (1.0f + e);
-  if (z >= 0) {
-    s = r, oms = e * r;
-  } else {
-    s = e * r, oms = r;
-  }
-}
+// The sigmoid's two parts as the CUDA kernel's body computes them (one definition for both).
+using kernel::sigmoid_parts;
 
 template <class T>
 void forward_range(const T* g, const T* u, T* h, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) {
     const float z = to_f32(g[i]);
     float s, oms;
-    sigmoid1(z, s, oms);
+    sigmoid_parts(z, s, oms);
     h[i] = from_f32<T>(z * s * to_f32(u[i]));
   }
 }
@@ -126,7 +120,7 @@ void backward_range(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t l
   for (int64_t i = lo; i < hi; ++i) {
     const float d = to_f32(dh[i]), z = to_f32(g[i]), up = to_f32(u[i]);
     float s, oms;
-    sigmoid1(z, s, oms);
+    sigmoid_parts(z, s, oms);
     du[i] = from_f32<T>(d * z * s);
     dg[i] = from_f32<T>(d * up * (s * (1.0f + z * oms)));
   }
