@@ -64,7 +64,7 @@ while (($#)); do
 done
 out=$(realpath -m "${out:-${OUT:-/tmp/anvil-gpu-check}}")
 pack=$(realpath -m "${pack:-.gpu/anvil-gpu.tar.xz}")
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 
 budget=360
 reserve=15  # for a step's kill grace (timeout -k 5), the summary and the archive
@@ -345,7 +345,8 @@ step_speed() {
   fi
   : >"$dir/pytorch_rows.jsonl"
   for r in "${torch_rows[@]}"; do
-    local log=$dir/pytorch-$(tr -cs 'A-Za-z0-9' '-' <<<"$r" | sed 's/^-*//; s/-$//').log rc=0
+    local log rc=0
+    log=$dir/pytorch-$(tr -cs 'A-Za-z0-9' '-' <<<"$r" | sed 's/^-*//; s/-$//').log
     echo "== PyTorch: bench/gpu/torch_reference.py $r"
     if [ -z "$py" ]; then
       echo "no python3 with torch" >"$log"
