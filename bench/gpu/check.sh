@@ -106,10 +106,12 @@ fact() { printf 's\t%s\t%s\n' "$1" "$(one_line "$2")" >>"$STEP_FACTS"; }   # a s
 factj() { printf 'j\t%s\t%s\n' "$1" "$(one_line "$2")" >>"$STEP_FACTS"; }  # JSON; the last of a key wins
 verdict() { printf '%s\t%s\n' "$1" "$(one_line "$2")" >"$STEP_VERDICT"; }   # a status other than passed
 left() { echo $((STEP_DEADLINE - $(date +%s))); }
-# within CMD...: CMD under what is left of the step's time (exit 124 when it runs out).
+# within CMD...: CMD under what is left of the step's time, or WITHIN_CAP seconds
+# when that is less (exit 124 when it runs out).
 within() {
   local l
   l=$(left)
+  ((${WITHIN_CAP:-0} > 0 && WITHIN_CAP < l)) && l=$WITHIN_CAP
   ((l > 0)) || { echo "(no time left for: $*)"; return 124; }
   timeout -k 5 "$l" "$@"
 }
@@ -320,7 +322,9 @@ step_speed() {
   mkdir -p "$dir"
   # An 80 GB H100 cannot hold 8B with full AC (PyTorch reserves 137 GiB on an H200).
   [[ $gpu == *H100* ]] && big=3B
-  local rows=("1B 1 none" "1B 4 full" "$big 1 full") r
+  # Row: flavor, batch, AC, and the most seconds its PyTorch run may take, so
+  # that a slow row leaves the next its time (the last takes what is left).
+  local rows=("1B 1 none 40" "1B 4 full 50" "$big 1 full 0") r
   for r in "${rows[@]}"; do
     set -- $r
     planned "Llama 3 $1, seq 8192, batch $2, AC $3: tokens/s, reserved memory and the op table, beside PyTorch's row in this run" \
@@ -331,20 +335,24 @@ step_speed() {
   local anvil_rc=0
   not_built_unless trainer || anvil_rc=1
   # PyTorch's rows run now: the baseline each Anvil row will stand beside.
-  local torch_rows=() how
+  local torch_rows=() caps=() how
   if [ -n "$gpu" ]; then
     for r in "${rows[@]}"; do
       set -- $r
       torch_rows+=("--flavor $1 --seq 8192 --batch $2 --ac $3 --fsdp-single-rank --steps 6 --warmup 2")
+      caps+=("$4")
     done
     how=gpu
   elif ((rehearse)) && [ -n "$py" ]; then
     # The rehearsal of the rows: the same script and parsing, a tiny model on the CPU.
     torch_rows=("--device cpu --flavor debugmodel --seq 64 --batch 1 --ac none --steps 1 --warmup 1")
+    caps=(0)
     how=rehearsal
   fi
   : >"$dir/pytorch_rows.jsonl"
-  for r in "${torch_rows[@]}"; do
+  local i
+  for i in "${!torch_rows[@]}"; do
+    r=${torch_rows[$i]}
     local log rc=0
     log=$dir/pytorch-$(tr -cs 'A-Za-z0-9' '-' <<<"$r" | sed 's/^-*//; s/-$//').log
     echo "== PyTorch: bench/gpu/torch_reference.py $r"
@@ -352,14 +360,16 @@ step_speed() {
       echo "no python3 with torch" >"$log"
       rc=127
     else
-      within "$py" bench/gpu/torch_reference.py $r >"$log" 2>&1
+      WITHIN_CAP=${caps[$i]} within "$py" bench/gpu/torch_reference.py $r >"$log" 2>&1
       rc=$?
     fi
     tail -3 "$log"
     python3 - "$log" "$rc" "$r" "$dir/pytorch_rows.jsonl" <<'PY'
 import json, os, sys
 log, rc, args, rows = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-row = {"args": args, "exit_code": rc}
+a = args.split()
+opt = lambda name, default: a[a.index(name) + 1] if name in a else default
+row = {"args": args, "label": f"{opt('--flavor', '1B')} b{opt('--batch', '1')} {opt('--ac', 'none')}", "exit_code": rc}
 lines = [l for l in open(log, errors="replace") if l.startswith("{")]
 if rc == 0 and lines:
     r = json.loads(lines[-1])
@@ -386,14 +396,14 @@ for r in rows:
     if r["status"] == "passed":
         mem = f", {r['max_reserved_gib']:.1f} GiB" if "max_reserved_gib" in r else ""
         base = {True: " (baseline)", False: " (not a baseline: >5% off DEVICE.md)"}.get(r.get("baseline"), "")
-        parts.append(f"{r['flavor']} b{r['batch']} {r['ac']} {r['tokens_per_s']:,.0f} tok/s{mem}{base}")
+        parts.append(f"{r['label']} {r['tokens_per_s']:,.0f} tok/s{mem}{base}")
     else:
-        parts.append(f"{r['args'].split('--flavor ')[1].split()[0]}: {r['status']}")
+        parts.append(f"{r['label']} {r['status']}: {r['why'][:80]}")
 print("PyTorch " + ("; ".join(parts) if parts else "rows not run"))
 sys.exit(any(r["status"] != "passed" for r in rows))
 PY
   ) || rows_ok=1
-  fact result "Anvil rows not built; $summary$([ "$how" = rehearsal ] && echo ' (CPU rehearsal)')"
+  fact result "$summary$([ "$how" = rehearsal ] && echo ' (CPU rehearsal)')"
   ((anvil_rc)) && return 1
   ((rows_ok == 0)) || { verdict failed "a PyTorch row failed (${dir##*/}/pytorch-*.log)"; return 1; }
   if [ -z "$how" ]; then
@@ -454,10 +464,11 @@ PY
     else
       echo "== bench/gpu/calibrate.py ($(($(left) - 20)) s)"
       # --runs 5, not 10: medians of 5 runs, so that it fits the time left after the speed rows.
-      timeout -k 5 $(($(left) - 20)) "$py" bench/gpu/calibrate.py --runs 5 --shapes "$dir/shapes.json" --output "$dir/calibration.json"
-      local rc=$?
+      timeout -k 5 $(($(left) - 20)) "$py" bench/gpu/calibrate.py --runs 5 --shapes "$dir/shapes.json" \
+        --output "$dir/calibration.json" 2>&1 | tee "$dir/calibrate.log"
+      local rc=${PIPESTATUS[0]}
       ((rc == 124 || rc == 137)) && { verdict timed_out "calibrate.py ran out of the time left"; return 1; }
-      ((rc == 0)) || { verdict failed "calibrate.py exit $rc"; return 1; }
+      ((rc == 0)) || { verdict failed "calibrate.py exit $rc: $(grep . "$dir/calibrate.log" | tail -1)"; return 1; }
     fi
   else
     # The rehearsal: calibrate.py on the CPU, small sizes, over the debug model's shapes
@@ -522,7 +533,7 @@ run_step() {  # run_step NN NAME LIMIT FUNCTION (LIMIT 0: what is left)
     echo "--- $id: started $(date -u +%T), limit $limit s"
     # Sub-commands stop 2 s before the step's own timeout, so the step can still record them.
     STEP_FACTS=$base.facts STEP_VERDICT=$base.verdict STEP_DEADLINE=$(($(date +%s) + limit - 2)) \
-      timeout -k 5 "$limit" bash -c "$fn" >"$base.log" 2>&1
+      timeout -k 5 "$limit" bash -c "$fn" >"$base.log" 2>&1 </dev/null
     rc=$?
   fi
   python3 - "$base" "$id" "$rc" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" "$limit" <<'PY'
@@ -598,7 +609,7 @@ summary = {
     "malformed_steps": bad, "counts": {s: sum(d["status"] == s for d in rows) for s in allowed}, "steps": rows,
 }
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
-cell = lambda s: str(s).replace("|", "/").replace("\n", " ")[:150]
+cell = lambda s: str(s).replace("|", "/").replace("\n", " ")[:240]
 md = [f"GPU check ({summary['mode']}): {summary['result']} in {secs} s of {budget} s", "",
       "| step | status | seconds | result |", "|---|---|---|---|"]
 for d in rows:
