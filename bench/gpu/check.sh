@@ -428,10 +428,15 @@ step_sanitizer() {
   local filter='CudaCastKernel.*:CudaAdamWKernel.*:CudaGradNormKernel.*'
   fact filter "cuda_optimizer_kernels_test --gtest_filter=$filter"
   packed_within "$cs" --tool memcheck --error-exitcode 1 "$root/bin/cuda_optimizer_kernels_test" \
-    --gtest_brief=1 --gtest_filter="$filter"
-  local rc=$?
-  fact result "memcheck on cuda_optimizer_kernels_test ($filter): exit $rc"
-  return $rc
+    --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tee "$STEP_FACTS.out"
+  local rc=${PIPESTATUS[0]} ran errors
+  ran=$(grep -o '^\[  PASSED  \] [0-9]*' "$STEP_FACTS.out" | grep -o '[0-9]*$')
+  errors=$(grep -o 'ERROR SUMMARY: .*' "$STEP_FACTS.out" | tail -1)
+  rm -f "$STEP_FACTS.out"
+  fact result "memcheck, cuda_optimizer_kernels_test ($filter): ${ran:-0} tests passed; ${errors:-no error summary}; exit $rc"
+  ((rc == 0)) || return "$rc"
+  # A filter that matches nothing passes silently: hold it to running something.
+  ((${ran:-0} > 0)) || { verdict failed "the filter ran no test"; return 1; }
 }
 
 step_calibration() {
