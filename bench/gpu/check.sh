@@ -208,7 +208,7 @@ print(json.dumps(libs))' "$STEP_FACTS.ldd")"
   fact git_commit "$(git rev-parse HEAD 2>/dev/null || echo 'none (no .git here)')"
   local nbins
   nbins=$(ls "$root/bin" | wc -l)
-  fact result "${smi:+$smi; }loaded: $(grep -o 'cuBLAS.*' <<<"$info" | head -1); $( ((${#missing[@]})) && echo "${#missing[@]} libraries not loadable from the pack" || echo "all $nbins binaries load their libraries from the pack or the system's CUDA/C runtime")"
+  fact result "${smi:+$smi; }loaded: $(grep -o 'cuBLAS.*' <<<"$info" | head -1); $( ((${#missing[@]})) && echo "libraries not loadable from the pack: ${#missing[@]}" || echo "all $nbins binaries load their libraries from the pack or the system's CUDA/C runtime")"
   if ((${#missing[@]})); then
     local why=""
     for name in "${!missing[@]}"; do
