@@ -63,8 +63,9 @@ while (($#)); do
   shift
 done
 out=$(realpath -m "${out:-${OUT:-/tmp/anvil-gpu-check}}")
-pack=$(realpath -m "${pack:-.gpu/anvil-gpu.tar.xz}")
+[ -n "$pack" ] && pack=$(realpath -m "$pack")
 cd "$(dirname "$0")/../.." || exit 1
+pack=${pack:-$PWD/.gpu/anvil-gpu.tar.xz}
 
 budget=360
 reserve=15  # for a step's kill grace (timeout -k 5), the summary and the archive
