@@ -9,8 +9,9 @@
 # machine's CUDA folder; `anvil info` prints the version loaded.
 # Build first: cmake -S . -B build-cuda -DANVIL_CUDA=ON && cmake --build build-cuda
 #
-#   bench/gpu/pack.sh [BUILD_DIR]      (default build-cuda)
+#   bench/gpu/pack.sh [BUILD_DIR [PACK]]      (defaults build-cuda, .gpu/anvil-gpu.tar.xz)
 set -euo pipefail
+pack=$(realpath -m "${2:-.gpu/anvil-gpu.tar.xz}")
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
 [ -x "$build/anvil" ] || { echo "pack.sh: no $build/anvil; build the CUDA backend first (see the header)" >&2; exit 1; }
@@ -22,6 +23,9 @@ mkdir -p "$stage/bin" "$stage/lib"
 bins=("$build/anvil")
 for t in cpu_peak_test gpu_plan_test gpu_calibration_test; do bins+=("$build/tests/$t"); done
 for t in "$build"/tests/cuda_*_test; do bins+=("$t"); done
+for b in "${bins[@]}"; do
+  [ -x "$b" ] || { echo "pack.sh: no $b; build it first (ninja -C $build anvil anvil_cuda_tests cpu_peak_test gpu_plan_test gpu_calibration_test)" >&2; exit 1; }
+done
 cp "${bins[@]}" "$stage/bin/"
 # The libraries each binary loads from Debian's tree, less those every Linux
 # with CUDA has: glibc's, the C++ runtime, the GPU driver's and CUDA's.
@@ -33,6 +37,9 @@ done | sort -u | while read -r lib; do
   [[ $name =~ $skip ]] && continue
   cp -L "$lib" "$stage/lib/$name"
 done
-mkdir -p .gpu
-tar -C "$stage" -cJf .gpu/anvil-gpu.tar.xz bin lib
-echo "pack.sh: .gpu/anvil-gpu.tar.xz ($(du -h .gpu/anvil-gpu.tar.xz | cut -f1)): $(ls "$stage/bin" | wc -l) binaries, $(ls "$stage/lib" | wc -l) libraries"
+# The check (bench/gpu/check.sh) holds every library a packed binary loads to
+# come from lib/ or to be one of these.
+printf '%s\n' "$skip" >"$stage/system-libs.regex"
+mkdir -p "$(dirname "$pack")"
+tar -C "$stage" -cJf "$pack" bin lib system-libs.regex
+echo "pack.sh: $pack ($(du -h "$pack" | cut -f1)): $(ls "$stage/bin" | wc -l) binaries, $(ls "$stage/lib" | wc -l) libraries"
