@@ -15,7 +15,7 @@ shift 2
 (($# > 0)) || { echo "kernel_budget_check: no .cu files given" >&2; exit 2; }
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-status=0 kernels=0
+status=0 kernels=0 files=0
 for cu in "$@"; do
   "$nvcc" -std=c++20 -arch=sm_90a --cubin -Xptxas -v -Werror=all-warnings -DANVIL_CUDA -I"$src" -o "$scratch/k.cubin" "$cu" \
     >"$scratch/report" 2>&1 || { cat "$scratch/report"; echo "kernel_budget_check: $cu did not compile" >&2; exit 2; }
@@ -28,11 +28,14 @@ for cu in "$@"; do
     }
     /bytes lmem/ { match($0, /[0-9]+ bytes lmem/); if (substr($0, RSTART) + 0 > 0) { print file ": " fn ": " $0; bad = 1 } }
     /Used [0-9]+ registers/ { sub(/^.*: /, ""); printf "  %s: %s: %s\n", file, fn, $0 }
-    END { print kernels > "/dev/stderr"; exit bad }' "$scratch/report" 2>"$scratch/count"; then
+    END { print kernels + 0 > "/dev/stderr"; exit bad }' "$scratch/report" 2>"$scratch/count"; then
     status=1
   fi
   kernels=$((kernels + $(cat "$scratch/count")))
+  files=$((files + 1))
 done
+# Every file read to its end (a file without kernels once ended the loop early, unnoticed).
+((files == $#)) || { echo "kernel_budget_check: read $files of $# files" >&2; exit 2; }
 ((kernels > 0)) || { echo "kernel_budget_check: ptxas reported no kernels" >&2; exit 2; }
 if ((status)); then
   echo "kernel_budget_check: FAILED: the kernels above spill or use local memory on sm_90a"
