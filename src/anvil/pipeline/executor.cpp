@@ -177,7 +177,11 @@ void PipelineExecutor::hand_over(const Tensor& t, Flow flow, int to, int micro_b
   }
   // The send reads a copy in a communication buffer: the activation (or its
   // gradient) is free at once, as on the receiving side's schedule, and only
-  // the copy waits for MPI to finish with it, however long that takes.
+  // the copy waits for MPI to finish with it, however long that takes. The
+  // send's own span marks when the tensor left: a small message can reach the
+  // other rank before this action's span ends.
+  const ScopedPhase phase(SpanCategory::communication,
+                          flow == Flow::activation ? "pipeline.send_activation" : "pipeline.send_gradient");
   Tensor buf = Tensor::empty(t.shape(), t.dtype(), MemCategory::communication,
                              flow == Flow::activation ? "pipeline.send_activation" : "pipeline.send_gradient");
   buf.copy_from(t);
