@@ -14,42 +14,13 @@
 #include "anvil/core/device.h"
 #include "anvil/core/device_pool.h"
 #include "anvil/core/dry_run.h"
+#include "host_backed_gpu.h"
 #include "test_util.h"
 
 namespace anvil {
 namespace {
 
-// Host memory posing as a GPU's.
-class HostMemory : public DeviceMemory {
- public:
-  void* map(size_t bytes) override { return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096); }
-  void unmap(void* ptr, size_t) override { std::free(ptr); }
-  std::string name() const override { return "host-backed stand-in"; }
-};
-
-class HostBackedGpu : public DeviceRuntime {
- public:
-  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
-    EXPECT_TRUE(!dst_device.is_cpu() || !src_device.is_cpu()) << "a host-to-host copy reached the runtime";
-    std::memcpy(dst, src, bytes);
-    ++copies;
-  }
-  void zero(void* dst, Device, size_t bytes) override {
-    std::memset(dst, 0, bytes);
-    ++zeros;
-  }
-  void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, Device) override {
-    if (src_dtype == DType::f32 && dst_dtype == DType::bf16)
-      convert_f32_to_bf16(static_cast<const float*>(src), static_cast<bf16*>(dst), n);
-    else if (src_dtype == DType::bf16 && dst_dtype == DType::f32)
-      convert_bf16_to_f32(static_cast<const bf16*>(src), static_cast<float*>(dst), n);
-    else
-      ADD_FAILURE() << "no device conversion from " << dtype_name(src_dtype) << " to " << dtype_name(dst_dtype);
-    ++converts;
-  }
-  std::unique_ptr<DeviceMemory> memory(int) override { return std::make_unique<HostMemory>(); }
-  int copies = 0, zeros = 0, converts = 0;
-};
+using testing::HostBackedGpu;
 
 class DeviceTensor : public ::testing::Test {
  protected:
@@ -116,7 +87,7 @@ TEST(DeviceTensorWithoutRuntime, SaysTheBinaryCannotReachAGpu) {
   const std::string e = testing::error_of(
       [] { (void)Tensor::empty({4}, DType::f32, MemCategory::workspace, "t", Device::cuda()); });
   EXPECT_NE(e.find("no CUDA backend"), std::string::npos) << e;
-  EXPECT_NE(e.find("anvil estimate --job.device cuda"), std::string::npos) << e;
+  EXPECT_NE(e.find("a dry run (core/dry_run.h) makes the GPU path's allocations"), std::string::npos) << e;
 }
 
 // The dry run of a GPU job needs no runtime: its fake device's pool takes

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <map>
+#include <vector>
 #include <mutex>
 
 #include "anvil/core/device_pool.h"
@@ -62,11 +63,23 @@ DevicePool& device_pool(Device d) {
   auto& pool = r.runtime_pools[d.index];
   if (!pool) {
     ANVIL_CHECK(r.cuda != nullptr, "no memory for ", d.str(), ": this binary has no CUDA backend (built with "
-                "ANVIL_CUDA=OFF, or without nvcc); `anvil estimate --job.device cuda` runs the GPU path's "
+                "ANVIL_CUDA=OFF, or without nvcc); a dry run (core/dry_run.h) makes the GPU path's "
                 "allocations without one");
     pool = std::make_unique<DevicePool>(r.cuda->memory(d.index));
   }
   return *pool;
+}
+
+void empty_device_caches() {
+  std::vector<DevicePool*> pools;
+  {
+    Registry& r = registry();
+    const std::lock_guard lock(r.mutex);
+    for (auto& [index, pool] : r.runtime_pools)
+      if (!r.installed.count(index)) pools.push_back(pool.get());
+    for (auto& [index, pool] : r.installed) pools.push_back(pool);
+  }
+  for (DevicePool* pool : pools) pool->empty_cache();
 }
 
 void install_device_pool(Device d, DevicePool* pool) {

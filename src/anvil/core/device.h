@@ -74,6 +74,11 @@ DeviceRuntime& device_runtime(Device d);
 // The pool every tensor on device d comes from: a dry run's fake one while it
 // is installed, else the runtime's, made on first use over its memory.
 DevicePool& device_pool(Device d);
+// Returns every device pool's wholly free segments to its device
+// (torch.cuda.empty_cache()), where the trainer releases the host's block
+// cache (TrackingAllocator::release_cache): after setup's one-off tensors and
+// around one-off work, whose freed blocks later requests would split.
+void empty_device_caches();
 // Installs `pool` as device d's (not owned; null goes back to the runtime's):
 // the dry run's fake device, and tests.
 void install_device_pool(Device d, DevicePool* pool);

@@ -95,8 +95,8 @@ void Tensor::zero_() {
 void Tensor::copy_from(const Tensor& src) {
   const ScopedOpTime op("copy");
   ANVIL_ASSERT(src.numel() == numel(), "copy of ", shape_str(src.shape_), " into ", shape_str(shape_));
-  if (dry_run()) return;
   if (!device().is_cpu() || !src.device().is_cpu()) return copy_across_devices(src);
+  if (dry_run()) return;
   if (src.dtype_ == dtype_) {
     char* d = static_cast<char*>(raw());
     const char* s = static_cast<const char*>(src.raw());
@@ -113,15 +113,18 @@ void Tensor::copy_from(const Tensor& src) {
 
 // A device takes part: the bytes cross as they are, and a dtype conversion
 // runs where the destination is, after them (one code path for either way).
+// (A dry run makes the staging tensor and moves nothing.)
 void Tensor::copy_across_devices(const Tensor& src) {
+  if (src.dtype_ != dtype_ && device() != src.device()) {
+    // Across: bring src over as it is, then convert where the destination is.
+    const Tensor moved = src.to(device(), MemCategory::workspace, "tensor.copy_across_devices");
+    return copy_from(moved);
+  }
+  if (dry_run()) return;
   const Device gpu = device().is_cpu() ? src.device() : device();
   DeviceRuntime& runtime = device_runtime(gpu);
   if (src.dtype_ == dtype_) return runtime.copy(raw(), device(), src.raw(), src.device(), nbytes());
-  if (device() == src.device())  // on one GPU
-    return runtime.convert(raw(), dtype_, src.raw(), src.dtype_, numel(), gpu);
-  // Across: bring src over as it is, then convert where the destination is.
-  const Tensor moved = src.to(device(), MemCategory::workspace, "tensor.copy_across_devices");
-  copy_from(moved);
+  runtime.convert(raw(), dtype_, src.raw(), src.dtype_, numel(), gpu);  // on one GPU
 }
 
 Tensor Tensor::to(DType dtype, MemCategory category, std::string_view tag) const {

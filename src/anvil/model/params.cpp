@@ -129,6 +129,19 @@ int ParamStore::index_of(const std::string& name) const {
 
 void ParamStore::init(uint64_t seed) {
   if (dry_run()) return;
+  if (!master_.device().is_cpu()) {
+    // Drawn on the host (the values a CPU run draws), then copied over once.
+    Tensor on_device = master_;
+    master_ = Tensor::empty(on_device.shape(), DType::f32, MemCategory::workspace, "params.init_on_host", Device::cpu());
+    const DType compute = compute_dtype_;
+    compute_dtype_ = DType::f32;  // no compute copy to refresh on the host
+    init(seed);
+    compute_dtype_ = compute;
+    on_device.copy_from(master_);
+    master_ = std::move(on_device);
+    sync_compute_copy();
+    return;
+  }
   master_.zero_();  // the alignment padding stays zero
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];

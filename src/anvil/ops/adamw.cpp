@@ -5,6 +5,7 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/gpu_kernels.h"
 #include "anvil/ops/avx512_math.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -125,6 +126,13 @@ void adamw_step(const AdamWConfig& cfg, int64_t step, Tensor& p, const Tensor& g
     ANVIL_ASSERT(p_bf16->numel() == n, "adamw: the compute copy has ", p_bf16->numel(), " elements, p has ", n);
   }
 
+  if (on_gpu("adamw", p, g, m, v)) {
+    if (p_bf16) check_same_device("adamw", p, *p_bf16);
+    if (n == 0 || dry_run()) return;
+    return gpu_kernels("adamw").adamw_step(cfg, step, static_cast<float*>(p.raw()), static_cast<const float*>(g.raw()),
+                                           static_cast<float*>(m.raw()), static_cast<float*>(v.raw()),
+                                           p_bf16 ? static_cast<uint16_t*>(p_bf16->raw()) : nullptr, n, grad_scale);
+  }
   if (dry_run()) return;
   const AdamWCoeffs c = adamw_coeffs(cfg, step, grad_scale);
   float* pp = p.data<float>();

@@ -38,6 +38,7 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/attention_gpu.h"
 #include "anvil/ops/matmul.h"
 
 namespace anvil {
@@ -829,6 +830,10 @@ AttentionTileCount attention_tile_count(int64_t B, int64_t Tq, int64_t Tk, const
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
                        const AttentionTiles& tiles, const AttentionWindow& window) {
+  if (on_gpu("attention.forward", q, k, v, out, lse)) {
+    const ScopedOpTime op("attention.forward");
+    return attention_forward_gpu(q, k, v, out, lse, scale, window);
+  }
   const Dims d = attention_dims(q, k, v, scale, window);
   const ScopedOpTime op("attention.forward", attention_flops(d, 4));
   check_like(out, q, "out");
@@ -849,6 +854,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, float scale, const AttentionTiles& tiles,
                         const AttentionWindow& window, AttentionAccumulate accumulate) {
+  if (on_gpu("attention.backward", q, k, v, dout, out, lse, dq, dk, dv)) {
+    const ScopedOpTime op("attention.backward");
+    return attention_backward_gpu(dout, q, k, v, out, lse, dq, dk, dv, scale, window, accumulate);
+  }
   const Dims d = attention_dims(q, k, v, scale, window);
   const ScopedOpTime op("attention.backward", attention_flops(d, 8));
   check_like(dout, q, "dout");

@@ -20,6 +20,8 @@
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
 #include "anvil/ops/avx512_math.h"
+#include "anvil/ops/cross_entropy_gpu.h"
+#include "anvil/ops/gpu_kernels.h"
 #include "anvil/ops/matmul.h"
 
 // Design: two passes over the vocabulary for each block of rows.
@@ -142,6 +144,7 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
   ANVIL_ASSERT(x.dtype() == w.dtype() && x.dtype() != DType::i32 && targets.dtype() == DType::i32,
                "cross_entropy: x ", dtype_name(x.dtype()), " w ", dtype_name(w.dtype()), " targets ",
                dtype_name(targets.dtype()));
+  if (on_gpu("cross_entropy", x, w, targets)) return cross_entropy_gpu(x, w, targets, opt, grad_scale, dx, dw);
   const bool backward = dx != nullptr;
   if (backward) {
     ANVIL_ASSERT(dw != nullptr && dx->shape() == x.shape() && dw->shape() == w.shape() &&
@@ -295,6 +298,8 @@ void check_shard_operands(const Tensor& x, const Tensor& w, const Tensor& target
                shape_str(targets.shape()));
   ANVIL_ASSERT(x.dtype() == w.dtype() && x.dtype() != DType::i32 && targets.dtype() == DType::i32, what, ": x ",
                dtype_name(x.dtype()), " w ", dtype_name(w.dtype()), " targets ", dtype_name(targets.dtype()));
+  ANVIL_CHECK(!on_gpu(what, x, w, targets), what,
+              ": the loss-parallel head (tensor parallelism) does not run on a GPU yet; a GPU trains one process");
 }
 
 // The FLOPs the model's count credits for the head's products: 2·M·V·D each

@@ -9,6 +9,7 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/gpu_kernels.h"
 #include "anvil/ops/vec16.h"
 
 namespace anvil {
@@ -145,6 +146,12 @@ void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
   const int64_t V = table.size(0), D = table.size(1), M = tokens.numel();
   ANVIL_ASSERT(out.numel() == M * D && (out.ndim() == 0 || out.size(-1) == D), "embedding: out ",
                shape_str(out.shape()), " for ", M, " tokens of width ", D);
+  if (on_gpu("embedding.forward", tokens, table, out)) {  // the tokens were checked on the host, before the copy
+    if (M == 0 || D == 0 || dry_run()) return;
+    return gpu_kernels("embedding.forward")
+        .embedding_forward(static_cast<const int32_t*>(tokens.raw()), M, table.dtype(), table.raw(), V, D,
+                           out.dtype(), out.raw());
+  }
   if (dry_run()) return;
   check_tokens(tokens, V, "embedding_forward");
   if (M == 0 || D == 0) return;
@@ -161,6 +168,12 @@ void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable
   const int64_t V = dtable.size(0), D = dtable.size(1), M = tokens.numel();
   ANVIL_ASSERT(dout.numel() == M * D && (dout.ndim() == 0 || dout.size(-1) == D), "embedding backward: dout ",
                shape_str(dout.shape()), " for ", M, " tokens of width ", D);
+  if (on_gpu("embedding.backward", tokens, dout, dtable)) {
+    if (M == 0 || D == 0 || dry_run()) return;
+    return gpu_kernels("embedding.backward")
+        .embedding_backward(dout.dtype(), dout.raw(), static_cast<const int32_t*>(tokens.raw()), M, V, D,
+                            dtable.dtype(), dtable.raw());
+  }
   if (dry_run()) return;
   check_tokens(tokens, V, "embedding_backward");
   if (M == 0 || D == 0) return;

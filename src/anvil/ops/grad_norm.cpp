@@ -7,6 +7,8 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/cuda/grad_norm_body.h"  // the GPU kernel's block count (plain C++)
+#include "anvil/ops/gpu_kernels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -130,9 +132,40 @@ int for_each_piece(std::span<const Tensor> grads, F&& fn) {
 
 }  // namespace
 
+namespace {
+// On a GPU: each tensor's Σ x² into its own double on the device, in one
+// kernel per tensor (its order fixed by the tensor's size alone), then one
+// copy to the host, where they are added in the tensors' order: the step's
+// one read of the norm.
+double gpu_sum_of_squares(std::span<const Tensor> grads) {
+  const Device device = grads[0].device();
+  for (const Tensor& t : grads) check_same_device("grad_norm", grads[0], t);
+  const auto n = static_cast<int64_t>(grads.size());
+  // Doubles in f32 storage (two floats each): the per-tensor sums and the kernel's block partials.
+  Tensor sums = Tensor::empty({2 * n}, DType::f32, MemCategory::workspace, "grad_norm.sums", device);
+  const Tensor partials = Tensor::empty({2 * int64_t{kernel::kGradNormMaxBlocks}}, DType::f32,
+                                        MemCategory::workspace, "grad_norm.partials", device);
+  if (dry_run()) return 0.0;
+  GpuKernels& k = gpu_kernels("grad_norm");
+  sums.zero_();  // an empty tensor's sum is 0
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& t = grads[static_cast<size_t>(i)];
+    if (t.numel() == 0) continue;
+    k.grad_sum_of_squares(t.dtype(), t.raw(), t.numel(), static_cast<double*>(partials.raw()),
+                          static_cast<double*>(sums.raw()) + i);
+  }
+  const Tensor host = sums.to(Device::cpu(), MemCategory::workspace, "grad_norm.sums");
+  const auto* s = reinterpret_cast<const double*>(host.data<float>());
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += s[i];
+  return total;
+}
+}  // namespace
+
 double grad_sum_of_squares(std::span<const Tensor> grads) {
   const ScopedOpTime op("grad_norm");
   for (const Tensor& t : grads) check_grad(t);
+  if (!grads.empty() && !grads[0].device().is_cpu()) return gpu_sum_of_squares(grads);
   if (dry_run()) return 0.0;  // a dry run's gradients are no values: its norm is 0
   // One slot per part, summed below in part order: reproducible for a given thread count.
   std::vector<double> partial(static_cast<size_t>(num_threads()), 0.0);
@@ -156,6 +189,13 @@ double clip_coefficient(double total_norm, double max_norm) {
 void scale_grads_(std::span<const Tensor> grads, float s) {
   const ScopedOpTime op("scale_grads");
   for (const Tensor& t : grads) check_grad(t);
+  if (!grads.empty() && !grads[0].device().is_cpu()) {
+    for (const Tensor& t : grads) check_same_device("scale_grads", grads[0], t);
+    if (dry_run()) return;
+    for (const Tensor& t : grads)
+      if (t.numel() > 0) gpu_kernels("scale_grads").scale_grads(t.dtype(), t.raw(), t.numel(), s);
+    return;
+  }
   if (dry_run()) return;
   for_each_piece(grads, [&](int, const Tensor& t, int64_t lo, int64_t hi) {
     if (t.dtype() == DType::f32)

@@ -12,6 +12,7 @@
 
 #include "anvil/core/cpu_peak.h"
 #include "anvil/core/dry_run.h"
+#include "anvil/ops/gpu_kernels.h"
 #include "anvil/core/error.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
@@ -429,6 +430,7 @@ void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
   ANVIL_ASSERT(y.size(0) == M && y.size(1) == N && x.dtype() == w.dtype(), "linear: y ", shape_str(y.shape()));
   const ScopedOpTime op("linear.forward", gemm_flops(M, N, K));
   GemmShape s{.M = M, .N = N, .K = K, .trans_b = true, .ab = x.dtype(), .c = y.dtype()};
+  if (!x.device().is_cpu()) return gpu_gemm(x.device(), s, x.raw(), w.raw(), y.raw());
   run_gemm(s, x.raw(), w.raw(), y.raw());
 }
 
@@ -439,6 +441,7 @@ void linear_forward_accumulate(const Tensor& x, const Tensor& w, Tensor& y) {
   ANVIL_ASSERT(y.size(0) == M && y.size(1) == N, "linear: y ", shape_str(y.shape()));
   const ScopedOpTime op("linear.forward", gemm_flops(M, N, K));
   GemmShape s{.M = M, .N = N, .K = K, .trans_b = true, .ab = x.dtype(), .c = y.dtype(), .accumulate = true};
+  if (!x.device().is_cpu()) return gpu_gemm(x.device(), s, x.raw(), w.raw(), y.raw());
   run_gemm(s, x.raw(), w.raw(), y.raw());
 }
 
@@ -449,6 +452,7 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, bool a
                shape_str(dx.shape()));
   const ScopedOpTime op("linear.backward_input", gemm_flops(M, N, K));
   GemmShape s{.M = M, .N = K, .K = N, .ab = dy.dtype(), .c = dx.dtype(), .accumulate = accumulate_dx};
+  if (!dy.device().is_cpu()) return gpu_gemm(dy.device(), s, dy.raw(), w.raw(), dx.raw());
   run_gemm(s, dy.raw(), w.raw(), dx.raw());
 }
 
@@ -499,6 +503,10 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw) {
                shape_str(dw.shape()));
   if (M == 0) return;
   const ScopedOpTime op("linear.backward_weight", gemm_flops(M, N, K));
+  if (!dy.device().is_cpu()) {  // cuBLASLt accumulates into dW at full rate: one transposed product
+    const GemmShape s{.M = N, .N = K, .K = M, .trans_a = true, .ab = dy.dtype(), .c = dw.dtype(), .accumulate = true};
+    return gpu_gemm(dy.device(), s, dy.raw(), x.raw(), dw.raw());
+  }
   if (dy.dtype() == DType::bf16 && dw.dtype() == DType::f32 && !omp_in_parallel() && !bf16_products_widened()) {
     const WeightGradPrimitive& g = weight_grad_primitive(M, N, K);
     Context& ctx = context();

@@ -8,6 +8,8 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/cuda/rmsnorm_body.h"  // the GPU backward's row splits (plain C++)
+#include "anvil/ops/gpu_kernels.h"
 #include "anvil/ops/vec16.h"
 
 namespace anvil {
@@ -145,11 +147,15 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, con
                "rmsnorm: x, w, y must share one float dtype");
   ANVIL_ASSERT(y.shape() == x.shape(), "rmsnorm: y ", shape_str(y.shape()), " vs x ", shape_str(x.shape()));
   const int64_t D = w.size(0), M = D ? x.numel() / D : 0;
-  float* rs = nullptr;
-  if (rstd.defined()) {
+  if (rstd.defined())
     ANVIL_ASSERT(rstd.dtype() == DType::f32 && rstd.numel() == M, "rmsnorm: rstd ", shape_str(rstd.shape()));
-    rs = rstd.data<float>();
+  if (on_gpu("rmsnorm.forward", x, w, y, rstd)) {
+    if (M == 0 || D == 0 || dry_run()) return;
+    return gpu_kernels("rmsnorm.forward")
+        .rmsnorm_forward(x.dtype(), x.raw(), w.raw(), eps, y.raw(),
+                         rstd.defined() ? static_cast<float*>(rstd.raw()) : nullptr, M, D);
   }
+  float* rs = rstd.defined() ? rstd.data<float>() : nullptr;
   if (M == 0 || D == 0 || dry_run()) return;
   if (x.dtype() == DType::f32)
     forward_kernel(x.data<float>(), w.data<float>(), eps, y.data<float>(), rs, M, D);
@@ -169,11 +175,20 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
                " dx ", shape_str(dx.shape()), " x ", shape_str(x.shape()));
   ANVIL_ASSERT(dw.shape() == w.shape() && dw.dtype() != DType::i32, "rmsnorm backward: dw ", shape_str(dw.shape()));
   const int64_t D = w.size(0), M = D ? x.numel() / D : 0;
-  const float* rs = nullptr;
-  if (rstd.defined()) {
+  if (rstd.defined())
     ANVIL_ASSERT(rstd.dtype() == DType::f32 && rstd.numel() == M, "rmsnorm: rstd ", shape_str(rstd.shape()));
-    rs = rstd.data<float>();
+  if (on_gpu("rmsnorm.backward", x, dy, w, dx, dw, rstd)) {
+    ANVIL_ASSERT(rstd.defined(), "rmsnorm backward on a GPU needs the forward's rstd");
+    if (M == 0 || D == 0) return;
+    // One f32 dW partial per fixed split of rows (the same bits every run).
+    const Tensor scratch = Tensor::empty({kernel::rmsnorm_dw_splits(M) * D}, DType::f32, MemCategory::workspace,
+                                         "rmsnorm.dw_partials", x.device());
+    if (dry_run()) return;
+    return gpu_kernels("rmsnorm.backward")
+        .rmsnorm_backward(x.dtype(), dw.dtype(), dy.raw(), x.raw(), w.raw(), static_cast<const float*>(rstd.raw()),
+                          dx.raw(), dw.raw(), static_cast<float*>(scratch.raw()), M, D, accumulate_dx);
   }
+  const float* rs = rstd.defined() ? rstd.data<float>() : nullptr;
   if (M == 0 || D == 0) return;
   auto run = [&](auto* dwp) {
     if (x.dtype() == DType::f32)

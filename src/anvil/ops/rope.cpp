@@ -8,6 +8,7 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/gpu_kernels.h"
 #include "anvil/ops/vec16.h"
 
 namespace anvil {
@@ -75,6 +76,12 @@ void rope_apply(const Tensor& x, const RopeTable& table, int64_t pos_offset, Ten
   ANVIL_CHECK(pos_offset >= 0 && pos_offset + T <= table.max_positions(), what, ": positions [", pos_offset, ", ",
               pos_offset + T, ") are outside the RoPE table, which covers [0, ", table.max_positions(),
               "); build the table for at least ", pos_offset + T, " positions (raise the maximum sequence length)");
+  if (on_gpu(what, x, y, table.cos, table.sin)) {
+    if (x.numel() == 0 || dry_run()) return;
+    return gpu_kernels(what).rope(kInverse, x.dtype(), x.raw(), static_cast<const float*>(table.cos.raw()),
+                                  static_cast<const float*>(table.sin.raw()), table.max_positions(), B, T, H, D,
+                                  pos_offset, y.raw());
+  }
   if (x.numel() == 0 || dry_run()) return;
   const float* c = table.cos.data<float>();
   const float* s = table.sin.data<float>();
@@ -121,6 +128,12 @@ RopeTable rope_table(int64_t max_positions, int64_t head_dim, double theta, cons
   ANVIL_CHECK(max_positions > 0, "RoPE: max_positions must be positive, got ", max_positions);
   const std::vector<double> f = rope_inv_freq(head_dim, theta, scaling);
   const int64_t half = head_dim / 2;
+  const Device device = default_device();
+  if (!device.is_cpu()) {  // made on the host, in double, and copied over once
+    const ScopedDevice host(Device::cpu());
+    const RopeTable made = rope_table(max_positions, head_dim, theta, scaling, MemCategory::workspace);
+    return {made.cos.to(device, category, "rope.cos"), made.sin.to(device, category, "rope.sin")};
+  }
   RopeTable t{Tensor::empty({max_positions, half}, DType::f32, category, "rope.cos"),
               Tensor::empty({max_positions, half}, DType::f32, category, "rope.sin")};
   if (dry_run()) return t;

@@ -5,6 +5,7 @@
 #include "anvil/core/dry_run.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/gpu_kernels.h"
 #include "anvil/ops/avx512_math.h"
 #include "anvil/ops/cuda/swiglu_body.h"  // plain C++: the portable path shares its sigmoid
 
@@ -139,6 +140,10 @@ void swiglu_forward(const Tensor& g, const Tensor& u, Tensor& h) {
   const ScopedOpTime op("swiglu.forward");
   check_same(g, u, "u");
   check_same(g, h, "h");
+  if (on_gpu("swiglu.forward", g, u, h)) {
+    if (g.numel() == 0 || dry_run()) return;
+    return gpu_kernels("swiglu.forward").swiglu_forward(g.dtype(), g.raw(), u.raw(), h.raw(), g.numel());
+  }
   if (dry_run()) return;
   const int64_t n = g.numel();
   switch (g.dtype()) {
@@ -163,6 +168,11 @@ void swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u, Tensor&
   check_same(g, dg, "dg");
   check_same(g, du, "du");
   ANVIL_ASSERT(g.numel() == 0 || dg.raw() != du.raw(), "swiglu_backward: dg and du must be different tensors");
+  if (on_gpu("swiglu.backward", g, dh, u, dg, du)) {
+    if (g.numel() == 0 || dry_run()) return;
+    return gpu_kernels("swiglu.backward")
+        .swiglu_backward(g.dtype(), dh.raw(), g.raw(), u.raw(), dg.raw(), du.raw(), g.numel());
+  }
   if (dry_run()) return;
   const int64_t n = g.numel();
   switch (g.dtype()) {

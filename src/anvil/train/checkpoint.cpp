@@ -116,6 +116,10 @@ void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const
   // A synchronous save writes straight from the live tensors; an asynchronous
   // one takes a copy now, so training can change them while the copy is written.
   auto keep = [&](Tensor t, DType dtype) {
+    if (!t.device().is_cpu()) {  // the writer reads host bytes: a GPU's tensors come over first
+      Tensor host = t.to(Device::cpu(), MemCategory::workspace, "checkpoint.staging");
+      return dtype == host.dtype() ? host : host.to(dtype, MemCategory::workspace, "checkpoint.staging");
+    }
     if (!async_ && dtype == t.dtype()) return t;
     return t.to(dtype, MemCategory::workspace, "checkpoint.staging");
   };

@@ -5,9 +5,11 @@
 #include <utility>
 #include <vector>
 
+#include "anvil/core/device_pool.h"
 #include "anvil/core/dry_run.h"
 #include "anvil/core/error.h"
 #include "anvil/estimate/flops.h"
+#include "anvil/train/gpu_job.h"
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/parallelize.h"
 #include "anvil/train/step_logger.h"
@@ -24,13 +26,15 @@ int64_t first_save_step(const JobConfig& cfg) { return std::min(cfg.checkpoint.i
 }  // namespace
 
 RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank,
-                          std::vector<MemEvent>* step2) {
+                          std::vector<MemEvent>* step2, Device device) {
+  if (!device.is_cpu()) check_gpu_job(cfg, args, world_size);
   ParallelDims par = resolve_parallel(cfg, args, world_size, rank);
   RankEstimate out;
   out.rank = rank;
   out.pp_rank = par.pp_rank;
   out.stages = par.pp_size > 1 ? par.pp_schedule.placement.stages_of(par.pp_rank) : std::vector<int>{0};
-  DryRun dry;
+  DryRun dry(device.is_cpu() ? 0 : kDryRunGpuBytes);
+  const ScopedDevice on(device);  // the model, its batches and every step's tensors, where the job runs
   TrackingAllocator& allocator = dry.allocator();
   if (world_size > 1) par.mesh = DeviceMesh::dry(par.layout, rank);
   // As train() does, in its order: the layout, the step's batches, then the steps.
@@ -48,6 +52,7 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
       cfg, par, layout, ac, adamw, lr, ForwardBackwardHooks{{}, [&par] { return par.max_over_world(0) != 0; }}, {}};
   const int64_t tokens = par.accum_steps * cfg.training.local_batch_size * cfg.training.seq_len / par.cp_size;
   allocator.release_cache();  // setup's one-off blocks, as the trainer
+  empty_device_caches();
   allocator.reset_peak();     // the trainer's peaks start here (StepLogger::start)
   // The steps run, numbered as the trainer numbers them: the first; the first
   // save's (when checkpoints are on; else the second); and after an
@@ -87,6 +92,13 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   out.memory.peak = stats.peak;
   out.memory.peak_total = stats.peak_total;
   out.memory.peak_reserved = stats.peak_reserved;
+  if (DevicePool* gpu = dry.gpu_pool()) {
+    const DevicePoolStats g = gpu->stats();
+    out.device = device;
+    out.device_memory.peak = g.peak;
+    out.device_memory.peak_total = g.peak_allocated;
+    out.device_memory.peak_reserved = g.peak_reserved;
+  }
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "anvil/core/allocator.h"
+#include "anvil/core/device.h"
 #include "anvil/estimate/memory.h"
 #include "anvil/model/args.h"
 #include "anvil/train/config.h"
@@ -31,6 +32,13 @@ struct RankEstimate {
   // allocator's (at most the sum of the category peaks); peak_reserved what
   // the allocator's block cache holds at its fullest.
   MemoryEstimate memory;
+  // A GPU job's device memory (a dry run on a GPU device), from the pool of the
+  // dry run's fake GPU: peak per category (requested bytes), peak_total the
+  // allocated blocks' peak (torch.cuda.max_memory_allocated's measure, the
+  // blocks rounded to 512 bytes) and peak_reserved the segments' (its
+  // max_memory_reserved). `memory` is then the host's side of the job.
+  Device device = Device::cpu();
+  MemoryEstimate device_memory;
   // Bytes this rank sends per step: the data-parallel closed form
   // (distributed/comm_volume.h); tensor-parallel and pipeline as the dry
   // run's communicators counted them in its second step (comm.h's comm_bytes).
@@ -50,8 +58,11 @@ LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int 
 
 // The dry run of one rank (its pre-flight check needs no other), with its step-2 allocation timeline (from the
 // step's start to the end of its optimizer step: every allocation and free
-// in order, with tag, category and bytes) when `step2` is not null.
+// in order, with tag, category and bytes) when `step2` is not null. With a
+// GPU `device`, the dry run of the GPU path: the model, its state and every
+// step's tensors under ScopedDevice(device), over the device pool of a fake
+// GPU (train/gpu_job.h says what a GPU job may be), no GPU needed.
 RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank,
-                          std::vector<MemEvent>* step2 = nullptr);
+                          std::vector<MemEvent>* step2 = nullptr, Device device = Device::cpu());
 
 }  // namespace anvil

@@ -2,6 +2,15 @@
 
 namespace anvil {
 
+namespace {
+// A micro-batch's host tensor where the model runs (default_device()): itself
+// on the host; on a GPU a copy (the loader fills host memory, checked there).
+Tensor where_the_model_runs(const Tensor& t, const char* tag) {
+  if (!t.defined() || t.device() == default_device()) return t;
+  return t.to(default_device(), MemCategory::activations, tag);
+}
+}  // namespace
+
 ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBatches& batches, float grad_scale,
                                                     const AcPolicy& policy, const ForwardBackwardHooks& hooks) {
   ForwardBackwardResult out;
@@ -9,8 +18,9 @@ ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBat
   for (int64_t i = 0; i < n; ++i) {
     if (hooks.before_micro_batch) hooks.before_micro_batch(i, n);
     const auto b = static_cast<size_t>(i);
-    const CrossEntropyResult r =
-        model.forward_backward(batches.tokens[b], batches.targets[b], grad_scale, policy, batches.documents_of(b));
+    const CrossEntropyResult r = model.forward_backward(
+        where_the_model_runs(batches.tokens[b], "batch.tokens"), where_the_model_runs(batches.targets[b], "batch.targets"),
+        grad_scale, policy, where_the_model_runs(batches.documents_of(b), "batch.documents"));
     out.loss_sum += r.loss_sum;
     out.loss_tokens += r.num_tokens;
     // A signal reaches one rank, or the ranks at different moments: they
@@ -26,7 +36,8 @@ ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBat
 
 CrossEntropyResult evaluate_single_stage(Llama& model, const Tensor& tokens, const Tensor& targets,
                                          const Tensor& documents) {
-  return model.forward(tokens, targets, documents);
+  return model.forward(where_the_model_runs(tokens, "batch.tokens"), where_the_model_runs(targets, "batch.targets"),
+                       where_the_model_runs(documents, "batch.documents"));
 }
 
 }  // namespace anvil

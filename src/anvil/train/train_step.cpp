@@ -57,6 +57,7 @@ MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches,
   const int64_t rows = cp > 1 ? 2 * tc.local_batch_size : tc.local_batch_size,
                 cols = tc.seq_len / (cp > 1 ? 2 * cp : 1);
   MicroBatches batches;
+  const ScopedDevice host(Device::cpu());  // the loader fills them; the step copies them where the model runs
   for (int64_t i = 0; i < micro_batches; ++i) {
     batches.tokens.push_back(Tensor::empty({rows, cols}, DType::i32, MemCategory::workspace, "batch.tokens"));
     batches.targets.push_back(Tensor::empty({rows, cols}, DType::i32, MemCategory::workspace, "batch.targets"));
@@ -119,10 +120,13 @@ void release_after_step(ParallelizedModel& layout, bool one_off_follows) {
   if (!one_off_follows) return;
   layout.release_grads();
   allocator.release_cache();
+  empty_device_caches();
 }
 
 void release_after_one_off(bool one_off_ran) {
-  if (one_off_ran) TrackingAllocator::instance().release_cache();
+  if (!one_off_ran) return;
+  TrackingAllocator::instance().release_cache();
+  empty_device_caches();
 }
 
 std::unique_ptr<Checkpointer> make_checkpointer(const JobConfig& cfg) {

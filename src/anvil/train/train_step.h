@@ -23,7 +23,7 @@ AdamWConfig adamw_config(const JobConfig& cfg);
 LrSchedule lr_schedule(const JobConfig& cfg);
 
 // The step's micro-batch buffers (tokens and targets, (local_batch_size,
-// seq_len) i32 each), made once and refilled every step; under context
+// seq_len) i32 each, in host memory), made once and refilled every step; under context
 // parallelism (cp > 1) this rank's chunks, (2·local_batch_size, seq_len /
 // (2·cp)), and one pair of whole-sequence buffers the loader fills.
 MicroBatches allocate_micro_batches(const JobConfig& cfg, int64_t micro_batches, int cp = 1);

@@ -378,6 +378,7 @@ TrainResult train(const JobConfig& cfg) {
   const int64_t kill_step = fault_step("ANVIL_FAULT_KILL_RANK", par.rank);
   const int64_t stall_step = fault_step("ANVIL_FAULT_STALL_RANK", par.rank);
   TrackingAllocator::instance().release_cache();  // setup's one-off blocks
+  empty_device_caches();
   logger.start();
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;

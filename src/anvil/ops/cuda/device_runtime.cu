@@ -43,6 +43,7 @@ void register_cuda_runtime() {
   static CudaRuntime* runtime = new CudaRuntime;  // never destroyed: pools outlive static destructors
   static std::once_flag once;
   std::call_once(once, [] { set_device_runtime(DeviceKind::cuda, runtime); });
+  register_cuda_kernels();
 }
 
 cudaStream_t cuda_stream() {

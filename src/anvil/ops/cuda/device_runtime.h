@@ -10,6 +10,9 @@ namespace anvil {
 // Registers the CUDA runtime with core (once; later calls do nothing). Needs
 // no GPU: a GPU is first touched when a tensor is made on one.
 void register_cuda_runtime();
+// Registers the ops' GPU kernels (ops/gpu_kernels.h; once). register_cuda_runtime
+// calls it: a binary with a GPU runtime has its kernels.
+void register_cuda_kernels();
 
 // The one stream every kernel, library call and copy of a training step is
 // ordered on (created on first use). One stream keeps the step's order the

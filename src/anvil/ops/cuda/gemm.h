@@ -8,15 +8,9 @@
 #include <cstddef>
 
 #include "anvil/ops/gemm_layout.h"
+#include "anvil/ops/gpu_kernels.h"  // kCublasLtWorkspaceBytes
 
 namespace anvil {
-
-// The workspace a product may use (split-K reductions and the like): NVIDIA's
-// recommended 32 MiB for Hopper (cuBLAS documentation, cublasSetWorkspace;
-// 4 MiB suffices on Ampere). One fixed size so the device pool can hold one
-// buffer for every product; the heuristic is told the size and picks only
-// algorithms that fit.
-inline constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;
 
 // Runs `call` on `stream` and returns at once: C (+)= alpha·op(A)·op(B) with
 // A, B and C Anvil's operands (device pointers, as gemm() takes them).

@@ -14,12 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "anvil/ops/gpu_kernels.h"  // SdpaShape
+
 namespace anvil {
 
-struct SdpaShape {
-  int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
-  float scale = 0;  // 0: 1/sqrt(D)
-};
 
 // The device workspace the graph of `shape` needs, in bytes (0 is possible).
 // The caller allocates a fixed buffer of at least the largest over its shapes
