@@ -254,7 +254,9 @@ TEST(Cli, EstimateEndsWithTheVerdictOnThisMachine) {
   EXPECT_EQ(j.at("fits_this_machine"), true);
   EXPECT_GT(j.at("available_bytes").get<double>(), 0);
   EXPECT_EQ(j.at("ranks_on_this_machine"), 1);
-  EXPECT_EQ(j.at("verdict"), last_line(fits.text));
+  // The same verdict, up to the memory available, which moves between the two runs.
+  const auto need = [](const std::string& verdict) { return verdict.substr(0, verdict.find(" of the ")); };
+  EXPECT_EQ(need(j.at("verdict").get<std::string>()), need(last_line(fits.text)));
   // Thousands separators: the model's parameters and FLOPs per token.
   const ModelArgs args = model_flavor("llama3", "debugmodel");
   EXPECT_TRUE(has(fits.text, "llama3/debugmodel: " + with_commas(args.num_params()) + " parameters, " +
