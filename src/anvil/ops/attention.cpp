@@ -102,9 +102,21 @@ void check_like(const Tensor& t, const Tensor& like, const char* name) {
                " ", dtype_name(t.dtype()), " must match ", shape_str(like.shape()), " ", dtype_name(like.dtype()));
 }
 
-void check_lse(const Tensor& lse, const Dims& d) {
-  ANVIL_ASSERT(lse.dtype() == DType::f32 && lse.shape() == Shape({d.B, d.Hq, d.Tq}), "attention: lse ",
+void check_lse(const Tensor& lse, int64_t B, int64_t Hq, int64_t T) {
+  ANVIL_ASSERT(lse.dtype() == DType::f32 && lse.shape() == Shape({B, Hq, T}), "attention: lse ",
                shape_str(lse.shape()), " must be f32 (B, Hq, T)");
+}
+void check_lse(const Tensor& lse, const Dims& d) { check_lse(lse, d.B, d.Hq, d.Tq); }
+
+// A GPU's tensors, checked as the CPU's are before the device side takes
+// them (which reads no host data: its documents are the device's).
+void check_gpu_operands(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+  ANVIL_ASSERT(q.ndim() == 4 && k.ndim() == 4, "attention: q ", shape_str(q.shape()), " k ", shape_str(k.shape()),
+               " must be (B, T, heads, head_dim)");
+  check_like(v, k, "v");
+  check_like(out, q, "out");
+  ANVIL_ASSERT(q.dtype() == k.dtype(), "attention: q, k, v must share a float dtype");
+  check_lse(lse, q.size(0), q.size(2), q.size(1));
 }
 
 // The FLOPs the model's count credits (estimate/flops.cpp, torchtitan's convention): the products as if
@@ -832,6 +844,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionTiles& tiles, const AttentionWindow& window) {
   if (on_gpu("attention.forward", q, k, v, out, lse)) {
     const ScopedOpTime op("attention.forward");
+    check_gpu_operands(q, k, v, out, lse);
     return attention_forward_gpu(q, k, v, out, lse, scale, window);
   }
   const Dims d = attention_dims(q, k, v, scale, window);
@@ -856,6 +869,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const AttentionWindow& window, AttentionAccumulate accumulate) {
   if (on_gpu("attention.backward", q, k, v, dout, out, lse, dq, dk, dv)) {
     const ScopedOpTime op("attention.backward");
+    check_gpu_operands(q, k, v, out, lse);
+    check_like(dout, q, "dout");
+    check_like(dq, q, "dq");
+    check_like(dk, k, "dk");
+    check_like(dv, v, "dv");
     return attention_backward_gpu(dout, q, k, v, out, lse, dq, dk, dv, scale, window, accumulate);
   }
   const Dims d = attention_dims(q, k, v, scale, window);

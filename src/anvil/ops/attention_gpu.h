@@ -1,5 +1,6 @@
 // Attention on a GPU, the device side of attention_forward and
-// attention_backward (ops/attention.h), same tensors and meaning:
+// attention_backward (ops/attention.h), same tensors and meaning (checked by
+// them first):
 //   bf16: cuDNN's fused SDPA (flash attention), its stats as the lse;
 //   f32:  a plain attention for fp32 parity runs, the products through
 //         cuBLASLt (TF32 off) and the causal row softmax an own kernel, with
