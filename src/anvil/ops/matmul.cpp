@@ -12,10 +12,10 @@
 
 #include "anvil/core/cpu_peak.h"
 #include "anvil/core/dry_run.h"
-#include "anvil/ops/gpu_kernels.h"
 #include "anvil/core/error.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/gpu_kernels.h"
 
 namespace anvil {
 

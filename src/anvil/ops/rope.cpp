@@ -126,14 +126,14 @@ std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScal
 RopeTable rope_table(int64_t max_positions, int64_t head_dim, double theta, const RopeScaling& scaling,
                      MemCategory category) {
   ANVIL_CHECK(max_positions > 0, "RoPE: max_positions must be positive, got ", max_positions);
-  const std::vector<double> f = rope_inv_freq(head_dim, theta, scaling);
-  const int64_t half = head_dim / 2;
   const Device device = default_device();
   if (!device.is_cpu()) {  // made on the host, in double, and copied over once
     const ScopedDevice host(Device::cpu());
     const RopeTable made = rope_table(max_positions, head_dim, theta, scaling, MemCategory::workspace);
     return {made.cos.to(device, category, "rope.cos"), made.sin.to(device, category, "rope.sin")};
   }
+  const std::vector<double> f = rope_inv_freq(head_dim, theta, scaling);
+  const int64_t half = head_dim / 2;
   RopeTable t{Tensor::empty({max_positions, half}, DType::f32, category, "rope.cos"),
               Tensor::empty({max_positions, half}, DType::f32, category, "rope.sin")};
   if (dry_run()) return t;

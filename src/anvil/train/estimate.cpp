@@ -51,8 +51,7 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   const StepContext ctx{
       cfg, par, layout, ac, adamw, lr, ForwardBackwardHooks{{}, [&par] { return par.max_over_world(0) != 0; }}, {}};
   const int64_t tokens = par.accum_steps * cfg.training.local_batch_size * cfg.training.seq_len / par.cp_size;
-  allocator.release_cache();  // setup's one-off blocks, as the trainer
-  empty_device_caches();
+  release_caches();  // setup's one-off blocks, as the trainer
   allocator.reset_peak();     // the trainer's peaks start here (StepLogger::start)
   // The steps run, numbered as the trainer numbers them: the first; the first
   // save's (when checkpoints are on; else the second); and after an

@@ -119,14 +119,16 @@ void release_after_step(ParallelizedModel& layout, bool one_off_follows) {
   allocator.trim_cache();
   if (!one_off_follows) return;
   layout.release_grads();
-  allocator.release_cache();
+  release_caches();
+}
+
+void release_caches() {
+  TrackingAllocator::instance().release_cache();
   empty_device_caches();
 }
 
 void release_after_one_off(bool one_off_ran) {
-  if (!one_off_ran) return;
-  TrackingAllocator::instance().release_cache();
-  empty_device_caches();
+  if (one_off_ran) release_caches();
 }
 
 std::unique_ptr<Checkpointer> make_checkpointer(const JobConfig& cfg) {

@@ -71,6 +71,9 @@ bool checkpoint_due(const JobConfig& cfg, int64_t step, const Checkpointer* chec
 // neither stacks on that work's own peak. After the one-off work, its blocks
 // go back too (release_after_one_off).
 void release_after_step(ParallelizedModel& layout, bool one_off_follows);
+// The host's block cache and every device pool's free segments, back to the
+// system: after setup's one-off tensors and around one-off work.
+void release_caches();
 void release_after_one_off(bool one_off_ran);
 
 // checkpoint.folder under the dump folder, or null when checkpoints are off.

@@ -377,8 +377,7 @@ TrainResult train(const JobConfig& cfg) {
   data.allocate_batches(par.accum_steps);
   const int64_t kill_step = fault_step("ANVIL_FAULT_KILL_RANK", par.rank);
   const int64_t stall_step = fault_step("ANVIL_FAULT_STALL_RANK", par.rank);
-  TrackingAllocator::instance().release_cache();  // setup's one-off blocks
-  empty_device_caches();
+  release_caches();  // setup's one-off blocks
   logger.start();
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
