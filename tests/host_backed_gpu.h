@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "anvil/core/device.h"
 #include "anvil/core/device_pool.h"
 #include "anvil/core/dtype.h"
+#include "anvil/core/op_timer.h"
 #include "anvil/ops/gpu_kernels.h"
 #include "cublaslt_replay.h"
 
@@ -32,6 +34,23 @@ class HostMemory : public DeviceMemory {
   void* map(size_t bytes) override { return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096); }
   void unmap(void* ptr, size_t) override { std::free(ptr); }
   std::string name() const override { return "host-backed stand-in"; }
+};
+
+// The stand-in's stamps: the host's clock when each is taken (its "stream"
+// is the host, which has run everything before the stamp by then).
+class HostClock : public DeviceClock {
+ public:
+  uint32_t stamp() override {
+    stamps_.push_back(std::chrono::steady_clock::now());
+    return static_cast<uint32_t>(stamps_.size() - 1);
+  }
+  double seconds_between(uint32_t from, uint32_t to) override {
+    return std::chrono::duration<double>(stamps_.at(to) - stamps_.at(from)).count();
+  }
+  void clear() override { stamps_.clear(); }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> stamps_;
 };
 
 class HostBackedGpu : public DeviceRuntime {
@@ -55,7 +74,14 @@ class HostBackedGpu : public DeviceRuntime {
     ++converts;
   }
   std::unique_ptr<DeviceMemory> memory(int) override { return std::make_unique<HostMemory>(); }
+  int device_count(std::string*) override { return 1; }
+  DeviceProperties properties(int) override { return {"host-backed stand-in", memory_bytes}; }
+  DeviceClock& clock() override { return clock_; }
   int copies = 0, zeros = 0, converts = 0;
+  size_t memory_bytes = size_t{8} << 30;  // what the trainer holds a job against
+
+ private:
+  HostClock clock_;
 };
 
 namespace host_gpu {

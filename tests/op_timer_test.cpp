@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "anvil/core/profiler.h"
 #include "anvil/estimate/flops.h"
@@ -96,6 +97,58 @@ TEST(OpTimer, AnOuterOpsSelfTimeLeavesOutTheOpsInsideIt) {
   EXPECT_GT(inner->self_seconds, 0.0);
   EXPECT_LT(outer->self_seconds, inner->self_seconds);
   EXPECT_EQ(rows.front().op, "inner") << "the longest first";
+}
+
+// A device clock whose stamps are scripted: stamp i reads at times[i] seconds.
+class ScriptedClock : public anvil::DeviceClock {
+ public:
+  explicit ScriptedClock(std::vector<double> times) : times_(std::move(times)) {}
+  uint32_t stamp() override { return taken_++; }
+  double seconds_between(uint32_t from, uint32_t to) override {
+    EXPECT_LT(to, taken_) << "a stamp read before it was taken";
+    ++reads;
+    return times_.at(to) - times_.at(from);
+  }
+  void clear() override {
+    taken_ = 0;
+    ++clears;
+  }
+  int reads = 0, clears = 0;
+
+ private:
+  std::vector<double> times_;
+  uint32_t taken_ = 0;
+};
+
+TEST(OpTimer, OnADeviceTheStampsTimeTheOpsAndAreReadWhenTimingStops) {
+  // outer [0, 10] s holding inner [1, 4] s and inner [5, 9] s, then adamw [10, 12] s
+  // (the stamps in the order the scopes open and close).
+  ScriptedClock clock({0, 1, 4, 5, 9, 10, 10, 12});
+  OpTimer::set_device_clock(&clock);
+  OpTimer::reset();
+  OpTimer::set_enabled(true);
+  {
+    const ScopedOpTime outer("outer", 3);
+    { const ScopedOpTime inner("inner", 1); }
+    { const ScopedOpTime inner("inner", 1); }
+  }
+  { const ScopedOpTime adamw("adamw"); }
+  EXPECT_EQ(clock.reads, 0) << "nothing waits for the device while the step runs";
+  OpTimer::set_enabled(false);
+  OpTimer::set_device_clock(nullptr);
+  EXPECT_EQ(clock.reads, 4);
+  EXPECT_EQ(clock.clears, 2);  // reset() and the read: the stamps are reused
+  const std::vector<OpTimeRow> rows = OpTimer::rows();
+  const OpTimeRow* outer = find(rows, "", "", "outer");
+  const OpTimeRow* inner = find(rows, "", "outer", "inner");
+  const OpTimeRow* adamw = find(rows, "", "", "adamw");
+  ASSERT_TRUE(outer && inner && adamw);
+  EXPECT_EQ(outer->calls, 1);
+  EXPECT_DOUBLE_EQ(outer->self_seconds, 10.0 - 3.0 - 4.0);
+  EXPECT_EQ(inner->calls, 2);
+  EXPECT_DOUBLE_EQ(inner->self_seconds, 7.0);
+  EXPECT_EQ(inner->flops, 2);
+  EXPECT_DOUBLE_EQ(adamw->self_seconds, 2.0);
 }
 
 TEST(OpTimer, OpsCalledInsideAParallelRegionBelongToTheOpThatOpenedIt) {

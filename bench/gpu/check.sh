@@ -8,10 +8,11 @@
 # so that unpacking, libraries, timeouts and the JSON are known to work before
 # GPU time is spent.
 #
-#   bench/gpu/check.sh [--rehearse] [--out DIR] [PACK]
+#   bench/gpu/check.sh [--rehearse] [--out DIR] [--only NN,...] [PACK]
 #
 # PACK: bench/gpu/pack.sh's archive (default .gpu/anvil-gpu.tar.xz).
 # DIR:  $OUT when set (the device tool's output folder), else /tmp/anvil-gpu-check.
+# --only 03,05: those steps alone (and 00, the unpacking); the others record skipped.
 # On the GPU machine, with the device tool (docs/gpu.md, "The one-call check"):
 #   run  command: bash bench/gpu/check.sh --out $OUT .gpu/anvil-gpu.tar.xz
 #        carry: [".gpu"]   timeout_s: 420
@@ -22,15 +23,22 @@
 #   01 machine    15  nvidia-smi; the cuBLAS, cuBLASLt and cuDNN bin/anvil loads
 #                     (ldd); every packed binary finds its libraries; anvil info
 #   02 op-tests   45  every packed cuda_*_test, gtest JSON per binary
-#   03 parity     90  GPU training against the CPU's      } not built yet: each
-#   04 memory     30  GPU peaks against the dry run's     } records the commands
-#   05 speed     150  Anvil rows beside PyTorch's rows    } it will run; speed
-#                     runs PyTorch's rows (bench/gpu/torch_reference.py) now
+#   03 parity     90  anvil train --job.device cuda against --job.device cpu: the
+#                     debug model and llama3_25m, 10 steps, fp32 within 1e-5 (losses,
+#                     gradient norms, final weights), bf16's loss gap at most twice the
+#                     CPU's; every AC mode and accumulation 2 against the GPU's fp32 run
+#   04 memory     30  Llama 3 1B's device peaks, each category equal to anvil estimate
+#                     --job.device cuda's to the byte, reserved within 2%
+#   05 speed     150  Anvil's rows (tokens/s, reserved, op table) beside PyTorch's
+#                     (bench/gpu/torch_reference.py), with the ratios
 #   06 sanitizer  30  compute-sanitizer memcheck on a few op tests
 #   07 calibration    the time left: anvil calibrate, bench/gpu/calibrate.py, anvil estimate
 #
+# Steps 03-05 compare with bench/gpu/parity.py, whose verdicts (every figure) their JSON holds as
+# "comparisons", beside "runs" (each Anvil command, its status and time) and "self_test": the
+# comparator fed copies of real runs with one figure moved past a bound, which must fail on it.
 # Each step writes DIR/<nn>-<step>.log (its whole output) and DIR/<nn>-<step>.json:
-#   {"step", "status": passed|failed|skipped|timed_out|not_built, "exit_code",
+#   {"step", "status": passed|failed|skipped|timed_out, "exit_code",
 #    "seconds", "limit_seconds", "why" (one line; "" when passed), "result"
 #    (one line), step-specific fields}
 # and DIR/<nn>-<step>/ for its other files. At the end DIR holds summary.json
@@ -42,13 +50,17 @@
 # --rehearse (no GPU): the GPU-only commands record "skipped" (no GPU) instead of
 # failing, PyTorch's rows and calibrate.py run small on the CPU (where a python3
 # has torch), and everything else runs as on the GPU machine: the pack is
-# unpacked and its binaries are loaded, run and their output parsed.
+# unpacked and its binaries are loaded, run and their output parsed. Steps 03-05
+# then run their CPU parts small (the CPU halves of the debug model's parity runs,
+# the dry runs, a CPU stand-in of a speed row, every self-test) and end "skipped"
+# when those passed, "failed" when one did not.
 # Exit status: 1 if a step failed or timed out, or a step's JSON is missing or
-# malformed (skipped and not_built steps do not fail the check); else 0.
+# malformed (skipped steps do not fail the check); else 0.
 set -uo pipefail
 
-usage() { sed -n '11,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '11,19p' "$0" | sed 's/^# \{0,1\}//'; }
 rehearse=0
+only=
 out=
 pack=
 while (($#)); do
@@ -56,6 +68,8 @@ while (($#)); do
     --rehearse) rehearse=1 ;;
     --out) out=${2:?--out needs a folder}; shift ;;
     --out=*) out=${1#--out=} ;;
+    --only) only=${2:?--only needs step numbers}; shift ;;
+    --only=*) only=${1#--only=} ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "check.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) pack=$1 ;;
@@ -89,6 +103,13 @@ nogpu_status=failed
 export nogpu_status
 gpu=$(timeout -k 2 10 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 export gpu
+# The python3 for bench/gpu/parity.py: one with numpy where there is one (the GPU machine's python3;
+# here perhaps Debian's behind another), else the first, on which parity.py's slower path runs.
+pynp=python3
+for c in python3 /usr/bin/python3; do
+  if timeout 30 "$c" -c 'import numpy' 2>/dev/null; then pynp=$c; break; fi
+done
+export pynp
 # The python3 with PyTorch: the GPU machine's python3; in a rehearsal perhaps
 # Debian's (/usr/bin/python3 with python3-torch) behind another python3.
 py=
@@ -117,38 +138,208 @@ within() {
   timeout -k 5 "$l" "$@"
 }
 packed_within() { within env LD_LIBRARY_PATH="$pack_ld" "$@"; }
-# planned PROVES CMD...: a command a step will run once the GPU trainer exists,
-# printed and kept in the step's JSON as will_run.
-planned() {
-  local proves=$1
-  shift
-  printf '  will run: %s\n    proves: %s\n' "$*" "$proves"
-  printf '%s\t%s\n' "$*" "$proves" >>"$STEP_FACTS.plan"
+# ---- helpers of the Anvil runs (steps 03-05); each writes under its caller's $dir ----
+
+# anvil_flags: sets RUN_FLAGS, what every anvil train and estimate of the check adds to its config.
+# The data: the repository's own docs/*.md (about 450 KB of text) read as bytes, since the configs'
+# Shakespeare corpus and BPE tokenizer (data/, which git ignores) are not on the GPU machine: the
+# device tool carries only .gpu and the pack holds binaries alone; the docs travel as tracked files.
+# Causal attention: a GPU refuses block-causal masks (cuDNN's ragged SDPA is not built), and
+# PyTorch's rows are causal too. Metrics every step; no validation, traces, memory snapshots or
+# TensorBoard: the comparisons read none of them, and they cost time.
+anvil_flags() {
+  RUN_FLAGS=(--model.tokenizer_path= --training.dataset text --training.dataset_path 'docs/*.md'
+    --model.attn_mask_type causal --metrics.log_freq 1 --validation.enable false
+    --profiling.enable_profiling false --profiling.enable_memory_snapshot false --metrics.enable_tensorboard false)
 }
-record_plan() {
-  factj will_run "$(python3 -c '
-import json, sys
-print(json.dumps([dict(zip(("command", "proves"), l.rstrip("\n").split("\t", 1))) for l in open(sys.argv[1])]))' "$STEP_FACTS.plan")"
-  rm -f "$STEP_FACTS.plan"
-}
-# not_built_unless KIND: the step's Anvil part needs the GPU trainer (`anvil train
-# --job.device cuda`) or the GPU dry run (`anvil estimate --job.device cuda`).
-# Today neither exists: not_built. Once one does, the step fails until its run
-# (the planned commands and their comparison) is written here.
-not_built_unless() {
-  local probe
-  if [ "$1" = trainer ]; then
-    probe=$(packed_within "$anvil" train --help 2>&1) || { verdict failed "anvil train --help failed: $(tail -1 <<<"$probe")"; return 1; }
-    grep -q -- '--job.device ' <<<"$probe" || { verdict not_built "anvil train has no job.device (the trainer does not run on a GPU yet)"; return 0; }
+# train_run NAME DEVICE FLAGS...: anvil train FLAGS --job.device DEVICE --job.dump_folder $dir/NAME,
+# its output in $dir/NAME.log and a row in $dir/runs.tsv. Without a GPU a cuda run is not started:
+# skipped in a rehearsal, failed on the GPU machine; with SKIP_WHY set, no run is started and
+# that is the reason recorded. Returns 0 when the run passed.
+train_run() { anvil_run train "$@"; }
+# estimate_run NAME DEVICE FLAGS...: anvil estimate FLAGS --job.device DEVICE --json, its JSON in
+# $dir/NAME.json and the rest of its output in $dir/NAME.log; the dry run needs no GPU, for cuda too.
+estimate_run() { anvil_run estimate "$@"; }
+anvil_run() {
+  local what=$1 name=$2 device=$3 rc=0 status=passed why="" t0 secs=0
+  shift 3
+  local cmd=("$anvil" "$what" "$@" --job.device "$device") args
+  args=$(printf '%q ' "$@" --job.device "$device")  # as a shell takes it back (docs/\*.md)
+  args=${args% }
+  if [ "$what" = train ]; then
+    rm -rf "${dir:?}/$name"
+    cmd+=(--job.dump_folder "$dir/$name")
   else
-    probe=$(packed_within "$anvil" estimate configs/debugmodel.toml --job.device cuda 2>&1)
-    if grep -q "unknown key 'job.device'" <<<"$probe"; then
-      verdict not_built "anvil estimate has no job.device (no GPU dry run yet)"
+    cmd+=(--json)
+  fi
+  if [ -n "${SKIP_WHY:-}" ]; then
+    status=skipped why=$SKIP_WHY
+    echo "== $name: skipped ($why): anvil $what $args"
+  elif [ "$what" = train ] && [ "$device" = cuda ] && [ -z "$gpu" ]; then
+    status=$nogpu_status why="no GPU"
+    echo "== $name: $status (no GPU): anvil $what $args"
+  elif (($(left) < 2)); then
+    status=timed_out why="not started: the step's time was spent"
+    echo "== $name: $why: anvil $what $args"
+  else
+    echo "== $name: anvil $what $args"
+    t0=$(date +%s.%N)
+    if [ "$what" = train ]; then
+      packed_within "${cmd[@]}" >"$dir/$name.log" 2>&1
+    else
+      packed_within "${cmd[@]}" >"$dir/$name.json" 2>"$dir/$name.log"
+    fi
+    rc=$?
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    if ((rc == 124 || rc == 137)); then
+      status=timed_out why="stopped at its time limit after $secs s"
+    elif ((rc)); then
+      # Its last line says why (an estimate's error goes to stderr, its .log).
+      why=$(grep . "$dir/$name.log" | tail -1)
+      [ -n "$why" ] || why=$(grep . "$dir/$name.json" 2>/dev/null | tail -1)
+      status=failed why="exit $rc: $(cut -c1-300 <<<"${why:-no output}")"
+    fi
+    grep . "$dir/$name.log" | tail -2 | sed 's/^/   | /'
+    echo "   $name: $status in $secs s${why:+: $why}"
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$what" "$device" "$status" "$rc" "$secs" "$(one_line "$why")" \
+    "anvil $what $args" >>"$dir/runs.tsv"
+  [ "$status" = passed ]
+}
+# compare NAME "RUNS" KIND ARGS...: bench/gpu/parity.py KIND ARGS, its verdict with every figure in
+# $dir/verdicts/. Made only when each run RUNS names (runs.tsv's NAME) passed; else recorded as not
+# made, its reason being that run's own row. Returns parity.py's exit status.
+compare() { parity_call verdicts "" "$@"; }
+# self_test EXPECT NAME "RUNS" KIND ARGS...: the same, into $dir/self_test/, held to EXPECT: pass, or
+# the bound it must fail on (parity.py --expect). A comparator that cannot fail proves nothing, so
+# each step also feeds its comparator copies of real runs with one figure moved just past a bound.
+self_test() { parity_call self_test "$@"; }
+parity_call() {
+  local folder=$dir/$1 expect=$2 name=$3 runs=$4 kind=$5 r st file rc
+  shift 5
+  mkdir -p "$folder"
+  local earlier=("$folder"/*.json)
+  [ -e "${earlier[0]}" ] || earlier=()
+  file=$folder/$(printf %02d $((${#earlier[@]} + 1)))-$(tr -cs 'A-Za-z0-9' '-' <<<"$name" | sed 's/-*$//').json
+  # What stays when parity.py is stopped before it writes its own (the names are the check's own
+  # words: no quotes or backslashes to escape).
+  printf '{"check": "%s", "name": "%s", "expect": "%s", "passed": false, "as_expected": false, "why": "%s", "line": "%s"}\n' \
+    "$kind" "$name" "$expect" "parity.py did not write its verdict" "$kind $name: parity.py did not finish" >"$file"
+  for r in $runs; do
+    st=$(awk -F'\t' -v n="$r" '$1 == n { s = $4 } END { print s }' "$dir/runs.tsv" 2>/dev/null)
+    if [ "$st" != passed ]; then
+      echo "   $kind $name: not made: run $r ${st:-did not start}"
+      printf '{"check": "%s", "name": "%s", "expect": "%s", "made": false, "why": "%s", "line": "%s"}\n' \
+        "$kind" "$name" "$expect" "not made: run $r ${st:-did not start}" "$kind $name: not made: run $r ${st:-did not start}" >"$file"
       return 0
     fi
+  done
+  local with=()
+  [ -n "$expect" ] && with=(--expect "$expect")
+  within "$pynp" bench/gpu/parity.py "$kind" --name "$name" --json "$file" "${with[@]}" "$@" 2>&1 | sed 's/^/   /'
+  rc=${PIPESTATUS[0]}
+  return "$rc"
+}
+# perturb SRC COPY HOW...: $dir/copies/COPY, a copy of the run $dir/SRC with one figure moved
+# (parity.py perturb), recorded as the run copies/COPY (a self-test over it is made only when the
+# copy is). The copies are deleted with the checkpoints when the step ends.
+perturb() {
+  local src=$1 dst=copies/$2 status=passed why=""
+  shift 2
+  mkdir -p "$dir/copies"
+  if [ "$(awk -F'\t' -v n="$src" '$1 == n { s = $4 } END { print s }' "$dir/runs.tsv")" != passed ]; then
+    status=skipped why="no $src to copy"
+  elif ! within "$pynp" bench/gpu/parity.py perturb "$dir/$src" "$dir/$dst" "$@" 2>&1 | sed 's/^/   /'; then
+    status=failed why="parity.py perturb $* failed"
   fi
-  verdict failed "Anvil now has job.device: write this step's run of the will_run commands in bench/gpu/check.sh"
-  return 1
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$dst" perturb host "$status" 0 0 "$why" "parity.py perturb $src $dst $*" >>"$dir/runs.tsv"
+}
+# finish_step KIND: the step's JSON facts from what it left in $dir (runs, comparisons, self-tests,
+# PyTorch's rows), its result line and its status: failed when a run failed or ran out of time, a
+# comparison failed, or a self-test was not as expected; else skipped when a cuda run was skipped
+# (a rehearsal: what a CPU can run ran and passed); else passed. The checkpoints and the perturbed
+# copies are deleted first: steps.tar.gz must stay under the device tool's 16 MiB a file.
+finish_step() {
+  rm -rf "${dir:?}"/*/checkpoint "$dir/copies"
+  "$pynp" - "$1" "$dir" <<'PY'
+import glob, json, os, sys
+kind, d = sys.argv[1], sys.argv[2]
+fields = ("name", "what", "device", "status", "exit_code", "seconds", "why", "command")
+runs = []
+if os.path.exists(os.path.join(d, "runs.tsv")):
+    for line in open(os.path.join(d, "runs.tsv")):
+        r = dict(zip(fields, line.rstrip("\n").split("\t")))
+        r.update(exit_code=int(r["exit_code"]), seconds=float(r["seconds"]))
+        runs.append(r)
+load = lambda sub: [json.load(open(f)) for f in sorted(glob.glob(os.path.join(d, sub, "*.json")))]
+comparisons, tests = load("verdicts"), load("self_test")
+torch_rows = [json.loads(l) for l in open(os.path.join(d, "pytorch_rows.jsonl"))] \
+    if os.path.exists(os.path.join(d, "pytorch_rows.jsonl")) else []
+made = [c for c in comparisons if c.get("made", True)]
+failures = [f"{r['name']}: {r['status']}: {r['why']}" for r in runs if r["status"] in ("failed", "timed_out")]
+failures += [c["line"] for c in made if not c.get("passed")]
+failures += [t["line"] for t in tests if not t.get("as_expected")]
+failures += [f"PyTorch {t['label']}: {t['status']}: {t.get('why', '')}" for t in torch_rows if t["status"] != "passed"]
+skipped = [r for r in runs if r["status"] == "skipped" and r["device"] == "cuda"]
+fmt = lambda x: f"{x:.2g}" if isinstance(x, float) else "n/a"
+
+parts = []
+if kind == "parity":
+    m = [c for c in made if c["check"] == "match" and c.get("passed")]
+    gaps = [c for c in made if c["check"] == "gap" and c.get("passed")]
+    if m:
+        worst = lambda k: max((c.get(k) for c in m if c.get(k) is not None), default=None)
+        w = max((c["weights"]["ratio"] for c in m if c.get("weights", {}).get("ratio") is not None), default=None)
+        parts.append(f"{len(m)} matched: worst loss {fmt(worst('max_loss_rel_diff'))}, grad_norm "
+                     f"{fmt(worst('max_grad_norm_rel_diff'))}, weights {fmt(w)} (bounds 1e-05)")
+    if gaps:
+        parts.append(f"bf16 gap ratio up to {fmt(max(c['ratio'] for c in gaps))} (bound 2)")
+elif kind == "memory":  # the measured against the dry run first, then the dry run's own figures
+    for c in sorted(made, key=lambda c: c["check"] != "memory"):
+        if c.get("passed") and c["check"] in ("memory", "estimate"):
+            parts.append(f"{c['name']}: {c['summary']}")
+elif kind == "speed":  # each row: Anvil's figures and their ratios to PyTorch's
+    beside = set()
+    for c in made:
+        if c.get("passed"):
+            t = c.get("torch") or {}
+            ratio = lambda k: f" (x{c[k]:.2f} PyTorch's)" if k in c else ""
+            parts.append(f"{c['name']}: Anvil {c['tokens_per_s']:,.0f} tok/s{ratio('tokens_per_s_ratio')}, "
+                         f"{c['max_reserved_bytes'] / 2**30:.1f} GiB{ratio('reserved_ratio')}")
+            beside.add(t.get("args"))
+    for t in torch_rows:
+        base = {True: " (baseline)", False: " (not a baseline: >5% off DEVICE.md)"}.get(t.get("baseline"), "")
+        if t["status"] == "passed" and (t["args"] not in beside or base):
+            mem = f", {t['max_reserved_gib']:.1f} GiB" if "max_reserved_gib" in t else ""
+            parts.append(f"PyTorch {t['label']} {t['tokens_per_s']:,.0f} tok/s{mem}{base}")
+cpu = [r for r in runs if r["device"] != "cuda" or r["what"] == "estimate"]
+cpu_passed = sum(r["status"] == "passed" for r in cpu)
+if skipped:  # a rehearsal: say what ran in their stead
+    n = sum(r["status"] == "passed" for r in cpu if r["what"] != "perturb")
+    parts.append(f"{n} run{'s' if n != 1 else ''} without a GPU passed")
+if tests:
+    parts.append(f"self-test {sum(bool(t.get('as_expected')) for t in tests)} of {len(tests)} as expected")
+facts = {
+    "runs": runs, "comparisons": comparisons, "self_test": tests,
+    "counts": {"runs": {s: sum(r["status"] == s for r in runs) for s in ("passed", "failed", "timed_out", "skipped")},
+               "cpu_parts_passed": cpu_passed, "cpu_parts": len(cpu),
+               "comparisons_made": len(made), "comparisons_passed": sum(bool(c.get("passed")) for c in made),
+               "self_tests": len(tests), "self_tests_as_expected": sum(bool(t.get("as_expected")) for t in tests)},
+    "result": "; ".join(parts) or "nothing ran",
+}
+with open(os.environ["STEP_FACTS"], "a") as f:
+    for k, v in facts.items():
+        f.write(("s" if k == "result" else "j") + f"\t{k}\t" + (v if k == "result" else json.dumps(v)).replace("\t", " ").replace("\n", " ") + "\n")
+status = why = None
+if failures:
+    status, why = "failed", failures[0] + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else "")
+elif skipped:
+    status = "skipped"
+    why = f"no GPU: {len(skipped)} --job.device cuda runs skipped, all else passed"
+if status:
+    open(os.environ["STEP_VERDICT"], "w").write(f"{status}\t{why}\n")
+sys.exit(status == "failed")
+PY
 }
 
 # ---- the steps ----
@@ -281,91 +472,127 @@ PY
 }
 
 step_parity() {
-  local m dir=$out/03-parity
-  # The same 10 steps on the GPU and on the CPU, fp32 with TF32 off (cuBLASLt's
-  # CUBLAS_COMPUTE_32F), deterministic, from the same seed; data from the pack.
+  local dir=$out/03-parity m WITHIN_CAP=20
+  mkdir -p "$dir"
+  anvil_flags
+  # The same steps on the GPU and on the CPU from the same seed, fp32 with TF32 off (cuBLASLt's
+  # CUBLAS_COMPUTE_32F). Without a GPU (a rehearsal) the CPU halves are all that run, so they run
+  # small (3 steps of the debug model at batch 2, seq 128): they prove the runs, the comparator and
+  # the JSON, not parity. llama3_25m (GQA) at seq 256, not its config's 512: the CPU halves are
+  # most of this step's time.
+  local steps=10 small=() cpu_why=""
+  if [ -z "$gpu" ]; then
+    steps=3 small=(--training.local_batch_size 2 --training.seq_len 128) cpu_why="rehearsal: the debug model's CPU halves only"
+  fi
+  local fp32=(--training.mixed_precision_param float32) bf16=(--training.mixed_precision_param bfloat16)
+  # The final weights: fp32 master weights, saved at the last step, synchronously.
+  local ckpt=(--checkpoint.enable --checkpoint.interval "$steps" --checkpoint.async_mode disabled
+    --checkpoint.last_save_model_only --checkpoint.export_dtype float32)
   for m in debugmodel llama3_25m; do
-    local run=(anvil train "configs/$m.toml" --training.steps 10 --training.seed 0 --training.deterministic
-      --metrics.log_freq 1 --checkpoint.enable --checkpoint.interval 10 --checkpoint.last_save_model_only)
-    planned "fp32 $m: each step's loss and gradient norm within 1e-5 relative of the CPU's; final weights within 1e-5 of the largest weight (llama3_25m: GQA)" \
-      "${run[@]}" --training.mixed_precision_param float32 --job.device cuda --job.dump_folder "$dir/$m-fp32-cuda" \
-      "&&" "${run[@]}" --training.mixed_precision_param float32 --job.device cpu --job.dump_folder "$dir/$m-fp32-cpu"
-    planned "bf16 $m: the GPU's loss gap to its fp32 run at most twice the CPU's gap to its fp32 run" \
-      "${run[@]}" --training.mixed_precision_param bfloat16 --job.device cuda --job.dump_folder "$dir/$m-bf16-cuda" \
-      "&&" "${run[@]}" --training.mixed_precision_param bfloat16 --job.device cpu --job.dump_folder "$dir/$m-bf16-cpu"
+    local run=("configs/$m.toml" "${RUN_FLAGS[@]}" --training.steps "$steps" --training.seed 0 --training.deterministic
+      --activation_checkpoint.mode none)
+    local skip_cpu=""
+    if [ "$m" = llama3_25m ]; then
+      run+=(--training.seq_len 256)
+      skip_cpu=$cpu_why
+    else
+      run+=("${small[@]}")
+    fi
+    train_run "$m-fp32-cuda" cuda "${run[@]}" "${fp32[@]}" "${ckpt[@]}"
+    SKIP_WHY=$skip_cpu train_run "$m-fp32-cpu" cpu "${run[@]}" "${fp32[@]}" "${ckpt[@]}"
+    compare "fp32 $m" "$m-fp32-cpu $m-fp32-cuda" match "$dir/$m-fp32-cpu" "$dir/$m-fp32-cuda" --steps "$steps"
+    train_run "$m-bf16-cuda" cuda "${run[@]}" "${bf16[@]}"
+    SKIP_WHY=$skip_cpu train_run "$m-bf16-cpu" cpu "${run[@]}" "${bf16[@]}"
+    compare "bf16 $m" "$m-fp32-cpu $m-bf16-cpu $m-fp32-cuda $m-bf16-cuda" gap \
+      "$dir/$m-fp32-cpu" "$dir/$m-bf16-cpu" "$dir/$m-fp32-cuda" "$dir/$m-bf16-cuda"
+    [ "$m" = debugmodel ] || continue
+    # The comparator's self-test over the debug model's CPU runs: each figure it holds moved 3 times
+    # its bound must fail on that bound (a bf16 gap: every bf16 loss 1% off, tens of times the gap).
+    # Its passing case is the GPU run; in a rehearsal a second CPU run stands in.
+    local ref=$dir/debugmodel-fp32-cpu
+    if [ -z "$gpu" ]; then
+      train_run debugmodel-fp32-cpu-again cpu "${run[@]}" "${fp32[@]}" "${ckpt[@]}"
+      self_test pass "CPU fp32 against a second CPU run" "debugmodel-fp32-cpu debugmodel-fp32-cpu-again" match \
+        "$ref" "$dir/debugmodel-fp32-cpu-again" --steps "$steps"
+      self_test pass "CPU bf16 gap against itself" "debugmodel-fp32-cpu debugmodel-bf16-cpu debugmodel-fp32-cpu-again" gap \
+        "$ref" "$dir/debugmodel-bf16-cpu" "$dir/debugmodel-fp32-cpu-again" "$dir/debugmodel-bf16-cpu"
+    fi
+    perturb debugmodel-fp32-cpu loss --loss-rel 3e-5 --step 2
+    self_test loss "step 2's loss 3e-5 off" "debugmodel-fp32-cpu copies/loss" match "$ref" "$dir/copies/loss" --steps "$steps"
+    perturb debugmodel-fp32-cpu grad-norm --grad-norm-rel 3e-5 --step 2
+    self_test grad_norm "step 2's grad_norm 3e-5 off" "debugmodel-fp32-cpu copies/grad-norm" match "$ref" "$dir/copies/grad-norm" --steps "$steps"
+    perturb debugmodel-fp32-cpu weight --weight-rel 3e-5
+    self_test weights "one weight 3e-5 of the largest off" "debugmodel-fp32-cpu copies/weight" match "$ref" "$dir/copies/weight" --steps "$steps"
+    perturb debugmodel-bf16-cpu bf16 --loss-rel 1e-2
+    self_test gap "bf16 losses 1% off" "debugmodel-fp32-cpu debugmodel-bf16-cpu copies/bf16" gap \
+      "$ref" "$dir/debugmodel-bf16-cpu" "$ref" "$dir/copies/bf16"
   done
-  local ac
-  for ac in "selective --activation_checkpoint.selective_ac_option op" "selective --activation_checkpoint.selective_ac_option 2" full; do
-    planned "AC $ac on the GPU: losses, gradient norms and weights as the fp32 GPU run without AC (the same bounds)" \
-      anvil train configs/llama3_25m.toml --training.steps 10 --training.mixed_precision_param float32 --job.device cuda \
-      --activation_checkpoint.mode $ac --job.dump_folder "$dir/llama3_25m-ac-${ac%% *}"
+  # Activation checkpointing and gradient accumulation on the GPU, fp32: each as the GPU's fp32 run
+  # without AC at batch 8 (above), within the same bounds.
+  local gpu_run=(configs/llama3_25m.toml "${RUN_FLAGS[@]}" --training.steps "$steps" --training.seed 0
+    --training.deterministic --training.seq_len 256 "${fp32[@]}" "${ckpt[@]}")
+  local ac name
+  for ac in "selective op" "selective 2" full; do
+    set -- $ac
+    name=llama3_25m-ac-$1${2:+-$2}
+    train_run "$name" cuda "${gpu_run[@]}" --activation_checkpoint.mode "$1" ${2:+--activation_checkpoint.selective_ac_option "$2"}
+    compare "AC $ac" "llama3_25m-fp32-cuda $name" match "$dir/llama3_25m-fp32-cuda" "$dir/$name" --steps "$steps"
   done
-  planned "gradient accumulation 2 on the GPU: as one batch of twice the size, within the fp32 bounds" \
-    anvil train configs/llama3_25m.toml --training.steps 10 --training.mixed_precision_param float32 --job.device cuda \
-    --training.local_batch_size 4 --training.global_batch_size 8 --job.dump_folder "$dir/llama3_25m-accum2"
-  record_plan
-  not_built_unless trainer
+  train_run llama3_25m-accum2 cuda "${gpu_run[@]}" --activation_checkpoint.mode none \
+    --training.local_batch_size 4 --training.global_batch_size 8
+  compare "accumulation 2" "llama3_25m-fp32-cuda llama3_25m-accum2" match \
+    "$dir/llama3_25m-fp32-cuda" "$dir/llama3_25m-accum2" --steps "$steps"
+  finish_step parity
 }
 
 step_memory() {
-  local run=(configs/llama3_1b.toml --training.seq_len 8192 --training.local_batch_size 1
-    --parallelism.fsdp_single_rank true --activation_checkpoint.mode none --job.device cuda)
-  planned "the dry run's per-category peaks (weights, gradients, optimizer state, activations, workspace) and reserved bytes, on the device pool over a fake device" \
-    anvil estimate "${run[@]}"
-  planned "each category's measured peak equals the dry run's to the byte; the pool's reserved bytes within 2% of the dry run's" \
-    anvil train "${run[@]}" --training.steps 3 --profiling.enable_memory_snapshot --job.dump_folder "$out/04-memory/1b"
-  record_plan
-  not_built_unless estimate
+  local dir=$out/04-memory
+  mkdir -p "$dir"
+  anvil_flags
+  # Llama 3 1B, seq 8192, batch 1, no AC, 3 steps from random initialisation (no weights needed).
+  # No checkpoint: with one the dry run also plans the save, which no metrics line measures.
+  local run=(configs/llama3_1b.toml "${RUN_FLAGS[@]}" --training.seq_len 8192 --training.local_batch_size 1
+    --activation_checkpoint.mode none --training.steps 3 --checkpoint.enable false)
+  estimate_run 1b-estimate cuda "${run[@]}"
+  compare "1B dry run" 1b-estimate estimate "$dir/1b-estimate.json"
+  train_run 1b cuda "${run[@]}"
+  compare "1B" "1b-estimate 1b" memory "$dir/1b-estimate.json" "$dir/1b" --source device
+  # The comparator's self-test, on the CPU, whose run equals its dry run to the byte: it must pass
+  # there, and fail with one byte more in one category, or 5% more reserved (5%: past the 2% bound
+  # from anywhere within it). On a GPU also one byte more in the 1B run's device figures.
+  local tiny=(configs/debugmodel.toml "${RUN_FLAGS[@]}" --training.local_batch_size 2 --training.seq_len 128
+    --training.steps 3 --checkpoint.enable false)
+  estimate_run debugmodel-cpu-estimate cpu "${tiny[@]}"
+  train_run debugmodel-cpu cpu "${tiny[@]}"
+  local est=$dir/debugmodel-cpu-estimate.json
+  self_test pass "CPU run against its dry run" "debugmodel-cpu-estimate debugmodel-cpu" memory "$est" "$dir/debugmodel-cpu" --source host
+  perturb debugmodel-cpu byte --add-bytes 1 --category activations --source host
+  self_test category "one byte more activations" "debugmodel-cpu-estimate copies/byte" memory "$est" "$dir/copies/byte" --source host
+  perturb debugmodel-cpu reserved --reserved-rel 0.05 --source host
+  self_test reserved "5% more reserved" "debugmodel-cpu-estimate copies/reserved" memory "$est" "$dir/copies/reserved" --source host
+  if [ -n "$gpu" ]; then
+    perturb 1b device-byte --add-bytes 1 --category activations --source device
+    self_test category "1B: one byte more device activations" "1b-estimate copies/device-byte" memory \
+      "$dir/1b-estimate.json" "$dir/copies/device-byte" --source device
+  fi
+  finish_step memory
 }
 
-step_speed() {
-  local dir=$out/05-speed big=8B
-  mkdir -p "$dir"
-  # An 80 GB H100 cannot hold 8B with full AC (PyTorch reserves 137 GiB on an H200).
-  [[ $gpu == *H100* ]] && big=3B
-  # Row: flavor, batch, AC, and the most seconds its PyTorch run may take, so
-  # that a slow row leaves the next its time (the last takes what is left).
-  local rows=("1B 1 none 40" "1B 4 full 50" "$big 1 full 0") r
-  for r in "${rows[@]}"; do
-    set -- $r
-    planned "Llama 3 $1, seq 8192, batch $2, AC $3: tokens/s, reserved memory and the op table, beside PyTorch's row in this run" \
-      anvil train "configs/llama3_${1,,}.toml" --job.device cuda --training.seq_len 8192 --training.local_batch_size "$2" \
-      --activation_checkpoint.mode "$3" --training.steps 8 --metrics.log_freq 1 --profiling.op_times --job.dump_folder "$dir/anvil-$1-b$2-$3"
-  done
-  record_plan
-  local anvil_rc=0
-  not_built_unless trainer || anvil_rc=1
-  # PyTorch's rows run now: the baseline each Anvil row will stand beside.
-  local torch_rows=() caps=() how
-  if [ -n "$gpu" ]; then
-    for r in "${rows[@]}"; do
-      set -- $r
-      torch_rows+=("--flavor $1 --seq 8192 --batch $2 --ac $3 --fsdp-single-rank --steps 6 --warmup 2")
-      caps+=("$4")
-    done
-    how=gpu
-  elif ((rehearse)) && [ -n "$py" ]; then
-    # The rehearsal of the rows: the same script and parsing, a tiny model on the CPU.
-    torch_rows=("--device cpu --flavor debugmodel --seq 64 --batch 1 --ac none --steps 1 --warmup 1")
-    caps=(0)
-    how=rehearsal
+# torch_row ARGS: bench/gpu/torch_reference.py ARGS (under WITHIN_CAP), its row in the speed step's
+# pytorch_rows.jsonl (and its facts), whether it ran or not.
+torch_row() {
+  local r=$1 log rc=0
+  log=$dir/pytorch-$(tr -cs 'A-Za-z0-9' '-' <<<"$r" | sed 's/^-*//; s/-$//').log
+  echo "== PyTorch: bench/gpu/torch_reference.py $r"
+  if [ -z "$py" ]; then
+    echo "no python3 with torch" >"$log"
+    rc=127
+  else
+    within "$py" bench/gpu/torch_reference.py $r >"$log" 2>&1
+    rc=$?
   fi
-  : >"$dir/pytorch_rows.jsonl"
-  local i
-  for i in "${!torch_rows[@]}"; do
-    r=${torch_rows[$i]}
-    local log rc=0
-    log=$dir/pytorch-$(tr -cs 'A-Za-z0-9' '-' <<<"$r" | sed 's/^-*//; s/-$//').log
-    echo "== PyTorch: bench/gpu/torch_reference.py $r"
-    if [ -z "$py" ]; then
-      echo "no python3 with torch" >"$log"
-      rc=127
-    else
-      WITHIN_CAP=${caps[$i]} within "$py" bench/gpu/torch_reference.py $r >"$log" 2>&1
-      rc=$?
-    fi
-    tail -3 "$log"
-    python3 - "$log" "$rc" "$r" "$dir/pytorch_rows.jsonl" <<'PY'
+  tail -3 "$log"
+  python3 - "$log" "$rc" "$r" "$dir/pytorch_rows.jsonl" <<'PY'
 import json, os, sys
 log, rc, args, rows = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 a = args.split()
@@ -386,33 +613,46 @@ else:
 with open(rows, "a") as f:
     f.write(json.dumps(row) + "\n")
 PY
-    factj pytorch_rows "$(python3 -c 'import json, sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1])]))' "$dir/pytorch_rows.jsonl")"
+  factj pytorch_rows "$(python3 -c 'import json, sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1])]))' "$dir/pytorch_rows.jsonl")"
+}
+
+step_speed() {
+  local dir=$out/05-speed big=8B r name
+  mkdir -p "$dir"
+  : >"$dir/pytorch_rows.jsonl"
+  anvil_flags
+  # An 80 GB H100 cannot hold 8B with full AC (PyTorch reserves 137 GiB on an H200).
+  [[ $gpu == *H100* ]] && big=3B
+  # Row: flavor, batch, AC, and the most seconds Anvil's run and PyTorch's may each take, so that a
+  # slow one leaves the next its time (the last PyTorch row takes what is left). Each Anvil run
+  # goes just before PyTorch's of the same row, which it is compared with.
+  local rows=("1B 1 none 25 30" "1B 4 full 30 30" "$big 1 full 35 0")
+  for r in "${rows[@]}"; do
+    set -- $r
+    name=anvil-$1-b$2-$3
+    # 5 steps: tokens/s is the median of steps 3-5, after the warm-up of the first two (cuBLASLt's
+    # and cuDNN's plans, the device pool's first segments). The op table comes from the same run.
+    WITHIN_CAP=$4 train_run "$name" cuda "configs/llama3_${1,,}.toml" "${RUN_FLAGS[@]}" --training.seq_len 8192 \
+      --training.local_batch_size "$2" --activation_checkpoint.mode "$3" --training.steps 5 --profiling.op_times \
+      --checkpoint.enable false
+    [ -n "$gpu" ] && WITHIN_CAP=$5 torch_row "--flavor $1 --seq 8192 --batch $2 --ac $3 --fsdp-single-rank --steps 6 --warmup 2"
+    compare "$1 b$2 $3" "$name" speed "$dir/$name" --source device --op-times-to "$dir" \
+      --torch "$([ -n "$gpu" ] && tail -1 "$dir/pytorch_rows.jsonl")"
   done
-  local summary rows_ok=0
-  summary=$(python3 - "$dir/pytorch_rows.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-parts = []
-for r in rows:
-    if r["status"] == "passed":
-        mem = f", {r['max_reserved_gib']:.1f} GiB" if "max_reserved_gib" in r else ""
-        base = {True: " (baseline)", False: " (not a baseline: >5% off DEVICE.md)"}.get(r.get("baseline"), "")
-        parts.append(f"{r['label']} {r['tokens_per_s']:,.0f} tok/s{mem}{base}")
-    else:
-        parts.append(f"{r['label']} {r['status']}: {r['why'][:80]}")
-print("PyTorch " + ("; ".join(parts) if parts else "rows not run"))
-sys.exit(any(r["status"] != "passed" for r in rows))
-PY
-  ) || rows_ok=1
-  fact result "$summary$([ "$how" = rehearsal ] && echo ' (CPU rehearsal)')"
-  ((anvil_rc)) && return 1
-  ((rows_ok == 0)) || { verdict failed "a PyTorch row failed (${dir##*/}/pytorch-*.log)"; return 1; }
-  if [ -z "$how" ]; then
-    ((rehearse)) && { verdict skipped "no GPU, and no python3 with torch for the rows' CPU rehearsal"; return 0; }
-    verdict failed "no GPU: PyTorch's rows not run"
-    return 1
+  if [ -z "$gpu" ] && ((rehearse)); then
+    # The rehearsal of a row: the same run, parsing, op table and ratios, for the debug model on
+    # the CPU beside PyTorch's debug model on the CPU (a check of both scripts, not a baseline).
+    train_run anvil-rehearsal cpu configs/debugmodel.toml "${RUN_FLAGS[@]}" --training.seq_len 64 \
+      --training.local_batch_size 1 --training.steps 4 --profiling.op_times --checkpoint.enable false
+    if [ -n "$py" ]; then
+      torch_row "--device cpu --flavor debugmodel --seq 64 --batch 1 --ac none --steps 1 --warmup 1"
+    else
+      fact pytorch_rows_not_run "no python3 with torch on this machine"
+    fi
+    compare "debugmodel b1 none (CPU rehearsal)" anvil-rehearsal speed "$dir/anvil-rehearsal" --source host \
+      --op-times-to "$dir" --torch "$([ -n "$py" ] && tail -1 "$dir/pytorch_rows.jsonl")"
   fi
-  return 0
+  finish_step speed
 }
 
 step_sanitizer() {
@@ -515,7 +755,8 @@ print(json.dumps({k: c.get(k) for k in ("device", "torch", "matmul_flops", "hbm_
   return 0
 }
 
-export -f one_line fact factj verdict left within packed_within planned record_plan not_built_unless \
+export -f one_line fact factj verdict left within packed_within anvil_flags train_run estimate_run anvil_run \
+  compare self_test parity_call perturb finish_step torch_row \
   step_unpack step_machine step_op_tests step_parity step_memory step_speed step_sanitizer step_calibration
 
 # ---- the runner ----
@@ -533,6 +774,8 @@ run_step() {  # run_step NN NAME LIMIT FUNCTION (LIMIT 0: what is left)
   : >"$base.log"
   if [ -n "$blocked" ]; then
     printf 'skipped\t%s\n' "$blocked" >"$base.verdict"
+  elif [ -n "$only" ] && [ "$1" != 00 ] && [[ ,$only, != *,$1,* ]]; then
+    printf 'skipped\tnot asked for (--only %s)\n' "$only" >"$base.verdict"
   elif ((limit < 5)); then
     printf 'skipped\tthe %s s budget was spent before this step\n' $budget >"$base.verdict"
   else
@@ -541,6 +784,9 @@ run_step() {  # run_step NN NAME LIMIT FUNCTION (LIMIT 0: what is left)
     STEP_FACTS=$base.facts STEP_VERDICT=$base.verdict STEP_DEADLINE=$(($(date +%s) + limit - 2)) \
       timeout -k 5 "$limit" bash -c "$fn" >"$base.log" 2>&1 </dev/null
     rc=$?
+    # What a step stopped at its limit could not delete (finish_step): checkpoints and perturbed
+    # copies of runs would swell steps.tar.gz past what the device tool returns.
+    rm -rf "$base"/*/checkpoint "$base/copies"
   fi
   python3 - "$base" "$id" "$rc" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" "$limit" <<'PY'
 import json, os, sys
@@ -560,7 +806,7 @@ if rc in (124, 137):
     d.update(status="timed_out", why=f"stopped at its {limit} s limit" + (f" ({verdict[1]})" if verdict else ""))
 elif verdict:
     d.update(status=verdict[0], why=verdict[1] or "no reason given")
-    if d["status"] not in ("failed", "skipped", "not_built"):
+    if d["status"] not in ("failed", "skipped"):
         d.update(status="failed", why=f"the step gave an unknown status {verdict[0]!r}")
 elif rc != 0:
     d.update(status="failed", why=f"exit {rc}: " + (log[-1][:200] if log else "no output"))
@@ -595,7 +841,7 @@ run_step 07 calibration 0 step_calibration
 python3 - "$out" "$rehearse" "$pack" "$SECONDS" "$budget" "${steps[@]}" <<'PY'
 import json, os, sys
 out, rehearse, pack, secs, budget, steps = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:]
-allowed = ("passed", "failed", "skipped", "timed_out", "not_built")
+allowed = ("passed", "failed", "skipped", "timed_out")
 rows, bad = [], []
 for s in steps:
     try:

@@ -7,8 +7,10 @@
 #include "anvil/cli/count_arg.h"
 #include "anvil/cli/plan_cmd.h"
 #include "anvil/core/error.h"
+#include "anvil/estimate/gpu_hardware.h"
 #include "anvil/train/config.h"
 #include "anvil/train/console.h"
+#include "anvil/train/gpu_job.h"
 #include "anvil/train/preflight.h"
 
 namespace anvil {
@@ -25,16 +27,20 @@ constexpr const char* kUsage =
     "  not, the changes that would fit.\n"
     "  --ranks N     the world size (default: the product of the degrees, data_parallel_shard_degree -1 as 1)\n"
     "  --json        the estimate as JSON, the verdict in its fits_this_machine and verdict fields\n"
+    "  --job.device cuda\n"
+    "                the dry run of the GPU path (one GPU; no GPU needed): the device memory per category and\n"
+    "                reserved, as anvil train --job.device cuda allocates it, and whether it fits this machine's GPU\n"
     "  --hardware H --gpus N\n"
     "                the GPU-cluster planner instead: per-GPU memory, step time, tokens/s and MFU on N GPUs of H\n"
-    "                (h100-80g, a100-80g, a100-40g or h200), and whether it fits their memory (Anvil plans GPU\n"
-    "                runs but does not train on GPUs yet)\n"
+    "                (h100-80g, a100-80g, a100-40g or h200), and whether it fits their memory (the planner models\n"
+    "                torchtitan-style PyTorch runs on GPU clusters)\n"
     "  --calibration FILE  the planner's rates measured on your GPU (anvil calibrate --help)\n"
     "  --mean-document-tokens L  the planner's block-causal attention over documents of L tokens\n\n"
     "examples:\n"
     "  anvil estimate configs/debugmodel.toml\n"
     "  anvil estimate configs/llama3_8b.toml --parallelism.data_parallel_shard_degree 8 --json\n"
-    "  anvil estimate configs/llama3_8b.toml --hardware h100-80g --gpus 8\n\n";
+    "  anvil estimate configs/llama3_8b.toml --hardware h100-80g --gpus 8\n"
+    "  anvil estimate configs/llama3_1b.toml --job.device cuda --training.seq_len 8192 --model.attn_mask_type causal\n\n";
 
 }  // namespace
 
@@ -95,6 +101,15 @@ nlohmann::ordered_json layout_estimate_json(const LayoutEstimate& est, const Mod
     nlohmann::ordered_json cats;
     for (int c = 0; c < kNumMemCategories; ++c) cats[category_name(static_cast<MemCategory>(c))] = r.memory.peak[c];
     rank["by_category"] = cats;
+    if (!r.device.is_cpu()) {  // the dry run of the GPU path: the device's figures (those above are the host's)
+      nlohmann::ordered_json d;
+      d["name"] = r.device.str();
+      d["peak_bytes"] = r.device_memory.peak_total;
+      d["peak_reserved_bytes"] = r.device_memory.peak_reserved;
+      for (int c = 0; c < kNumMemCategories; ++c)
+        d["by_category"][category_name(static_cast<MemCategory>(c))] = r.device_memory.peak[c];
+      rank["device"] = d;
+    }
     rank["comm_bytes_per_step"] = {{"data_parallel", r.data_parallel_bytes},
                                    {"tensor_parallel", r.tensor_parallel_bytes},
                                    {"pipeline", r.pipeline_bytes},
@@ -191,6 +206,46 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
         ep > 0 ? (", experts' all-to-all " + human_bytes(static_cast<size_t>(ep))).c_str() : "");
 }
 
+// The dry run of the GPU path: the device's peaks, and the host's beside them.
+void print_device_table(const LayoutEstimate& est, const ModelArgs& args, const JobConfig& cfg) {
+  const RankEstimate& r = est.ranks.front();
+  std::printf("%s/%s: %s parameters, %s FLOPs per token at seq_len %lld\n", args.name.c_str(), args.flavor.c_str(),
+              with_commas(args.num_params()).c_str(), with_commas(std::llround(est.flops_per_token)).c_str(),
+              static_cast<long long>(cfg.training.seq_len));
+  std::printf("on %s, one process; %lld micro-batch(es) per step\n", r.device.str().c_str(),
+              static_cast<long long>(est.par.accum_steps));
+  std::printf("predicted peak memory (the dry run of the GPU path over the device pool):\n  %-16s %16s %16s\n", "",
+              r.device.str().c_str(), "host");
+  for (int c = 0; c < kNumMemCategories; ++c)
+    std::printf("  %-16s %16s %16s\n", category_name(static_cast<MemCategory>(c)),
+                human_bytes(r.device_memory.peak[c]).c_str(), human_bytes(r.memory.peak[c]).c_str());
+  std::printf("  %-16s %16s %16s\n", "peak total", human_bytes(r.device_memory.peak_total).c_str(),
+              human_bytes(r.memory.peak_total).c_str());
+  std::printf("  %-16s %16s %16s\n", "reserved", human_bytes(r.device_memory.peak_reserved).c_str(),
+              human_bytes(r.memory.peak_reserved).c_str());
+}
+
+// Whether a job on one GPU fits: this machine's GPU where it has one, else
+// the GPUs the planner knows, by the dry run's reserved peak.
+std::string gpu_verdict(const JobConfig& cfg, const ModelArgs& model, const RankEstimate& r) {
+  const size_t need = r.device_memory.peak_reserved;
+  if (visible_gpus(nullptr) > 0) {
+    const Device here = Device::cuda(0);
+    const DeviceProperties gpu = device_runtime(here).properties(here.index);
+    const std::string refusal = gpu_fit_refusal(cfg, model, r, gpu);
+    if (!refusal.empty()) return "verdict: does not fit this machine's GPU: " + refusal;
+    return detail::concat("verdict: fits this machine's GPU: it reserves ", human_bytes(need), " of the ",
+                          human_bytes(gpu.memory_bytes), " of its ", gpu.name);
+  }
+  std::string fits;
+  for (const std::string& name : known_gpu_hardware()) {
+    const GpuHardware& hw = gpu_hardware(name);
+    fits += detail::concat(fits.empty() ? "" : ", ", name, static_cast<double>(need) <= hw.hbm_bytes ? " yes" : " no");
+  }
+  return detail::concat("verdict: this machine has no GPU; the job reserves ", human_bytes(need),
+                        " on one; fits (by memory): ", fits);
+}
+
 // Whether the run fits this machine, judged as `anvil train` judges it
 // before it starts (train/preflight.h), with every rank of the job on this
 // machine, as `mpirun -np N` here starts them: the fullest rank's peak
@@ -239,7 +294,22 @@ int estimate_command(const std::vector<std::string>& args) {
     return gpu_estimate_command(cfg, o.hardware, o.gpus, o.json, o.calibration, o.mean_document_tokens);
   const ModelArgs model = job_model_args(cfg);
   const int ranks = o.ranks > 0 ? o.ranks : implied_world_size(cfg);
-  const LayoutEstimate est = estimate_layout(cfg, model, ranks);
+  // job.device cuda is estimated without a GPU (the dry run needs none); auto
+  // takes the GPU where this machine has one.
+  const Device device = cfg.job.device == "cuda" ? Device::cuda(0) : job_device(cfg);
+  const LayoutEstimate est = estimate_layout(cfg, model, ranks, device);
+  if (!device.is_cpu()) {
+    const std::string verdict = gpu_verdict(cfg, model, est.ranks.front());
+    if (o.json) {
+      nlohmann::ordered_json j = layout_estimate_json(est, model, cfg.training.seq_len);
+      j["verdict"] = verdict;
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      print_device_table(est, model, cfg);
+      std::printf("%s\n", verdict.c_str());
+    }
+    return 0;
+  }
   const MachineVerdict verdict = machine_verdict(cfg, model, est);
   if (o.json) {
     nlohmann::ordered_json j = layout_estimate_json(est, model, cfg.training.seq_len);

@@ -19,6 +19,7 @@
 
 namespace anvil {
 
+class DeviceClock;
 class DeviceMemory;
 class DevicePool;
 
@@ -49,6 +50,13 @@ class ScopedDevice {
   Device previous_;
 };
 
+// One GPU as its driver describes it: what the trainer holds a job's memory
+// against and names its MFU peak by.
+struct DeviceProperties {
+  std::string name;         // "NVIDIA H200"
+  size_t memory_bytes = 0;  // the whole device's
+};
+
 // What core asks of a GPU. Every operation is ordered on the device's one
 // compute stream; a copy into host memory returns once the bytes are there,
 // one out of host memory once the host bytes may be reused.
@@ -62,6 +70,12 @@ class DeviceRuntime {
   virtual void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, Device device) = 0;
   // The memory device `index`'s pool maps its segments from (cudaMalloc on a GPU).
   virtual std::unique_ptr<DeviceMemory> memory(int index) = 0;
+  // The GPUs of this kind the process can use; 0, with the reason in
+  // *why_none (no driver, no device), when there is none.
+  virtual int device_count(std::string* why_none) = 0;
+  virtual DeviceProperties properties(int index) = 0;
+  // Stamps on the stream, in its order: op times on a GPU (core/op_timer.h).
+  virtual DeviceClock& clock() = 0;
 };
 
 // Registers the runtime of `kind` (not owned; null removes it). The CUDA

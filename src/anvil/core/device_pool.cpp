@@ -6,6 +6,20 @@
 
 namespace anvil {
 
+MemStats mem_stats(const DevicePoolStats& s) {
+  MemStats m;
+  m.live = s.live;
+  m.peak = s.peak;
+  m.live_total = s.allocated;
+  m.peak_total = s.peak_allocated;
+  m.num_allocs = static_cast<size_t>(s.num_allocs);
+  m.reserved = s.reserved;
+  m.peak_reserved = s.peak_reserved;
+  m.cached = s.reserved - s.allocated;
+  return m;
+}
+
+
 namespace {
 
 constexpr size_t kMinBlock = 512;               // every block a multiple of it

@@ -71,6 +71,11 @@ struct DevicePoolStats {
   int64_t segments = 0, num_allocs = 0, num_maps = 0, num_unmaps = 0;
 };
 
+// The pool's figures as the host allocator's (MemStats): per-category bytes
+// as requested; the totals are the blocks handed out (torch's
+// memory_allocated) and the segments mapped (memory_reserved).
+MemStats mem_stats(const DevicePoolStats& s);
+
 class DevicePool {
  public:
   explicit DevicePool(std::unique_ptr<DeviceMemory> memory);

@@ -9,6 +9,10 @@
 // every thread) are not timed at all: they belong to the op that opened the
 // region, and timing them per thread would count the same seconds twice.
 //
+// On a GPU the host returns from a launch long before the kernel ends, so
+// with a DeviceClock set the ops are timed by stamps on the device's stream
+// (CUDA events) instead, read when timing is turned off at the step's end.
+//
 // Off, a ScopedOpTime costs one relaxed atomic load.
 #pragma once
 #include <atomic>
@@ -27,12 +31,27 @@ struct OpTimeRow {
   double flops = 0;         // useful FLOPs (what the model's FLOP count credits)
 };
 
+// Stamps recorded on a device's stream in its order, read back once the work
+// before them is done (the CUDA backend's are events).
+class DeviceClock {
+ public:
+  virtual ~DeviceClock() = default;
+  virtual uint32_t stamp() = 0;  // a stamp taken when the stream reaches this point
+  // Seconds from stamp `from` to stamp `to`; waits until the stream passes `to`.
+  virtual double seconds_between(uint32_t from, uint32_t to) = 0;
+  virtual void clear() = 0;  // every stamp read: they may be reused
+};
+
 class OpTimer {
  public:
   // Starts (or pauses) timing of the ops the calling thread runs (the
   // trainer's main thread: another thread's ops, a data loader's copies,
   // would overlap the step's time); what was summed stays until reset().
+  // Turning it off reads the device clock's stamps taken since it was on.
   static void set_enabled(bool on);
+  // Times ops by `clock`'s stamps rather than the host's (null: the host's):
+  // the trainer on a GPU sets its runtime's.
+  static void set_device_clock(DeviceClock* clock);
   static bool enabled() { return enabled_.load(std::memory_order_relaxed); }
   static void reset();
   // Every (phase, parent, op) seen since the last reset, the longest first.
@@ -56,6 +75,7 @@ class ScopedOpTime {
   double begin_us_ = -1;  // < 0: not timed
   double children_us_ = 0;
   ScopedOpTime* parent_ = nullptr;
+  int64_t stamped_ = -1;  // timed by the device clock: this scope's index among its pending records
 };
 
 }  // namespace anvil

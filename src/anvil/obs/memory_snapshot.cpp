@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "anvil/core/device.h"
+#include "anvil/core/device_pool.h"
 #include "anvil/core/durable_file.h"
 #include "anvil/core/error.h"
 
@@ -67,6 +69,13 @@ MemorySnapshot snapshot_at_peak(const std::vector<LiveAllocation>& live_before, 
   return s;
 }
 
+void add_device_pool(MemorySnapshot& s) {
+  const Device d = default_device();
+  if (d.is_cpu()) return;
+  s.device = d.str();
+  s.device_stats = mem_stats(device_pool(d).stats());
+}
+
 void write_memory_snapshot(const MemorySnapshot& s, const std::string& path) {
   nlohmann::ordered_json j;
   j["step"] = s.step;
@@ -76,6 +85,20 @@ void write_memory_snapshot(const MemorySnapshot& s, const std::string& path) {
   for (int c = 0; c < kNumMemCategories; ++c) cats[category_name(static_cast<MemCategory>(c))] = s.by_category[c];
   j["by_category"] = cats;
   j["num_live_tensors"] = s.num_live;
+  if (!s.device.empty()) {
+    nlohmann::ordered_json d;
+    d["name"] = s.device;
+    d["allocated_bytes"] = s.device_stats.live_total;
+    d["max_allocated_bytes"] = s.device_stats.peak_total;
+    d["reserved_bytes"] = s.device_stats.reserved;
+    d["max_reserved_bytes"] = s.device_stats.peak_reserved;
+    d["allocations"] = s.device_stats.num_allocs;
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      d["live_by_category"][category_name(static_cast<MemCategory>(c))] = s.device_stats.live[c];
+      d["peak_by_category"][category_name(static_cast<MemCategory>(c))] = s.device_stats.peak[c];
+    }
+    j["device_pool"] = d;
+  }
   j["largest"] = nlohmann::ordered_json::array();
   for (const SnapshotEntry& e : s.largest)
     j["largest"].push_back(

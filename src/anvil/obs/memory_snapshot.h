@@ -28,7 +28,15 @@ struct MemorySnapshot {
   size_t num_live = 0;
   std::vector<SnapshotEntry> largest;  // largest first
   double time_us = 0;                  // when it was taken (steady clock)
+  // A job on a GPU: its device pool's figures when the snapshot is written
+  // (core/device_pool.h's mem_stats: peaks since the last log line); the
+  // tensors listed above are the host allocator's.
+  std::string device;  // "cuda:0"; "" for a job on the host
+  MemStats device_stats;
 };
+
+// Fills s.device and s.device_stats when the calling thread's default device is a GPU.
+void add_device_pool(MemorySnapshot& s);
 
 // The live set at the highest point of `events`, given what was live before them.
 MemorySnapshot snapshot_at_peak(const std::vector<LiveAllocation>& live_before, const std::vector<MemEvent>& events,

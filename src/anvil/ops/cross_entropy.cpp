@@ -156,18 +156,9 @@ CrossEntropyResult run(const Tensor& x, const Tensor& w, const Tensor& targets, 
   // Validate every target before writing anything, so a bad batch leaves dx and dw untouched.
   const int32_t ignore = opt.ignore_index;
   const int32_t* tgt = targets.data<int32_t>();
-  CrossEntropyResult result;
-  // A dry run has no targets: every row counts (no padding), as in training on packed windows.
   const bool dry = dry_run();
-  if (dry) result.num_tokens = M;
-  for (int64_t i = 0; i < M && !dry; ++i) {
-    if (tgt[i] == ignore) continue;
-    ANVIL_CHECK(tgt[i] >= 0 && tgt[i] < V, "cross_entropy: target id ", tgt[i], " at row ", i,
-                " is outside the vocabulary [0, ", V, ") and is not the ignore_index (", ignore,
-                "); check that the tokenizer's vocabulary fits the model's vocab_size and that padding "
-                "positions use the ignore_index");
-    ++result.num_tokens;
-  }
+  CrossEntropyResult result;
+  result.num_tokens = count_targets(targets, V, ignore);
   if (result.num_tokens == 0) {  // nothing to learn from: zero loss, zero dx, dw unchanged
     if (backward) dx->zero_();
     return result;
@@ -346,6 +337,23 @@ CrossEntropyBlocking cross_entropy_shard_blocking(int64_t M, int64_t V, const Cr
   CrossEntropyOptions recompute = opt;
   recompute.keep_logits = KeepLogits::recompute;
   return cross_entropy_blocking(M, V, /*backward=*/true, recompute);
+}
+
+int64_t count_targets(const Tensor& targets, int64_t V, int32_t ignore_index) {
+  const int64_t M = targets.numel();
+  // A dry run has no targets: every row counts (no padding), as in training on packed windows.
+  if (dry_run()) return M;
+  const int32_t* tgt = targets.data<int32_t>();
+  int64_t counted = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    if (tgt[i] == ignore_index) continue;
+    ANVIL_CHECK(tgt[i] >= 0 && tgt[i] < V, "cross_entropy: target id ", tgt[i], " at row ", i,
+                " is outside the vocabulary [0, ", V, ") and is not the ignore_index (", ignore_index,
+                "); check that the tokenizer's vocabulary fits the model's vocab_size and that padding "
+                "positions use the ignore_index");
+    ++counted;
+  }
+  return counted;
 }
 
 CrossEntropyResult cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,

@@ -18,11 +18,13 @@ namespace {
 
 using namespace vec16;  // the 16-lane vector helpers (ops/vec16.h)
 
+}  // namespace
+
 // Every id must be in [0, V) before any row moves: a bad id would read or write
 // outside the table. Checked up front, on the calling thread, because an
 // exception must not leave an OpenMP region. The scan is branch-free (it
 // vectorises); the slow search for the first offender runs only on failure.
-void check_tokens(const Tensor& tokens, int64_t V, const char* what) {
+void check_token_ids(const Tensor& tokens, int64_t V, const char* what) {
   const int32_t* t = tokens.data<int32_t>();
   const int64_t M = tokens.numel();
   // As unsigned 32-bit, a negative id becomes >= 2^31 >= any vocabulary an i32 id can index.
@@ -40,6 +42,8 @@ void check_tokens(const Tensor& tokens, int64_t V, const char* what) {
                 "tokenizer");
   }
 }
+
+namespace {
 
 // Converts/copies one row segment of n elements.
 template <class S, class Dst>
@@ -153,7 +157,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
                            out.dtype(), out.raw());
   }
   if (dry_run()) return;
-  check_tokens(tokens, V, "embedding_forward");
+  check_token_ids(tokens, V, "embedding_forward");
   if (M == 0 || D == 0) return;
   const int32_t* tok = tokens.data<int32_t>();
   dispatch2(table, out, [&](const auto* tab, auto* o) { gather(tok, tab, o, M, D); });
@@ -175,7 +179,7 @@ void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dtable
                             dtable.dtype(), dtable.raw());
   }
   if (dry_run()) return;
-  check_tokens(tokens, V, "embedding_backward");
+  check_token_ids(tokens, V, "embedding_backward");
   if (M == 0 || D == 0) return;
   const int32_t* tok = tokens.data<int32_t>();
   dispatch2(dout, dtable, [&](const auto* src, auto* dst) { scatter_add(tok, src, dst, M, D); });
@@ -191,7 +195,7 @@ void embedding_forward_shard(const Tensor& tokens, const Tensor& table, int64_t 
   ANVIL_ASSERT(out.numel() == M * D && (out.ndim() == 0 || out.size(-1) == D), "embedding: out ",
                shape_str(out.shape()), " for ", M, " tokens of width ", D);
   if (dry_run()) return;
-  check_tokens(tokens, vocab_size, "embedding_forward");
+  check_token_ids(tokens, vocab_size, "embedding_forward");
   if (M == 0 || D == 0) return;
   const int64_t rows = std::clamp<int64_t>(vocab_size - vocab_begin, 0, table.size(0));  // without the padding
   const int32_t* tok = tokens.data<int32_t>();
@@ -208,7 +212,7 @@ void embedding_backward_shard(const Tensor& dout, const Tensor& tokens, int64_t 
   ANVIL_ASSERT(dout.numel() == M * D && (dout.ndim() == 0 || dout.size(-1) == D), "embedding backward: dout ",
                shape_str(dout.shape()), " for ", M, " tokens of width ", D);
   if (dry_run()) return;
-  check_tokens(tokens, vocab_size, "embedding_backward");
+  check_token_ids(tokens, vocab_size, "embedding_backward");
   if (M == 0 || D == 0) return;
   const int64_t rows = std::clamp<int64_t>(vocab_size - vocab_begin, 0, dtable.size(0));
   const int32_t* tok = tokens.data<int32_t>();

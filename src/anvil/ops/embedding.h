@@ -14,6 +14,12 @@ namespace anvil {
 // and V; nothing is written then.
 void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out);
 
+// Throws anvil::Error naming the first id of `tokens` (host i32) outside
+// [0, V), its position and V; `what` names the caller. The ops' own check,
+// also made on the host before a batch is copied to a GPU, whose kernels
+// cannot throw.
+void check_token_ids(const Tensor& tokens, int64_t V, const char* what);
+
 // dout   (M, D) f32 or bf16, gradient of out
 // tokens (M) i32, as in the forward (checked again: a bad id would write
 //        outside dtable)

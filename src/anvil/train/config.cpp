@@ -38,6 +38,10 @@ std::vector<Key> key_table(JobConfig& c) {
   return {
       {"job", "dump_folder", &c.job.dump_folder, "folder for metrics.jsonl, checkpoints and traces"},
       {"job", "description", &c.job.description, "free text printed at start"},
+      {"job", "device", &c.job.device,
+       "where the job trains: cpu; cuda (one NVIDIA GPU, one process, dense models, causal attention); auto "
+       "(cuda where this binary has CUDA and a GPU is visible, else cpu)",
+       {"cpu", "cuda", "auto"}},
 
       {"model", "name", &c.model.name, "model family", {"llama2", "llama3", "qwen3"}},
       {"model", "flavor", &c.model.flavor,

@@ -18,6 +18,8 @@ struct JobConfig {
   struct Job {
     std::string dump_folder = "./outputs";
     std::string description = "";
+    // cpu until the one-call GPU check (bench/gpu/check.sh) has passed on a GPU; then auto.
+    std::string device = "cpu";
   } job;
   struct Model {
     std::string name = "llama3";

@@ -11,6 +11,7 @@
 #include "anvil/distributed/deadline.h"
 #include "anvil/estimate/flops.h"
 #include "anvil/estimate/memory.h"
+#include "anvil/train/gpu_job.h"
 #include "anvil/train/preflight.h"
 
 namespace anvil {
@@ -43,18 +44,36 @@ std::string with_commas(int64_t n) {
   return out;
 }
 
-RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType dt,
-                                    const AcPolicy& ac) {
-  const auto& tc = cfg.training;
-  // This rank's own estimate under the layout, refused here when it does not fit.
-  const size_t available = available_memory_bytes();
-  const RankEstimate mine = check_rank_fits(cfg, args, par, available, ranks_on_this_machine());
-  const MemoryEstimate& est = mine.memory;
+namespace {
 
-  RunBasis mfu{cfg.metrics.peak_tflops > 0
-                   ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
-                   : cpu_peak_flops(dt, num_threads()),
-               flops_per_token(args, tc.seq_len), est.peak_reserved};
+// A job on a GPU: its dry run of the GPU path against the GPU's memory,
+// refused here when it does not fit.
+RankEstimate check_gpu_fits(const JobConfig& cfg, const ModelArgs& args, Device device, const DeviceProperties& gpu) {
+  const RankEstimate mine = dry_run_rank(cfg, args, 1, 0, nullptr, device);
+  const std::string refusal = gpu_fit_refusal(cfg, args, mine, gpu);
+  if (!refusal.empty()) throw Error(refusal);
+  return mine;
+}
+
+}  // namespace
+
+RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, DType dt,
+                                    const AcPolicy& ac, Device device) {
+  const auto& tc = cfg.training;
+  const bool gpu = !device.is_cpu();
+  // This rank's own estimate under the layout (on a GPU, the dry run of the
+  // GPU path), refused here when it does not fit.
+  const DeviceProperties props = gpu ? device_runtime(device).properties(device.index) : DeviceProperties{};
+  const size_t available = gpu ? props.memory_bytes : available_memory_bytes();
+  const RankEstimate mine =
+      gpu ? check_gpu_fits(cfg, args, device, props) : check_rank_fits(cfg, args, par, available, ranks_on_this_machine());
+  const MemoryEstimate& est = gpu ? mine.device_memory : mine.memory;
+
+  RunBasis mfu{cfg.metrics.peak_tflops > 0 ? PeakFlops{cfg.metrics.peak_tflops * 1e12, "metrics.peak_tflops (configured)"}
+               : gpu                       ? gpu_peak_flops(props.name)
+                                           : cpu_peak_flops(dt, num_threads()),
+               flops_per_token(args, tc.seq_len),
+               mine.memory.peak_reserved};  // the host's: what the resident set is held to
   if (!cfg.job.description.empty()) std::printf("anvil: %s\n", cfg.job.description.c_str());
   // A mixture of experts: its experts and routing in place of the dense width, and the parameters a token uses.
   const std::string ffn =
@@ -87,14 +106,20 @@ RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args,
               static_cast<long long>(par.accum_steps), par.accum_steps == 1 ? "" : "es",
               static_cast<long long>(tc.local_batch_size), static_cast<long long>(tc.seq_len), num_threads(),
               num_threads() == 1 ? "" : "s");
-  // The peak's derivation is anvil info's; the banner says what MFU divides by.
-  std::printf("anvil: %s; MFU against a peak of %.3g TFLOP/s per rank (%s)%s; %.3g FLOP per token\n",
-              par.description.c_str(), mfu.peak.flops_per_s / 1e12,
-              cfg.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "derived by anvil info",
-              par.world_size > 1 ? "; step lines show the fullest rank's memory" : "", mfu.flops_per_token);
-  std::printf("anvil: predicted peak memory of rank %d %s (%s reserved): params %s, grads %s, optimizer %s, "
+  // The peak's derivation is anvil info's (on a GPU, the GPU's datasheet); the banner says what MFU divides by.
+  if (gpu)
+    std::printf("anvil: on %s, %s (%s); %s%s; %.3g FLOP per token\n", device.str().c_str(), props.name.c_str(),
+                human_bytes(props.memory_bytes).c_str(), mfu.peak.flops_per_s > 0 ? "MFU against " : "",
+                cfg.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : mfu.peak.derivation.c_str(), mfu.flops_per_token);
+  else
+    std::printf("anvil: %s; MFU against a peak of %.3g TFLOP/s per rank (%s)%s; %.3g FLOP per token\n",
+                par.description.c_str(), mfu.peak.flops_per_s / 1e12,
+                cfg.metrics.peak_tflops > 0 ? "metrics.peak_tflops" : "derived by anvil info",
+                par.world_size > 1 ? "; step lines show the fullest rank's memory" : "", mfu.flops_per_token);
+  std::printf("anvil: predicted peak memory of %s %s (%s reserved): params %s, grads %s, optimizer %s, "
               "activations %s, comm %s, workspace %s; %s available\n",
-              par.rank, human_bytes(est.peak_total).c_str(), human_bytes(est.peak_reserved).c_str(),
+              gpu ? device.str().c_str() : detail::concat("rank ", par.rank).c_str(), human_bytes(est.peak_total).c_str(),
+              human_bytes(est.peak_reserved).c_str(),
               human_bytes(est.bytes(MemCategory::parameters)).c_str(),
               human_bytes(est.bytes(MemCategory::gradients)).c_str(),
               human_bytes(est.bytes(MemCategory::optimizer_state)).c_str(),

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "anvil/core/cpu_peak.h"
+#include "anvil/core/device.h"
 #include "anvil/core/dtype.h"
 #include "anvil/model/args.h"
 #include "anvil/model/llama.h"
@@ -24,7 +25,7 @@ void route_rank_output(const JobConfig& cfg, const ParallelDims& par);
 std::string with_commas(int64_t n);
 
 // What the run is measured against: MFU's peak and FLOPs per token, and this
-// rank's predicted peak of tracked memory.
+// rank's predicted peak of tracked host memory (what its resident set is held to).
 struct RunBasis {
   PeakFlops peak;
   double flops_per_token = 0;
@@ -32,9 +33,11 @@ struct RunBasis {
 };
 
 // Throws anvil::Error, before anything is allocated, when the run's predicted
-// peak memory per process exceeds what is available, saying what would fit;
-// otherwise prints the banner.
+// peak memory per process exceeds what is available (on a GPU: the dry run
+// of the GPU path against the GPU's memory), saying what would fit;
+// otherwise prints the banner. On a GPU MFU is against the GPU's dense bf16
+// peak, and the predicted peak is the device's.
 RunBasis check_fit_and_print_banner(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par,
-                                    DType compute_dtype, const AcPolicy& ac);
+                                    DType compute_dtype, const AcPolicy& ac, Device device = Device::cpu());
 
 }  // namespace anvil

@@ -92,16 +92,17 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   out.memory.peak_total = stats.peak_total;
   out.memory.peak_reserved = stats.peak_reserved;
   if (DevicePool* gpu = dry.gpu_pool()) {
-    const DevicePoolStats g = gpu->stats();
+    const MemStats g = mem_stats(gpu->stats());
     out.device = device;
     out.device_memory.peak = g.peak;
-    out.device_memory.peak_total = g.peak_allocated;
+    out.device_memory.peak_total = g.peak_total;
     out.device_memory.peak_reserved = g.peak_reserved;
   }
   return out;
 }
 
-LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size) {
+LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size, Device device) {
+  if (!device.is_cpu()) check_gpu_job(cfg, args, world_size);
   LayoutEstimate est;
   est.par = resolve_parallel(cfg, args, world_size, 0);
   est.flops_per_token = flops_per_token(args, cfg.training.seq_len);
@@ -115,7 +116,7 @@ LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int 
     const int pp = world_size > 1 ? layout.group_rank(rank, MeshGroup::pp) : 0;
     const std::pair<int, bool> role{pp, rank == 0};
     auto it = roles.find(role);
-    if (it == roles.end()) it = roles.emplace(role, dry_run_rank(cfg, args, world_size, rank)).first;
+    if (it == roles.end()) it = roles.emplace(role, dry_run_rank(cfg, args, world_size, rank, nullptr, device)).first;
     RankEstimate r = it->second;
     r.rank = rank;
     est.ranks.push_back(std::move(r));

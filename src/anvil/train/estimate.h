@@ -53,8 +53,10 @@ struct LayoutEstimate {
 };
 
 // `world_size`: the ranks the run would have (data_parallel_shard_degree = -1
-// takes what the other degrees leave of them).
-LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size);
+// takes what the other degrees leave of them). A GPU `device`: the dry run of
+// the GPU path (one rank), its device's figures in RankEstimate::device_memory.
+LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size,
+                               Device device = Device::cpu());
 
 // The dry run of one rank (its pre-flight check needs no other), with its step-2 allocation timeline (from the
 // step's start to the end of its optimizer step: every allocation and free

@@ -62,7 +62,10 @@ std::string duration_text(double seconds) {
 }
 
 std::string step_line(const StepLog& s, bool verbose) {
-  auto cat = [&](MemCategory c) { return human_bytes(s.memory.peak[static_cast<int>(c)]); };
+  // A job on a GPU shows the device's memory: the one that runs out.
+  const bool gpu = !s.device.is_cpu();
+  const MemStats& mem = gpu ? s.device_memory : s.memory;
+  auto cat = [&](MemCategory c) { return human_bytes(mem.peak[static_cast<int>(c)]); };
   std::string line = detail::concat("step ", s.step, "/", s.total_steps);
   char buf[256];
   std::snprintf(buf, sizeof buf, " | loss %.4f | grad_norm %.3f | lr %.1e | %s tok/s | MFU %.1f%%", s.loss,
@@ -70,7 +73,8 @@ std::string step_line(const StepLog& s, bool verbose) {
   line += buf;
   // Distributed: tok/s and MFU are rank 0's (per rank); the memory shown is the
   // fullest rank's, the one that runs out first (the banner says so).
-  line += " | mem " + human_bytes(s.world_size > 1 ? s.max_memory_over_ranks : s.memory.peak_total);
+  line += " | mem " + human_bytes(s.world_size > 1 ? s.max_memory_over_ranks : mem.peak_total);
+  if (gpu) line += " on " + s.device.str();
   if (verbose) {
     std::snprintf(buf, sizeof buf, " | %.3f TFLOP/s | data loading %.1f%% of the time | %.1f s elapsed", s.tflops,
                   s.data_pct, s.elapsed_s);
@@ -115,6 +119,11 @@ void MetricsLog::log(const StepLog& s) {
   j["untracked_bytes"] = s.untracked;
   j["data_loading_pct"] = s.data_pct;
   j["elapsed_s"] = s.elapsed_s;
+  if (!s.device.is_cpu())  // the figures above are then the host's
+    j["device"] = {{"name", s.device.str()},
+                   {"max_active_bytes", s.device_memory.peak_total},
+                   {"max_active_bytes_by_category", by_category(s.device_memory.peak)},
+                   {"max_reserved_bytes", s.device_memory.peak_reserved}};
   if (s.moe_experts > 0) {
     j["moe_aux_loss"] = s.moe_aux_loss;
     j["moe_expert_load"] = expert_load(s.moe_routes, s.moe_experts);

@@ -10,6 +10,7 @@
 
 #include "anvil/core/allocator.h"
 #include "anvil/core/cpu_peak.h"
+#include "anvil/core/device.h"
 #include "anvil/core/dtype.h"
 
 namespace anvil {
@@ -51,6 +52,10 @@ struct StepLog {
   std::vector<double> moe_routes;  // (n_layers, moe_experts)
   // Live bytes per category right after the optimizer step, gradients still held.
   std::array<size_t, kNumMemCategories> live_after_optimizer{};
+  // A job on a GPU: its device pool's peaks over the interval (core/device_pool.h's
+  // mem_stats); `memory` above is then the host's.
+  Device device = Device::cpu();
+  MemStats device_memory;
 };
 
 // The console line of a logging step (every rank prints it: rank 0 to the

@@ -75,6 +75,26 @@ std::vector<Change> lighter_ac(const JobConfig& cfg) {
   return out;
 }
 
+// The categories with bytes, largest first ("activations 12.0 GiB, ..."): the first is what to attack.
+std::string largest_first(const MemoryEstimate& m) {
+  std::vector<MemCategory> cats;
+  for (int c = 0; c < kNumMemCategories; ++c) cats.push_back(static_cast<MemCategory>(c));
+  std::stable_sort(cats.begin(), cats.end(), [&](MemCategory a, MemCategory b) { return m.bytes(a) > m.bytes(b); });
+  std::string parts;
+  for (MemCategory c : cats)
+    if (m.bytes(c) > 0) parts.append(parts.empty() ? "" : ", ").append(category_name(c)).append(" ").append(human_bytes(m.bytes(c)));
+  return parts;
+}
+
+// The GPU's reserved peak of `cfg` by the dry run of the GPU path, or 0 when the change is invalid.
+size_t gpu_reserved_peak(const JobConfig& cfg, const ModelArgs& args, Device device) {
+  try {
+    return dry_run_rank(cfg, args, 1, 0, nullptr, device).device_memory.peak_reserved;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
 }  // namespace
 
 std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& args, int world_size, size_t per_rank) {
@@ -164,15 +184,7 @@ std::string fit_refusal(const JobConfig& cfg, const ModelArgs& args, const Paral
     for (size_t i = 0; i < rank.stages.size(); ++i) where.append(i ? ", " : " ").append(std::to_string(rank.stages[i]));
     where += ")";
   }
-  // The categories, largest first: the first is what to attack.
-  std::vector<MemCategory> cats;
-  for (int c = 0; c < kNumMemCategories; ++c) cats.push_back(static_cast<MemCategory>(c));
-  std::stable_sort(cats.begin(), cats.end(),
-                   [&](MemCategory a, MemCategory b) { return rank.memory.bytes(a) > rank.memory.bytes(b); });
-  std::string parts;
-  for (MemCategory c : cats)
-    if (rank.memory.bytes(c) > 0)
-      parts.append(parts.empty() ? "" : ", ").append(category_name(c)).append(" ").append(human_bytes(rank.memory.bytes(c)));
+  const std::string parts = largest_first(rank.memory);
   std::string msg = detail::concat(
       args.name, "/", args.flavor, " has ", with_commas(args.num_params()), " parameters; predicted peak memory of ",
       where, " is ", human_bytes(rank.memory.peak_reserved), ", over the ", human_bytes(share), " available to it (",
@@ -194,6 +206,40 @@ std::string fit_refusal(const JobConfig& cfg, const ModelArgs& args, const Paral
     msg += detail::concat(". Each rank with ", human_bytes(share),
                           "; more ranks: mpirun -np N anvil train ... with the flags shown");
   }
+  return msg;
+}
+
+std::string gpu_fit_refusal(const JobConfig& cfg, const ModelArgs& args, const RankEstimate& rank,
+                            const DeviceProperties& gpu) {
+  const MemoryEstimate& m = rank.device_memory;
+  if (gpu.memory_bytes == 0 || m.peak_reserved <= gpu.memory_bytes) return "";
+  std::string msg = detail::concat(args.name, "/", args.flavor, " has ", with_commas(args.num_params()),
+                                   " parameters; the dry run of the GPU path reserves ", human_bytes(m.peak_reserved),
+                                   " at its peak on ", rank.device.str(), ", over the ", human_bytes(gpu.memory_bytes),
+                                   " of its ", gpu.name, "; largest first: ", largest_first(m), ". ");
+  // The changes one GPU can take: a lighter activation checkpointing, then a
+  // smaller micro-batch (halved until it fits; accumulation keeps the global batch).
+  std::vector<Change> changes = lighter_ac(cfg);
+  for (int64_t b = cfg.training.local_batch_size / 2; b >= 1; b /= 2) {
+    Change c{detail::concat("training.local_batch_size = ", b, " with accumulation"),
+             detail::concat("--training.local_batch_size ", b, " --training.global_batch_size ",
+                            cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size
+                                                               : cfg.training.local_batch_size),
+             cfg};
+    c.cfg.training.local_batch_size = b;
+    if (c.cfg.training.global_batch_size <= 0) c.cfg.training.global_batch_size = cfg.training.local_batch_size;
+    changes.push_back(c);
+  }
+  std::string fits;
+  for (const Change& c : changes) {
+    const size_t peak = gpu_reserved_peak(c.cfg, args, rank.device);
+    if (peak == 0 || peak > gpu.memory_bytes) continue;
+    fits += detail::concat(fits.empty() ? "" : "; ", c.what, " (", c.flags, "): ", human_bytes(peak), " reserved");
+    if (c.cfg.training.local_batch_size != cfg.training.local_batch_size) break;  // the largest micro-batch that fits
+  }
+  msg += fits.empty() ? std::string("No lighter activation checkpointing or smaller micro-batch fits by the dry run; pick "
+                                    "a smaller model.flavor or training.seq_len, or train on the CPU")
+                      : "What would fit, by the same dry run: " + fits;
   return msg;
 }
 

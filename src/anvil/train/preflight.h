@@ -48,6 +48,13 @@ std::vector<FitOption> fitting_changes(const JobConfig& cfg, const ModelArgs& ar
 std::string fit_refusal(const JobConfig& cfg, const ModelArgs& args, const ParallelDims& par, const RankEstimate& rank,
                         size_t available, int local_ranks);
 
+// Why a job on one GPU, `rank` its dry run of the GPU path, does not fit
+// `gpu`'s memory: the reserved peak, where the bytes go, and the lighter
+// activation checkpointing or smaller micro-batch that would fit by the same
+// dry run; "" when it fits (or the GPU's memory is unknown, 0).
+std::string gpu_fit_refusal(const JobConfig& cfg, const ModelArgs& args, const RankEstimate& rank,
+                            const DeviceProperties& gpu);
+
 // This rank's estimate, after checking it against `available` bytes shared by
 // `local_ranks` processes; throws anvil::Error, saying what would fit, when it
 // does not fit. available = 0: unknown, nothing is checked.

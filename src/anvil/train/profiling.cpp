@@ -53,6 +53,7 @@ std::string StepCapture::finish() {
     MemorySnapshot snap = snapshot_at_peak(live_before_, trace_.memory_events, 25);
     snap.step = step_;
     snap.reason = "peak";
+    add_device_pool(snap);
     write_memory_snapshot(snap, snapshot_path_);
     written += (written.empty() ? "" : ", ") +
                ("memory snapshot " + snapshot_path_ + " (peak " + human_bytes(snap.total_bytes) + ")");
@@ -72,12 +73,21 @@ namespace {
 bool g_log_turned_timeline_on = false;  // the allocation log, not a step capture, switched the timeline on
 }  // namespace
 
-void write_run_peaks(const JobConfig& cfg, const ParallelDims& par, const MemStats& peaks) {
+void write_run_peaks(const JobConfig& cfg, const ParallelDims& par, const MemStats& peaks, Device device,
+                     const MemStats& device_peaks) {
   if (cfg.profiling.allocation_log_step <= 0) return;
   nlohmann::json j;
   for (int c = 0; c < kNumMemCategories; ++c) j["peak_bytes"][category_name(static_cast<MemCategory>(c))] = peaks.peak[c];
   j["peak_total_bytes"] = peaks.peak_total;
   j["peak_reserved_bytes"] = peaks.peak_reserved;
+  if (!device.is_cpu()) {
+    nlohmann::json& d = j["device"];
+    d["name"] = device.str();
+    for (int c = 0; c < kNumMemCategories; ++c)
+      d["peak_bytes"][category_name(static_cast<MemCategory>(c))] = device_peaks.peak[c];
+    d["peak_total_bytes"] = device_peaks.peak_total;
+    d["peak_reserved_bytes"] = device_peaks.peak_reserved;
+  }
   const std::filesystem::path dir = std::filesystem::path(cfg.job.dump_folder) / "allocations";
   std::filesystem::create_directories(dir);
   write_file_durably(dir / detail::concat("rank-", par.rank, ".peaks.json"), j.dump(2) + "\n");
@@ -139,6 +149,7 @@ void rethrow_with_oom_snapshot(const OutOfMemoryError& e, const JobConfig& cfg, 
   MemorySnapshot snap = snapshot_now(alloc.live_allocations(), 25);
   snap.step = step;
   snap.reason = "out_of_memory";
+  add_device_pool(snap);
   const std::string name = "step-" + std::to_string(step) +
                            (par.distributed() ? ".rank-" + std::to_string(par.rank) : std::string()) +
                            ".oom.snapshot.json";

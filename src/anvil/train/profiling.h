@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "anvil/core/allocator.h"
+#include "anvil/core/device.h"
 #include "anvil/core/error.h"
 #include "anvil/obs/trace.h"
 #include "anvil/train/config.h"
@@ -53,7 +54,9 @@ size_t begin_allocation_log();
 void end_allocation_log(const JobConfig& cfg, const ParallelDims& par, size_t from);
 // With profiling.allocation_log_step set, the run's peaks (StepLogger::run_peaks)
 // to <dump_folder>/allocations/rank-<r>.peaks.json, in bytes, at its end.
-void write_run_peaks(const JobConfig& cfg, const ParallelDims& par, const MemStats& peaks);
+// A job on a GPU (device not the host) adds its device pool's, `device_peaks`.
+void write_run_peaks(const JobConfig& cfg, const ParallelDims& par, const MemStats& peaks, Device device = Device::cpu(),
+                     const MemStats& device_peaks = {});
 // Runs `step_fn` (the step's run_train_step); when `step` is
 // profiling.allocation_log_step, writes every allocation and free it made to
 // <dump_folder>/allocations/rank-<r>.jsonl (obs/allocation_log.h).

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "anvil/core/device_pool.h"
 #include "anvil/core/error.h"
 #include "anvil/core/process_memory.h"
 #include "anvil/train/trainer.h"
@@ -16,12 +17,20 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+// `so_far`'s peaks raised to `now`'s: the peaks over both.
+MemStats max_peaks(MemStats so_far, const MemStats& now) {
+  for (int c = 0; c < kNumMemCategories; ++c) so_far.peak[c] = std::max(so_far.peak[c], now.peak[c]);
+  so_far.peak_total = std::max(so_far.peak_total, now.peak_total);
+  so_far.peak_reserved = std::max(so_far.peak_reserved, now.peak_reserved);
+  return so_far;
+}
 }  // namespace
 
 StepLogger::StepLogger(const JobConfig& cfg, const ParallelDims& par, PeakFlops peak, double flops_per_token,
                        double comm_bytes_closed_form)
     : cfg_(cfg), par_(par), peak_(std::move(peak)), flops_per_token_(flops_per_token),
-      comm_closed_form_(comm_bytes_closed_form) {
+      comm_closed_form_(comm_bytes_closed_form), device_(default_device()) {
   if (par.rank0()) metrics_ = std::make_unique<MetricsLog>(cfg.job.dump_folder);
   if (cfg.metrics.enable_tensorboard && par.rank0())
     tb_ = std::make_unique<TensorBoardWriter>(
@@ -71,17 +80,16 @@ void gather_rank_figures(const ParallelDims& par, StepLog& log) {
     log.max_memory_over_ranks = std::max(log.max_memory_over_ranks, static_cast<size_t>(m * (1 << 20)));
 }
 
-MemStats StepLogger::run_peaks() const {
-  const MemStats now = TrackingAllocator::instance().stats();
-  MemStats out = run_peaks_;
-  for (int c = 0; c < kNumMemCategories; ++c) out.peak[c] = std::max(out.peak[c], now.peak[c]);
-  out.peak_total = std::max(out.peak_total, now.peak_total);
-  out.peak_reserved = std::max(out.peak_reserved, now.peak_reserved);
-  return out;
+MemStats StepLogger::run_peaks() const { return max_peaks(run_peaks_, TrackingAllocator::instance().stats()); }
+
+MemStats StepLogger::device_run_peaks() const {
+  if (device_.is_cpu()) return {};
+  return max_peaks(device_run_peaks_, mem_stats(device_pool(device_).stats()));
 }
 
 void StepLogger::start() {
   TrackingAllocator::instance().reset_peak();
+  if (!device_.is_cpu()) device_pool(device_).reset_peak();
   t_start_ = Clock::now();
   t_interval_ = Clock::now();
 }
@@ -129,7 +137,8 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   // pipeline, share their tokens' work.
   log.tokens_per_s = static_cast<double>(interval_tokens_) / secs / (par_.tp_size * par_.pp_size);
   log.tflops = flops_per_token_ * log.tokens_per_s / 1e12;
-  log.mfu_pct = 100.0 * flops_per_token_ * log.tokens_per_s / peak_.flops_per_s;
+  // A GPU without a known peak (gpu_peak_flops) has no MFU: 0, and the banner said why.
+  log.mfu_pct = peak_.flops_per_s > 0 ? 100.0 * flops_per_token_ * log.tokens_per_s / peak_.flops_per_s : 0.0;
   // Never printed silently: above 100% either the peak is wrong for this
   // CPU or the FLOP count overstates the work (causal attention counted whole).
   if (log.mfu_pct > 100.0 && !mfu_warned_) {
@@ -140,6 +149,10 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     mfu_warned_ = true;
   }
   log.memory = alloc.stats();
+  if (!device_.is_cpu()) {
+    log.device = device_;
+    log.device_memory = mem_stats(device_pool(device_).stats());
+  }
   log.data_pct = 100.0 * data_seconds_ / secs;
   log.elapsed_s = seconds_since(t_start_);
   log.world_size = par_.world_size;
@@ -195,6 +208,10 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   }
   run_peaks_ = run_peaks();
   alloc.reset_peak();
+  if (!device_.is_cpu()) {
+    device_run_peaks_ = device_run_peaks();
+    device_pool(device_).reset_peak();
+  }
   t_interval_ = Clock::now();
   interval_tokens_ = 0;
   data_seconds_ = 0;
@@ -229,9 +246,13 @@ void StepLogger::print_done(const TrainResult& result) const {
                   static_cast<long long>(result.steps_done));
   else
     std::snprintf(loss, sizeof loss, "loss %.4f -> %.4f", result.first_loss, result.last_loss);
-  std::printf("anvil: done: %s, %s in %s; peak RSS %s, peak tracked %s, untracked %s\n", steps.c_str(), loss,
+  const std::string on_device =
+      device_.is_cpu() ? std::string()
+                       : detail::concat("; on ", device_.str(), " peak ", human_bytes(device_run_peaks().peak_total), " (",
+                                        human_bytes(device_run_peaks().peak_reserved), " reserved)");
+  std::printf("anvil: done: %s, %s in %s; peak RSS %s, peak tracked %s, untracked %s%s\n", steps.c_str(), loss,
               duration_text(seconds_since(t_start_)).c_str(), human_bytes(peak_resident_set_bytes()).c_str(),
-              human_bytes(run_peaks().peak_total).c_str(), human_bytes(untracked_).c_str());
+              human_bytes(run_peaks().peak_total).c_str(), human_bytes(untracked_).c_str(), on_device.c_str());
 }
 
 }  // namespace anvil

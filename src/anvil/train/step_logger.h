@@ -62,6 +62,9 @@ class StepLogger {
   // The allocator's peaks over the whole run so far (every logging interval's
   // and the current one's): per category, of the total, and reserved.
   MemStats run_peaks() const;
+  // A job on a GPU: its device pool's, likewise (empty on the CPU).
+  MemStats device_run_peaks() const;
+  Device device() const { return device_; }
 
  private:
   void write(int64_t step, double loss, double grad_norm, double lr);
@@ -80,6 +83,8 @@ class StepLogger {
   int64_t interval_logged_steps_ = 0;  // steps since the last log line
   MoeReport interval_moe_;  // routes summed over the interval, the last step's aux loss
   MemStats run_peaks_;  // the largest peaks of the logging intervals written so far
+  Device device_;       // where the job runs: the default device when the logger is made
+  MemStats device_run_peaks_;
   size_t untracked_ = 0;  // the latest measure_untracked
   bool mfu_warned_ = false;
   std::array<size_t, kNumMemCategories> steady_live_{};

@@ -27,6 +27,7 @@
 #include "anvil/train/checkpoint_folder.h"
 #include "anvil/train/console.h"
 #include "anvil/train/forward_backward.h"
+#include "anvil/train/gpu_job.h"
 #include "anvil/train/lr_schedule.h"
 #include "anvil/train/model_source.h"
 #include "anvil/train/parallel_dims.h"
@@ -199,6 +200,18 @@ void report_stop_after_step(int signal, const ParallelDims& par, int64_t step, i
     std::fprintf(stderr, "anvil: rank %d: stopped after step %lld\n", par.rank, static_cast<long long>(step));
 }
 
+// Op times on a GPU come from its stream's stamps (core/op_timer.h), for as
+// long as the trainer runs there.
+class OpClock {
+ public:
+  explicit OpClock(Device device) {
+    if (!device.is_cpu()) OpTimer::set_device_clock(&device_runtime(device).clock());
+  }
+  ~OpClock() { OpTimer::set_device_clock(nullptr); }
+  OpClock(const OpClock&) = delete;
+  OpClock& operator=(const OpClock&) = delete;
+};
+
 // The per-op table of the steps after the first, on rank 0's console and in the dump folder.
 void print_op_table(const JobConfig& cfg, const ParallelDims& par, OpTable& table) {
   if (!par.rank0()) return;
@@ -312,7 +325,7 @@ TrainResult run_steps(const TrainRun& run, int64_t& step, OpTable& op_table) {
     }
   }
   if (run.checkpointer) run.checkpointer->wait();  // a background save finishes before the run reports done
-  write_run_peaks(cfg, par, logger.run_peaks());
+  write_run_peaks(cfg, par, logger.run_peaks(), logger.device(), logger.device_run_peaks());
   return result;
 }
 
@@ -334,6 +347,11 @@ TrainResult train(const JobConfig& cfg) {
     set_comm_deadline(static_cast<double>(cfg.comm.init_timeout_seconds), "comm.init_timeout_seconds");
   // The layout first: every rank checks it, with the same message.
   const ParallelDims par = setup_parallel(cfg, args);
+  // Where the job trains; what a GPU cannot run yet is refused here.
+  std::string why_cpu;
+  const Device device = job_device(cfg, &why_cpu);
+  if (!why_cpu.empty() && par.rank0()) std::printf("anvil: job.device auto: training on the CPU: %s\n", why_cpu.c_str());
+  if (!device.is_cpu()) check_gpu_job(cfg, args, par.world_size);
   // Which step to resume from, before anything is allocated or written: a
   // damaged newest checkpoint stops the run here.
   const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
@@ -352,7 +370,11 @@ TrainResult train(const JobConfig& cfg) {
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   const std::unique_ptr<Tokenizer> tokenizer = load_job_tokenizer(cfg, args);
   // Refuses, before allocating anything, a run that cannot fit.
-  const RunBasis mfu = check_fit_and_print_banner(cfg, args, par, dt, ac);
+  const RunBasis mfu = check_fit_and_print_banner(cfg, args, par, dt, ac, device);
+  // From here the model, its state and every step's tensors are made on the
+  // job's device (the micro-batches are filled on the host and copied over).
+  const ScopedDevice on_device(device);
+  const OpClock op_clock(device);
   TrainData data(cfg, *tokenizer, par);
 
   ParallelizedModel layout(cfg, args, par, dt);

@@ -2,9 +2,12 @@
 
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "anvil/core/device.h"
 #include "anvil/core/error.h"
+#include "anvil/core/op_timer.h"
+#include "anvil/cuda/device.h"
 #include "anvil/cuda/device_memory.h"
 #include "anvil/ops/cuda/cast.h"
 
@@ -13,6 +16,32 @@ namespace anvil {
 namespace {
 
 void check(cudaError_t e, const char* what) { ANVIL_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e)); }
+
+// Op times on the GPU: CUDA events recorded on the one stream, kept for
+// reuse (creating an event per op would cost more than some ops do).
+class EventClock : public DeviceClock {
+ public:
+  uint32_t stamp() override {
+    if (next_ == events_.size()) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreate(&e), "cudaEventCreate");
+      events_.push_back(e);
+    }
+    check(cudaEventRecord(events_[next_], cuda_stream()), "cudaEventRecord");
+    return static_cast<uint32_t>(next_++);
+  }
+  double seconds_between(uint32_t from, uint32_t to) override {
+    check(cudaEventSynchronize(events_.at(to)), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, events_.at(from), events_.at(to)), "cudaEventElapsedTime");
+    return ms * 1e-3;
+  }
+  void clear() override { next_ = 0; }
+
+ private:
+  std::vector<cudaEvent_t> events_;  // never destroyed: the runtime lives as long as the process
+  size_t next_ = 0;
+};
 
 class CudaRuntime : public DeviceRuntime {
  public:
@@ -35,6 +64,17 @@ class CudaRuntime : public DeviceRuntime {
                                " on the GPU"));
   }
   std::unique_ptr<DeviceMemory> memory(int index) override { return std::make_unique<CudaDeviceMemory>(index); }
+  int device_count(std::string* why_none) override { return static_cast<int>(cuda_devices(why_none).size()); }
+  DeviceProperties properties(int index) override {
+    const std::vector<CudaDeviceInfo> gpus = cuda_devices();
+    ANVIL_CHECK(index >= 0 && index < static_cast<int>(gpus.size()), "there is no GPU cuda:", index, " (",
+                gpus.size(), " visible)");
+    return {gpus[static_cast<size_t>(index)].name, gpus[static_cast<size_t>(index)].memory_bytes};
+  }
+  DeviceClock& clock() override { return clock_; }
+
+ private:
+  EventClock clock_;
 };
 
 }  // namespace
