@@ -19,7 +19,6 @@ MemStats mem_stats(const DevicePoolStats& s) {
   return m;
 }
 
-
 namespace {
 
 constexpr size_t kMinBlock = 512;               // every block a multiple of it

@@ -54,16 +54,16 @@ struct CrossEntropyResult {
   int64_t num_tokens = 0;  // rows whose target != ignore_index
 };
 
-// Evaluation: the loss only.
-// x       (M, D)  final-norm output, f32 or bf16
-// w       (V, D)  output weight, same dtype as x
-// targets (M)     i32 token ids in [0, V), or ignore_index
 // The rows of `targets` (host i32) that count: those not ignore_index, after
 // checking each of them is in [0, V) (anvil::Error naming the first that is
 // not). The op's own check, also made on the host before a batch is copied to
 // a GPU, whose kernels cannot throw. A dry run has no targets: all M count.
 int64_t count_targets(const Tensor& targets, int64_t V, int32_t ignore_index);
 
+// Evaluation: the loss only.
+// x       (M, D)  final-norm output, f32 or bf16
+// w       (V, D)  output weight, same dtype as x
+// targets (M)     i32 token ids in [0, V), or ignore_index
 CrossEntropyResult cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
                                          const CrossEntropyOptions& opt = {});
 

@@ -14,12 +14,6 @@
 
 namespace anvil {
 
-namespace {
-
-using namespace vec16;  // the 16-lane vector helpers (ops/vec16.h)
-
-}  // namespace
-
 // Every id must be in [0, V) before any row moves: a bad id would read or write
 // outside the table. Checked up front, on the calling thread, because an
 // exception must not leave an OpenMP region. The scan is branch-free (it
@@ -44,6 +38,8 @@ void check_token_ids(const Tensor& tokens, int64_t V, const char* what) {
 }
 
 namespace {
+
+using namespace vec16;  // the 16-lane vector helpers (ops/vec16.h)
 
 // Converts/copies one row segment of n elements.
 template <class S, class Dst>
