@@ -380,16 +380,7 @@ int64_t cross_entropy_shard_stats(const Tensor& x, const Tensor& w, const Tensor
                vocab_begin + V, ") of ", vocab_size);
   const int32_t ignore = opt.ignore_index;
   const int32_t* tgt = targets.data<int32_t>();
-  const bool dry = dry_run();
-  int64_t counted = dry ? M : 0;  // a dry run's rows all count, as in run()
-  for (int64_t i = 0; i < M && !dry; ++i) {
-    if (tgt[i] == ignore) continue;
-    ANVIL_CHECK(tgt[i] >= 0 && tgt[i] < vocab_size, "cross_entropy: target id ", tgt[i], " at row ", i,
-                " is outside the vocabulary [0, ", vocab_size, ") and is not the ignore_index (", ignore,
-                "); check that the tokenizer's vocabulary fits the model's vocab_size and that padding "
-                "positions use the ignore_index");
-    ++counted;
-  }
+  const int64_t counted = count_targets(targets, vocab_size, ignore);  // against the whole vocabulary
   float* row_max = stats.data<float>();
   float* row_sum = row_max + M;
   float* row_target = row_max + 2 * M;

@@ -246,10 +246,11 @@ void StepLogger::print_done(const TrainResult& result) const {
                   static_cast<long long>(result.steps_done));
   else
     std::snprintf(loss, sizeof loss, "loss %.4f -> %.4f", result.first_loss, result.last_loss);
+  const MemStats device_peaks = device_run_peaks();
   const std::string on_device =
       device_.is_cpu() ? std::string()
-                       : detail::concat("; on ", device_.str(), " peak ", human_bytes(device_run_peaks().peak_total), " (",
-                                        human_bytes(device_run_peaks().peak_reserved), " reserved)");
+                       : detail::concat("; on ", device_.str(), " peak ", human_bytes(device_peaks.peak_total), " (",
+                                        human_bytes(device_peaks.peak_reserved), " reserved)");
   std::printf("anvil: done: %s, %s in %s; peak RSS %s, peak tracked %s, untracked %s%s\n", steps.c_str(), loss,
               duration_text(seconds_since(t_start_)).c_str(), human_bytes(peak_resident_set_bytes()).c_str(),
               human_bytes(run_peaks().peak_total).c_str(), human_bytes(untracked_).c_str(), on_device.c_str());
