@@ -140,38 +140,69 @@ TEST_F(GpuOpsOnHost, NormsRopeSwigluAndEmbeddingMatchTheCpu) {
   }
 }
 
-// bf16 goes through the SDPA calls, f32 through the plain attention's
-// per-head products and row softmax; GQA (4 query heads on 2 kv heads).
-TEST_F(GpuOpsOnHost, AttentionMatchesTheCpu) {
-  for (const DType dt : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(dt));
-    const int64_t B = 2, T = 7, Hq = 4, Hkv = 2, D = 8;
-    const Tensor q = random_tensor({B, T, Hq, D}, dt, "q"), k = random_tensor({B, T, Hkv, D}, dt, "k"),
-                 v = random_tensor({B, T, Hkv, D}, dt, "v"), dout = random_tensor({B, T, Hq, D}, dt, "dout");
-    Tensor out = Tensor::empty(q.shape(), dt, MemCategory::workspace, "out"),
-           lse = Tensor::empty({B, Hq, T}, DType::f32, MemCategory::workspace, "lse");
-    Tensor gout = on_gpu(out), glse = on_gpu(lse);
-    attention_forward(q, k, v, out, lse);
-    attention_forward(on_gpu(q), on_gpu(k), on_gpu(v), gout, glse);
-    EXPECT_LT(rel_error(back(gout), to_double(out)), tol(dt));
-    EXPECT_LT(rel_error(back(glse), to_double(lse)), 1e-5);
-    Tensor dq = Tensor::empty(q.shape(), dt, MemCategory::workspace, "dq"), dk = Tensor::empty(k.shape(), dt, MemCategory::workspace, "dk"),
-           dv = Tensor::empty(v.shape(), dt, MemCategory::workspace, "dv");
-    Tensor gdq = on_gpu(dq), gdk = on_gpu(dk), gdv = on_gpu(dv);
-    attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
-    attention_backward(on_gpu(dout), on_gpu(q), on_gpu(k), on_gpu(v), gout, glse, gdq, gdk, gdv);
-    EXPECT_LT(rel_error(back(gdq), to_double(dq)), tol(dt));
-    EXPECT_LT(rel_error(back(gdk), to_double(dk)), tol(dt));
-    EXPECT_LT(rel_error(back(gdv), to_double(dv)), tol(dt));
+// Document bounds (B, 2, T) on the host, as fill_document_bounds makes them,
+// for sequences cut into documents of the given lengths.
+Tensor documents_of(const std::vector<std::vector<int32_t>>& lengths, int64_t T) {
+  const auto B = static_cast<int64_t>(lengths.size());
+  Tensor d = Tensor::empty({B, 2, T}, DType::i32, MemCategory::workspace, "documents", Device::cpu());
+  int32_t* p = d.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;
+    for (const int32_t n : lengths[static_cast<size_t>(b)]) {
+      for (int32_t t = start; t < start + n; ++t) p[(b * 2) * T + t] = start, p[(b * 2 + 1) * T + t] = start + n;
+      start += n;
+    }
+    EXPECT_EQ(start, T) << "sequence " << b << "'s documents";
   }
-  // What a GPU does not attend yet is refused, naming what to run.
-  const Tensor q = on_gpu(random_tensor({1, 4, 2, 8}, DType::bf16, "q"));
-  Tensor out = on_gpu(random_tensor({1, 4, 2, 8}, DType::bf16, "o")),
-         lse = on_gpu(random_tensor({1, 2, 4}, DType::f32, "l"));
-  AttentionWindow documents;
-  documents.documents = on_gpu(Tensor::zeros({1, 2, 4}, DType::i32, MemCategory::workspace, "docs"));
-  const std::string e = testing::error_of([&] { attention_forward(q, q, q, out, lse, 0, {}, documents); });
-  EXPECT_NE(e.find("--model.attn_mask_type causal"), std::string::npos) << e;
+  return d;
+}
+
+// bf16 goes through the SDPA calls, f32 through the plain attention's
+// per-head products and row softmax; GQA (4 query heads on 2 kv heads);
+// causal, and block-causal over documents of 5, 1 and 7 tokens beside a
+// whole sequence (bf16: cuDNN's ragged SDPA over the documents' pack).
+TEST_F(GpuOpsOnHost, AttentionMatchesTheCpu) {
+  const int64_t B = 2, T = 13, Hq = 4, Hkv = 2, D = 8;
+  const Tensor blocks = documents_of({{5, 1, 7}, {13}}, T);
+  for (const bool block_causal : {false, true})
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << (block_causal ? " block-causal" : " causal"));
+      AttentionWindow window;
+      if (block_causal) window.documents = blocks;
+      const Tensor q = random_tensor({B, T, Hq, D}, dt, "q"), k = random_tensor({B, T, Hkv, D}, dt, "k"),
+                   v = random_tensor({B, T, Hkv, D}, dt, "v"), dout = random_tensor({B, T, Hq, D}, dt, "dout");
+      Tensor out = Tensor::empty(q.shape(), dt, MemCategory::workspace, "out"),
+             lse = Tensor::empty({B, Hq, T}, DType::f32, MemCategory::workspace, "lse");
+      Tensor gout = on_gpu(out), glse = on_gpu(lse);
+      const int ragged_before = kernels.ragged_calls;
+      attention_forward(q, k, v, out, lse, 0, {}, window);
+      attention_forward(on_gpu(q), on_gpu(k), on_gpu(v), gout, glse, 0, {}, window);
+      EXPECT_LT(rel_error(back(gout), to_double(out)), tol(dt));
+      EXPECT_LT(rel_error(back(glse), to_double(lse)), 1e-5);
+      Tensor dq = Tensor::empty(q.shape(), dt, MemCategory::workspace, "dq"),
+             dk = Tensor::empty(k.shape(), dt, MemCategory::workspace, "dk"),
+             dv = Tensor::empty(v.shape(), dt, MemCategory::workspace, "dv");
+      Tensor gdq = on_gpu(dq), gdk = on_gpu(dk), gdv = on_gpu(dv);
+      attention_backward(dout, q, k, v, out, lse, dq, dk, dv, 0, {}, window);
+      attention_backward(on_gpu(dout), on_gpu(q), on_gpu(k), on_gpu(v), gout, glse, gdq, gdk, gdv, 0, {}, window);
+      EXPECT_LT(rel_error(back(gdq), to_double(dq)), tol(dt));
+      EXPECT_LT(rel_error(back(gdk), to_double(dk)), tol(dt));
+      EXPECT_LT(rel_error(back(gdv), to_double(dv)), tol(dt));
+      EXPECT_EQ(kernels.ragged_calls - ragged_before, block_causal && dt == DType::bf16 ? 2 : 0);
+    }
+  // The documents do change the result: causal attention differs from it.
+  const Tensor q = random_tensor({B, T, Hq, D}, DType::f32, "q"), k = random_tensor({B, T, Hkv, D}, DType::f32, "k");
+  Tensor out = Tensor::empty(q.shape(), DType::f32, MemCategory::workspace, "out"),
+         lse = Tensor::empty({B, Hq, T}, DType::f32, MemCategory::workspace, "lse");
+  Tensor gout = on_gpu(out), glse = on_gpu(lse);
+  attention_forward(q, k, k, out, lse);
+  attention_forward(on_gpu(q), on_gpu(k), on_gpu(k), gout, glse, 0, {}, AttentionWindow{0, 0, blocks});
+  EXPECT_GT(rel_error(back(gout), to_double(out)), 1e-2);
+  // What a GPU does not attend yet is refused, naming what it cannot do.
+  const std::string e = testing::error_of([&] {
+    attention_forward(on_gpu(q), on_gpu(k), on_gpu(k), gout, glse, 0, {}, AttentionWindow{2, 0, {}});
+  });
+  EXPECT_NE(e.find("no context parallelism on a GPU"), std::string::npos) << e;
 }
 
 // The fused head over several vocabulary chunks, the last one short, and

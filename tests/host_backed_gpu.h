@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -24,6 +25,7 @@
 #include "anvil/core/dtype.h"
 #include "anvil/core/op_timer.h"
 #include "anvil/ops/gpu_kernels.h"
+#include "anvil/ops/sdpa_layout.h"
 #include "cublaslt_replay.h"
 
 namespace anvil::testing {
@@ -196,37 +198,52 @@ class HostGpuKernels : public GpuKernels {
   }
 
   size_t sdpa_workspace_bytes(bool, const SdpaShape&) override { return 0; }
-  // Causal GQA attention, bf16 storage, in double: out and lse (B, Hq, T).
-  void sdpa_forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out, float* lse,
-                    void*, size_t) override {
-    attend(s, q, k, v, out, lse, nullptr, nullptr, nullptr, nullptr, nullptr);
+  // GQA attention, bf16 storage, in double: causal with out and lse (B, Hq,
+  // T), or over the documents' pack with token-major stats (ops/sdpa_layout.h).
+  void sdpa_forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out, float* stats,
+                    const void* documents, void*, size_t) override {
+    ++sdpa_calls, ragged_calls += s.docs_batch > 0;
+    attend(s, q, k, v, out, stats, nullptr, nullptr, nullptr, nullptr, nullptr, documents);
   }
   void sdpa_backward(const SdpaShape& s, const void* dout, const void* q, const void* k, const void* v, const void*,
-                     const float* lse, void* dq, void* dk, void* dv, void*, size_t) override {
-    attend(s, q, k, v, nullptr, const_cast<float*>(lse), dout, dq, dk, dv, lse);
+                     const float* stats, const void* documents, void* dq, void* dk, void* dv, void*, size_t) override {
+    ++sdpa_calls, ragged_calls += s.docs_batch > 0;
+    attend(s, q, k, v, nullptr, nullptr, dout, dq, dk, dv, stats, documents);
+  }
+  void lse_transpose(const float* src, float* dst, int64_t B, int64_t H, int64_t T, bool to_token_major) override {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t bht = (b * H + h) * T + t, bth = (b * T + t) * H + h;
+          if (to_token_major) dst[bth] = src[bht];
+          else dst[bht] = src[bth];
+        }
   }
 
   void attention_softmax_forward(const float* scores, float* probs, float* lse, int64_t rows, int64_t T,
-                                 float scale) override {
+                                 float scale, const int32_t* first_key) override {
     std::vector<double> z(static_cast<size_t>(T));
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = r % T;
+      const int64_t t = r % T, first = first_key ? first_key[r] : 0;
       double mx = -std::numeric_limits<double>::infinity(), sum = 0;
-      for (int64_t j = 0; j <= t; ++j) mx = std::max(mx, z[static_cast<size_t>(j)] = double(scale) * scores[r * T + j]);
-      for (int64_t j = 0; j <= t; ++j) sum += std::exp(z[static_cast<size_t>(j)] - mx);
+      for (int64_t j = first; j <= t; ++j)
+        mx = std::max(mx, z[static_cast<size_t>(j)] = double(scale) * scores[r * T + j]);
+      for (int64_t j = first; j <= t; ++j) sum += std::exp(z[static_cast<size_t>(j)] - mx);
       const double l = mx + std::log(sum);
       lse[r] = static_cast<float>(l);
-      for (int64_t j = 0; j < T; ++j) probs[r * T + j] = j <= t ? static_cast<float>(std::exp(z[static_cast<size_t>(j)] - l)) : 0.0f;
+      for (int64_t j = 0; j < T; ++j)
+        probs[r * T + j] = j >= first && j <= t ? static_cast<float>(std::exp(z[static_cast<size_t>(j)] - l)) : 0.0f;
     }
   }
   void attention_softmax_backward(const float* probs, const float* dprobs, float* dscores, int64_t rows, int64_t T,
-                                  float scale) override {
+                                  float scale, const int32_t* first_key) override {
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = r % T;
+      const int64_t t = r % T, first = first_key ? first_key[r] : 0;
       double dot = 0;
-      for (int64_t j = 0; j <= t; ++j) dot += static_cast<double>(dprobs[r * T + j]) * probs[r * T + j];
+      for (int64_t j = first; j <= t; ++j) dot += static_cast<double>(dprobs[r * T + j]) * probs[r * T + j];
       for (int64_t j = 0; j < T; ++j)
-        dscores[r * T + j] = j <= t ? static_cast<float>(scale * probs[r * T + j] * (dprobs[r * T + j] - dot)) : 0.0f;
+        dscores[r * T + j] =
+            j >= first && j <= t ? static_cast<float>(scale * probs[r * T + j] * (dprobs[r * T + j] - dot)) : 0.0f;
     }
   }
 
@@ -298,45 +315,77 @@ class HostGpuKernels : public GpuKernels {
   }
 
   int products = 0;
+  int sdpa_calls = 0, ragged_calls = 0;  // cuDNN SDPA calls, and those over documents
 
  private:
-  // Forward (out, lse written) or, with dout, backward (dq, dk, dv written from the forward's lse).
-  static void attend(const SdpaShape& s, const void* q, const void* k, const void* v, void* out, float* lse_out,
-                     const void* dout, void* dq, void* dk, void* dv, const float* lse_in) {
+  // One sequence of attention as cuDNN lays it out: its q rows from element
+  // q_base (row stride Hq·D, head stride D), its k and v rows from kv_base
+  // (Hkv·D, D), its stats from stats_base (row and head strides as given).
+  struct Sequence {
+    int64_t q_base, kv_base, stats_base, length, stats_row, stats_head;
+  };
+  // Causal: the B sequences of T; lse (B, Hq, T). Block-causal: the entries
+  // of the documents' pack (ops/sdpa_layout.h) read as cuDNN reads them,
+  // their lengths and ragged offsets, stats token-major.
+  static std::vector<Sequence> sequences_of(const SdpaShape& s, const void* documents) {
+    std::vector<Sequence> seqs;
+    if (s.docs_batch == 0) {
+      for (int64_t b = 0; b < s.B; ++b)
+        seqs.push_back({b * s.T * s.Hq * s.D, b * s.T * s.Hkv * s.D, b * s.Hq * s.T, s.T, 1, s.T});
+      return seqs;
+    }
+    EXPECT_NE(documents, nullptr);
+    const SdpaDocumentsPack at = sdpa_documents_pack_of(sdpa_documents_capacity(s.B, s.T));
+    const auto* base = static_cast<const std::byte*>(documents);
+    const auto* seq_len = reinterpret_cast<const int32_t*>(base + at.seq_len);
+    const auto* q_off = reinterpret_cast<const int64_t*>(base + at.q_offset);
+    const auto* kv_off = reinterpret_cast<const int64_t*>(base + at.kv_offset);
+    const auto* st_off = reinterpret_cast<const int64_t*>(base + at.stats_offset);
+    for (int64_t n = 0; n < s.docs_batch; ++n) {
+      EXPECT_LE(seq_len[n], s.docs_max_seq) << "entry " << n;
+      seqs.push_back({q_off[n], kv_off[n], st_off[n], seq_len[n], s.Hq, 1});
+    }
+    return seqs;
+  }
+
+  // Forward (out, stats written) or, with dout, backward (dq, dk, dv written
+  // from the forward's stats): causal within each sequence.
+  static void attend(const SdpaShape& s, const void* q, const void* k, const void* v, void* out, float* stats_out,
+                     const void* dout, void* dq, void* dk, void* dv, const float* stats_in, const void* documents) {
     const DType t = DType::bf16;
     const int64_t group = s.Hq / s.Hkv, qrow = s.Hq * s.D, kvrow = s.Hkv * s.D;
     const double scale = s.scale;
     std::vector<double> gq(static_cast<size_t>(s.B * s.T * qrow), 0.0), gk(static_cast<size_t>(s.B * s.T * kvrow), 0.0),
         gv(gk.size(), 0.0), p(static_cast<size_t>(s.T));
-    const auto at_q = [&](int64_t b, int64_t i, int64_t h) { return (b * s.T + i) * qrow + h * s.D; };
-    const auto at_kv = [&](int64_t b, int64_t j, int64_t g) { return (b * s.T + j) * kvrow + g * s.D; };
-    for (int64_t b = 0; b < s.B; ++b)
+    for (const Sequence& seq : sequences_of(s, documents)) {
+      const auto at_q = [&](int64_t i, int64_t h) { return seq.q_base + i * qrow + h * s.D; };
+      const auto at_kv = [&](int64_t j, int64_t g) { return seq.kv_base + j * kvrow + g * s.D; };
       for (int64_t h = 0; h < s.Hq; ++h)
-        for (int64_t i = 0; i < s.T; ++i) {
+        for (int64_t i = 0; i < seq.length; ++i) {
           const int64_t g = h / group;
           double mx = -std::numeric_limits<double>::infinity();
           for (int64_t j = 0; j <= i; ++j) {
             double d = 0;
             for (int64_t c = 0; c < s.D; ++c)
-              d += double(host_gpu::get(t, q, at_q(b, i, h) + c)) * host_gpu::get(t, k, at_kv(b, j, g) + c);
+              d += double(host_gpu::get(t, q, at_q(i, h) + c)) * host_gpu::get(t, k, at_kv(j, g) + c);
             mx = std::max(mx, p[static_cast<size_t>(j)] = scale * d);
           }
-          const int64_t row = (b * s.Hq + h) * s.T + i;
+          const int64_t row = seq.stats_base + i * seq.stats_row + h * seq.stats_head;
           double l;
           if (!dout) {
             double sum = 0;
             for (int64_t j = 0; j <= i; ++j) sum += std::exp(p[static_cast<size_t>(j)] - mx);
             l = mx + std::log(sum);
-            lse_out[row] = static_cast<float>(l);
+            stats_out[row] = static_cast<float>(l);
           } else {
-            l = lse_in[row];
+            l = stats_in[row];
           }
           for (int64_t j = 0; j <= i; ++j) p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - l);
           if (!dout) {
             for (int64_t c = 0; c < s.D; ++c) {
               double o = 0;
-              for (int64_t j = 0; j <= i; ++j) o += p[static_cast<size_t>(j)] * host_gpu::get(t, v, at_kv(b, j, g) + c);
-              host_gpu::put(t, out, at_q(b, i, h) + c, o);
+              for (int64_t j = 0; j <= i; ++j) o += p[static_cast<size_t>(j)] * host_gpu::get(t, v, at_kv(j, g) + c);
+              host_gpu::put(t, out, at_q(i, h) + c, o);
             }
             continue;
           }
@@ -345,20 +394,20 @@ class HostGpuKernels : public GpuKernels {
           for (int64_t j = 0; j <= i; ++j) {
             double d = 0;
             for (int64_t c = 0; c < s.D; ++c)
-              d += double(host_gpu::get(t, dout, at_q(b, i, h) + c)) * host_gpu::get(t, v, at_kv(b, j, g) + c);
+              d += double(host_gpu::get(t, dout, at_q(i, h) + c)) * host_gpu::get(t, v, at_kv(j, g) + c);
             dp[static_cast<size_t>(j)] = d;
             dot += d * p[static_cast<size_t>(j)];
           }
           for (int64_t j = 0; j <= i; ++j) {
             const double ds = p[static_cast<size_t>(j)] * (dp[static_cast<size_t>(j)] - dot) * scale;
             for (int64_t c = 0; c < s.D; ++c) {
-              gq[static_cast<size_t>(at_q(b, i, h) + c)] += ds * host_gpu::get(t, k, at_kv(b, j, g) + c);
-              gk[static_cast<size_t>(at_kv(b, j, g) + c)] += ds * host_gpu::get(t, q, at_q(b, i, h) + c);
-              gv[static_cast<size_t>(at_kv(b, j, g) + c)] +=
-                  p[static_cast<size_t>(j)] * host_gpu::get(t, dout, at_q(b, i, h) + c);
+              gq[static_cast<size_t>(at_q(i, h) + c)] += ds * host_gpu::get(t, k, at_kv(j, g) + c);
+              gk[static_cast<size_t>(at_kv(j, g) + c)] += ds * host_gpu::get(t, q, at_q(i, h) + c);
+              gv[static_cast<size_t>(at_kv(j, g) + c)] += p[static_cast<size_t>(j)] * host_gpu::get(t, dout, at_q(i, h) + c);
             }
           }
         }
+    }
     if (!dout) return;
     for (size_t i = 0; i < gq.size(); ++i) host_gpu::put(t, dq, static_cast<int64_t>(i), gq[i]);
     for (size_t i = 0; i < gk.size(); ++i) host_gpu::put(t, dk, static_cast<int64_t>(i), gk[i]), host_gpu::put(t, dv, static_cast<int64_t>(i), gv[i]);

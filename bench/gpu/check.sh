@@ -26,7 +26,8 @@
 #   03 parity     90  anvil train --job.device cuda against --job.device cpu: the
 #                     debug model and llama3_25m, 10 steps, fp32 within 1e-5 (losses,
 #                     gradient norms, final weights), bf16's loss gap at most twice the
-#                     CPU's; every AC mode and accumulation 2 against the GPU's fp32 run
+#                     CPU's; every AC mode and accumulation 2 against the GPU's fp32 run;
+#                     block-causal attention (bf16: cuDNN's ragged SDPA) fp32 and bf16
 #   04 memory     30  Llama 3 1B's device peaks, each category equal to anvil estimate
 #                     --job.device cuda's to the byte, reserved within 2%
 #   05 speed     150  Anvil's rows (tokens/s, reserved, op table) beside PyTorch's
@@ -144,8 +145,8 @@ packed_within() { within env LD_LIBRARY_PATH="$pack_ld" "$@"; }
 # The data: the repository's own docs/*.md (about 450 KB of text) read as bytes, since the configs'
 # Shakespeare corpus and BPE tokenizer (data/, which git ignores) are not on the GPU machine: the
 # device tool carries only .gpu and the pack holds binaries alone; the docs travel as tracked files.
-# Causal attention: a GPU refuses block-causal masks (cuDNN's ragged SDPA is not built), and
-# PyTorch's rows are causal too. Metrics every step; no validation, traces, memory snapshots or
+# Causal attention, as PyTorch's rows are (step 03 also runs block-causal attention over
+# documents of its own). Metrics every step; no validation, traces, memory snapshots or
 # TensorBoard: the comparisons read none of them, and they cost time.
 anvil_flags() {
   RUN_FLAGS=(--model.tokenizer_path= --training.dataset text --training.dataset_path 'docs/*.md'
@@ -542,6 +543,29 @@ step_parity() {
     --training.local_batch_size 4 --training.global_batch_size 8
   compare "accumulation 2" "llama3_25m-fp32-cuda llama3_25m-accum2" match \
     "$dir/llama3_25m-fp32-cuda" "$dir/llama3_25m-accum2" --steps "$steps"
+  # Block-causal attention: bf16 through cuDNN's ragged SDPA, fp32 through the plain attention's
+  # row softmax from each row's document start. The documents are the docs' paragraphs, one JSON
+  # Lines document each (a few hundred bytes), so every sequence holds several. The debug model,
+  # fp32 GPU against CPU and the bf16 gap, as above.
+  "$pynp" -c '
+import json, re, sys
+with open(sys.argv[1], "w") as out:
+    for path in sorted(sys.argv[2:]):
+        for para in re.split(r"\n\s*\n", open(path, encoding="utf-8").read()):
+            if para.strip():
+                out.write(json.dumps({"text": para.strip()}) + "\n")
+' "$dir/paragraphs.jsonl" docs/*.md
+  local block=(configs/debugmodel.toml "${RUN_FLAGS[@]}" --training.steps "$steps" --training.seed 0
+    --training.deterministic --activation_checkpoint.mode none "${small[@]}" --model.attn_mask_type block_causal
+    --training.dataset_path "$dir/paragraphs.jsonl")
+  train_run block-fp32-cuda cuda "${block[@]}" "${fp32[@]}" "${ckpt[@]}"
+  train_run block-fp32-cpu cpu "${block[@]}" "${fp32[@]}" "${ckpt[@]}"
+  compare "fp32 block-causal" "block-fp32-cpu block-fp32-cuda" match "$dir/block-fp32-cpu" "$dir/block-fp32-cuda" \
+    --steps "$steps"
+  train_run block-bf16-cuda cuda "${block[@]}" "${bf16[@]}"
+  train_run block-bf16-cpu cpu "${block[@]}" "${bf16[@]}"
+  compare "bf16 block-causal" "block-fp32-cpu block-bf16-cpu block-fp32-cuda block-bf16-cuda" gap \
+    "$dir/block-fp32-cpu" "$dir/block-bf16-cpu" "$dir/block-fp32-cuda" "$dir/block-bf16-cuda"
   finish_step parity
 }
 

@@ -1,7 +1,10 @@
 // The fp32 attention's causal row softmax (ops/cuda/attention_softmax_body.h)
 // run on the host over the kernels' grids against a double reference and the
 // CPU attention's lse, and (skipped without a GPU) the kernels against the
-// host runs bit for bit.
+// host runs bit for bit. Under documents (each row's first key) every row is
+// proved to be, bit for bit, the causal row of its document's keys shifted to
+// the start (so the bounds below carry over), with P and dS exactly 0 outside
+// the document; the kernels again give the host runs' bits.
 //
 // The CPU attention is given scores the test knows exactly: head_dim 1 and
 // bf16-valued q and k, so every q_t·k_j is exact in f32, and a power-of-two
@@ -23,7 +26,9 @@
 //   lse converted from base 2 (3·|lse|).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -127,15 +132,17 @@ struct SoftmaxRun {
 };
 
 // On the host over a grid of `blocks` (0: the kernels'); P and dS in place.
-SoftmaxRun softmax_on_host(const Scores& sc, const std::vector<float>& dp, unsigned blocks) {
+// first_key (kRows) masks each row to its document's keys; null: causal.
+SoftmaxRun softmax_on_host(const Scores& sc, const std::vector<float>& dp, unsigned blocks,
+                           const int32_t* first_key = nullptr) {
   LaunchShape s = kernel::attention_softmax_launch_shape(kRows);
   if (blocks) s.grid.x = blocks;
   SoftmaxRun r{sc.s, std::vector<float>(kRows, NAN), dp};
   kernel::for_each_block_on_host(s, [&](kernel::HostBlock& b) {
-    kernel::attention_softmax_forward_program(b, r.p.data(), r.p.data(), r.lse.data(), kRows, kT, kScale);
+    kernel::attention_softmax_forward_program(b, r.p.data(), r.p.data(), r.lse.data(), kRows, kT, kScale, first_key);
   });
   kernel::for_each_block_on_host(s, [&](kernel::HostBlock& b) {
-    kernel::attention_softmax_backward_program(b, r.p.data(), r.ds.data(), r.ds.data(), kRows, kT, kScale);
+    kernel::attention_softmax_backward_program(b, r.p.data(), r.ds.data(), r.ds.data(), kRows, kT, kScale, first_key);
   });
   return r;
 }
@@ -170,8 +177,8 @@ TEST(CudaAttentionSoftmaxKernel, WithinTheBoundAndTheHostRunsBits) {
   const std::vector<float> dp = random_dprobs();
   const SoftmaxRun host = softmax_on_host(sc, dp, 0);
   const DeviceArray<float> s(sc.s), lse{std::vector<float>(kRows)}, d(dp);
-  attention_softmax_forward_cuda(s.get(), s.get(), lse.get(), kRows, kT, kScale, nullptr);
-  attention_softmax_backward_cuda(s.get(), d.get(), d.get(), kRows, kT, kScale, nullptr);
+  attention_softmax_forward_cuda(s.get(), s.get(), lse.get(), kRows, kT, kScale, nullptr, nullptr);
+  attention_softmax_backward_cuda(s.get(), d.get(), d.get(), kRows, kT, kScale, nullptr, nullptr);
   const RowRef ref = row_reference(sc, 1, kChain, 0, 1);
   const std::vector<float> p = s.download(), l = lse.download(), ds = d.download();
   check_lse("GPU", l, ref);
@@ -180,6 +187,140 @@ TEST(CudaAttentionSoftmaxKernel, WithinTheBoundAndTheHostRunsBits) {
   expect_same_bits("GPU vs host P", p, host.p);
   expect_same_bits("GPU vs host lse", l, host.lse);
   expect_same_bits("GPU vs host dS", ds, host.ds);
+}
+
+// ---- Documents: each row's first key ----
+//
+// Under first_key a row r (query t = r mod T, first key f ≤ t) is, bit for
+// bit, the causal row of query t − f holding the scores s[f..t] at 0..t − f:
+// its reductions run j = f + thread, f + thread + threads, ... below t + 1,
+// so each thread takes the very elements, in the same order, that it takes
+// at j − f in the shifted causal row, and the block combines the same
+// partials in the same tree. The backward likewise, its probs and dprobs
+// shifted alike. Outside f..t P and dS are exactly 0.
+
+// Sequence 0 in documents of 40, 1 and 258 tokens (f = t on the 1 and on
+// every document's first token; the 258 puts shifted rows past one block's
+// 256 threads), sequence 1 in one (f = 0 throughout).
+const std::vector<int32_t> kDocumentLengths[kB] = {{40, 1, 258}, {299}};
+
+// Each row's first key, its query's document's start, for every head (as
+// the GPU attention passes them: ops/attention_gpu.cpp).
+std::vector<int32_t> first_keys() {
+  std::vector<int32_t> first(static_cast<size_t>(kRows));
+  for (int64_t b = 0; b < kB; ++b) {
+    std::vector<int32_t> start_of(static_cast<size_t>(kT));
+    int32_t begin = 0;
+    for (const int32_t n : kDocumentLengths[b]) {
+      for (int32_t t = begin; t < begin + n; ++t) start_of[t] = begin;
+      begin += n;
+    }
+    EXPECT_EQ(begin, kT) << "sequence " << b << "'s documents";
+    for (int64_t h = 0; h < kH; ++h)
+      for (int64_t t = 0; t < kT; ++t) first[(b * kH + h) * kT + t] = start_of[t];
+  }
+  return first;
+}
+
+// The causal programs on one row of n keys: row n − 1 (query n − 1) of an
+// (n, T) matrix, the only row read or written, run by the block of the
+// causal launch over n rows that owns it, the last (the grid has n blocks, so
+// that block's grid-stride loop visits no other row). Past its n keys the
+// row holds NaN, which a causal row never reads.
+class CausalRow {
+ public:
+  // P's row (0 past n) and the lse for the scores v[0..n).
+  const float* forward(const float* v, int64_t n, float& lse) {
+    place(in_, v, n);
+    run(n, [&](kernel::HostBlock& b) {
+      kernel::attention_softmax_forward_program(b, in_.data(), out_.data(), lse_.data(), n, kT, kScale, nullptr);
+    });
+    lse = lse_[n - 1];
+    return out_.data() + (n - 1) * kT;
+  }
+  // dS's row for the probs p[0..n) and dprobs dp[0..n).
+  const float* backward(const float* p, const float* dp, int64_t n) {
+    place(in_, p, n);
+    place(din_, dp, n);
+    run(n, [&](kernel::HostBlock& b) {
+      kernel::attention_softmax_backward_program(b, in_.data(), din_.data(), out_.data(), n, kT, kScale, nullptr);
+    });
+    return out_.data() + (n - 1) * kT;
+  }
+
+ private:
+  static void place(std::vector<float>& m, const float* v, int64_t n) {
+    float* row = m.data() + (n - 1) * kT;
+    std::fill(row, row + kT, NAN);
+    std::copy(v, v + n, row);
+  }
+  template <class Program>
+  static void run(int64_t n, Program&& program) {
+    const LaunchShape s = kernel::attention_softmax_launch_shape(n);
+    EXPECT_EQ(s.grid.x, static_cast<unsigned>(n)) << "a block per row";
+    kernel::HostBlock block(s, s.grid.x - 1);
+    program(block);
+  }
+  std::vector<float> in_ = std::vector<float>(kT * kT), din_ = std::vector<float>(kT * kT),
+                     out_ = std::vector<float>(kT * kT, NAN), lse_ = std::vector<float>(kT, NAN);
+};
+
+// What a run under first_key must give: each row r as the causal row of its
+// scores s[f..t] put back at f..t, 0 elsewhere; the backward's from the
+// document run's probs `doc.p` and the dprobs dp, shifted alike.
+SoftmaxRun shifted_causal(const Scores& sc, const std::vector<float>& dp, const SoftmaxRun& doc,
+                          const std::vector<int32_t>& first_key) {
+  SoftmaxRun want{std::vector<float>(sc.s.size(), 0.0f), std::vector<float>(kRows, NAN),
+                  std::vector<float>(sc.s.size(), 0.0f)};
+  CausalRow causal;
+  for (int64_t r = 0; r < kRows; ++r) {
+    const int64_t t = r % kT, f = first_key[r], n = t - f + 1, at = r * kT + f;
+    const float* p = causal.forward(sc.s.data() + at, n, want.lse[r]);
+    std::copy(p, p + n, want.p.begin() + at);
+    const float* ds = causal.backward(doc.p.data() + at, dp.data() + at, n);
+    std::copy(ds, ds + n, want.ds.begin() + at);
+  }
+  return want;
+}
+
+TEST(CudaAttentionSoftmaxBody, UnderDocumentsEachRowIsItsDocumentsCausalRow) {
+  const Scores sc;
+  const std::vector<float> dp = random_dprobs();
+  const std::vector<int32_t> first = first_keys();
+  int64_t from_zero = 0, on_the_query = 0, past_a_block = 0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    from_zero += first[r] == 0 && r % kT > 0;
+    on_the_query += first[r] == r % kT && r % kT > 0;
+    past_a_block += (r % kT - first[r] + 1) > kernel::kAttentionSoftmaxThreads;
+  }
+  EXPECT_GT(from_zero, 0) << "rows with f = 0 < t";
+  EXPECT_GT(on_the_query, 0) << "rows with f = t > 0";
+  EXPECT_GT(past_a_block, 0) << "rows of more keys than a block's threads";
+
+  const SoftmaxRun doc = softmax_on_host(sc, dp, 0, first.data());
+  const SoftmaxRun want = shifted_causal(sc, dp, doc, first);
+  expect_same_bits("host P vs the shifted causal rows' (0 outside the document)", doc.p, want.p);
+  expect_same_bits("host lse vs the shifted causal rows'", doc.lse, want.lse);
+  expect_same_bits("host dS vs the shifted causal rows' (0 outside the document)", doc.ds, want.ds);
+  const SoftmaxRun few = softmax_on_host(sc, dp, 7, first.data());
+  expect_same_bits("host P, 7 blocks", few.p, want.p);
+  expect_same_bits("host lse, 7 blocks", few.lse, want.lse);
+  expect_same_bits("host dS, 7 blocks", few.ds, want.ds);
+}
+
+TEST(CudaAttentionSoftmaxKernel, UnderDocumentsGivesTheHostRunsBits) {
+  SKIP_WITHOUT_GPU();
+  const Scores sc;
+  const std::vector<float> dp = random_dprobs();
+  const std::vector<int32_t> first = first_keys();
+  const SoftmaxRun host = softmax_on_host(sc, dp, 0, first.data());
+  const DeviceArray<float> s(sc.s), lse{std::vector<float>(kRows)}, d(dp);
+  const DeviceArray<int32_t> first_d(first);
+  attention_softmax_forward_cuda(s.get(), s.get(), lse.get(), kRows, kT, kScale, first_d.get(), nullptr);
+  attention_softmax_backward_cuda(s.get(), d.get(), d.get(), kRows, kT, kScale, first_d.get(), nullptr);
+  expect_same_bits("GPU vs host P under documents", s.download(), host.p);
+  expect_same_bits("GPU vs host lse under documents", lse.download(), host.lse);
+  expect_same_bits("GPU vs host dS under documents", d.download(), host.ds);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ constexpr const char* kUsage =
     "  anvil estimate configs/debugmodel.toml\n"
     "  anvil estimate configs/llama3_8b.toml --parallelism.data_parallel_shard_degree 8 --json\n"
     "  anvil estimate configs/llama3_8b.toml --hardware h100-80g --gpus 8\n"
-    "  anvil estimate configs/llama3_1b.toml --job.device cuda --training.seq_len 8192 --model.attn_mask_type causal\n\n";
+    "  anvil estimate configs/llama3_1b.toml --job.device cuda --training.seq_len 8192\n\n";
 
 }  // namespace
 

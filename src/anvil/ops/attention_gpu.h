@@ -5,9 +5,12 @@
 //   f32:  a plain attention for fp32 parity runs, the products through
 //         cuBLASLt (TF32 off) and the causal row softmax an own kernel, with
 //         the (B, Hq, T, T) scores made in full (parity runs are small).
-// Causal attention over whole sequences only: a window (context parallelism),
-// documents (block-causal masks) and accumulated gradients are refused with
-// one line saying what to run instead.
+// Over whole sequences only: a window (context parallelism) and accumulated
+// gradients are refused with one line saying what to run instead. Documents
+// (block-causal masks) stay on the host, where each call reads them: bf16
+// through cuDNN's ragged SDPA (ops/sdpa_layout.h; the documents' pack and
+// token-major stats are the call's workspace), f32 by the row softmax's
+// first key per row.
 #pragma once
 #include "anvil/core/tensor.h"
 #include "anvil/ops/attention.h"

@@ -24,9 +24,12 @@
 namespace anvil {
 
 // One attention's shape on the GPU (q, out (B, T, Hq, D); k, v (B, T, Hkv, D)).
+// Block-causal attention gives its documents' ragged batch and length
+// (ops/sdpa_layout.h's SdpaDocuments), which pick cuDNN's graph as the sizes do.
 struct SdpaShape {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0;  // 0: 1/sqrt(D)
+  int64_t docs_batch = 0, docs_max_seq = 0;  // 0: causal over whole sequences
 };
 
 class GpuKernels {
@@ -60,20 +63,26 @@ class GpuKernels {
   virtual void embedding_backward(DType dout_type, const void* dout, const int32_t* tokens, int64_t M, int64_t V,
                                   int64_t D, DType grad_type, void* dtable) = 0;
 
-  // cuDNN's fused SDPA (ops/cuda/sdpa.h), bf16, causal. The workspace a
-  // shape's graph needs is asked of the GPU (its graph is built then).
+  // cuDNN's fused SDPA (ops/cuda/sdpa.h), bf16, causal, or block-causal
+  // where shape.docs_batch > 0: then `documents` is the device copy of the
+  // documents' pack (ops/sdpa_layout.h) and `stats` the token-major (B·T, Hq)
+  // statistics; else documents is null and stats is the lse (B, Hq, T). The
+  // workspace a shape's graph needs is asked of the GPU (its graph is built then).
   virtual size_t sdpa_workspace_bytes(bool backward, const SdpaShape& shape) = 0;
   virtual void sdpa_forward(const SdpaShape& shape, const void* q, const void* k, const void* v, void* out,
-                            float* lse, void* workspace, size_t workspace_bytes) = 0;
+                            float* stats, const void* documents, void* workspace, size_t workspace_bytes) = 0;
   virtual void sdpa_backward(const SdpaShape& shape, const void* dout, const void* q, const void* k, const void* v,
-                             const void* out, const float* lse, void* dq, void* dk, void* dv, void* workspace,
-                             size_t workspace_bytes) = 0;
+                             const void* out, const float* stats, const void* documents, void* dq, void* dk, void* dv,
+                             void* workspace, size_t workspace_bytes) = 0;
+  // ops/cuda/lse_layout.h: the lse (B, H, T) to token-major (B, T, H), or back.
+  virtual void lse_transpose(const float* src, float* dst, int64_t B, int64_t H, int64_t T, bool to_token_major) = 0;
 
-  // The fp32 attention's causal row softmax (ops/cuda/attention_softmax.h).
+  // The fp32 attention's causal row softmax (ops/cuda/attention_softmax.h);
+  // under documents first_key holds each row's first key (else null: 0).
   virtual void attention_softmax_forward(const float* scores, float* probs, float* lse, int64_t rows, int64_t T,
-                                         float scale) = 0;
+                                         float scale, const int32_t* first_key) = 0;
   virtual void attention_softmax_backward(const float* probs, const float* dprobs, float* dscores, int64_t rows,
-                                          int64_t T, float scale) = 0;
+                                          int64_t T, float scale, const int32_t* first_key) = 0;
 
   // The loss head's row work (ops/cuda/cross_entropy.h).
   virtual void cross_entropy_lse_update(const float* logits, int64_t rows, int64_t cols, int64_t v0,

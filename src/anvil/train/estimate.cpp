@@ -27,7 +27,7 @@ int64_t first_save_step(const JobConfig& cfg) { return std::min(cfg.checkpoint.i
 
 RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world_size, int rank,
                           std::vector<MemEvent>* step2, Device device) {
-  if (!device.is_cpu()) check_gpu_job(cfg, args, world_size);
+  if (!device.is_cpu()) check_gpu_job(args, world_size);
   ParallelDims par = resolve_parallel(cfg, args, world_size, rank);
   RankEstimate out;
   out.rank = rank;
@@ -102,7 +102,7 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
 }
 
 LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int world_size, Device device) {
-  if (!device.is_cpu()) check_gpu_job(cfg, args, world_size);
+  if (!device.is_cpu()) check_gpu_job(args, world_size);
   LayoutEstimate est;
   est.par = resolve_parallel(cfg, args, world_size, 0);
   est.flops_per_token = flops_per_token(args, cfg.training.seq_len);

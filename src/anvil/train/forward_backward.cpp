@@ -8,7 +8,9 @@ namespace anvil {
 
 namespace {
 // A micro-batch's host tensor where the model runs (default_device()): itself
-// on the host; on a GPU a copy (the loader fills host memory).
+// on the host; on a GPU a copy (the loader fills host memory). The documents
+// stay on the host on every device: only the attention reads them, and a
+// GPU's reads them there (ops/attention_gpu.h).
 Tensor where_the_model_runs(const Tensor& t, const char* tag) {
   if (!t.defined() || t.device() == default_device()) return t;
   return t.to(default_device(), MemCategory::activations, tag);
@@ -33,7 +35,7 @@ ForwardBackwardResult forward_backward_single_stage(Llama& model, const MicroBat
     check_batch_for_the_device(model, batches.tokens[b], batches.targets[b]);
     const CrossEntropyResult r = model.forward_backward(
         where_the_model_runs(batches.tokens[b], "batch.tokens"), where_the_model_runs(batches.targets[b], "batch.targets"),
-        grad_scale, policy, where_the_model_runs(batches.documents_of(b), "batch.documents"));
+        grad_scale, policy, batches.documents_of(b));
     out.loss_sum += r.loss_sum;
     out.loss_tokens += r.num_tokens;
     // A signal reaches one rank, or the ranks at different moments: they
@@ -51,7 +53,7 @@ CrossEntropyResult evaluate_single_stage(Llama& model, const Tensor& tokens, con
                                          const Tensor& documents) {
   check_batch_for_the_device(model, tokens, targets);
   return model.forward(where_the_model_runs(tokens, "batch.tokens"), where_the_model_runs(targets, "batch.targets"),
-                       where_the_model_runs(documents, "batch.documents"));
+                       documents);
 }
 
 }  // namespace anvil

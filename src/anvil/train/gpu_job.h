@@ -22,8 +22,8 @@ int visible_gpus(std::string* why_none);
 Device job_device(const JobConfig& cfg, std::string* why_cpu = nullptr);
 
 // Throws anvil::Error for what a GPU cannot run yet: several ranks, mixtures
-// of experts, block-causal attention.
-void check_gpu_job(const JobConfig& cfg, const ModelArgs& args, int world_size);
+// of experts.
+void check_gpu_job(const ModelArgs& args, int world_size);
 
 // MFU's peak on the GPU its driver names `name` ("NVIDIA H200"): the dense
 // bf16 tensor-core peak of the planner's entry for it (estimate/gpu_hardware.h),

@@ -351,7 +351,7 @@ TrainResult train(const JobConfig& cfg) {
   std::string why_cpu;
   const Device device = job_device(cfg, &why_cpu);
   if (!why_cpu.empty() && par.rank0()) std::printf("anvil: job.device auto: training on the CPU: %s\n", why_cpu.c_str());
-  if (!device.is_cpu()) check_gpu_job(cfg, args, par.world_size);
+  if (!device.is_cpu()) check_gpu_job(args, par.world_size);
   // Which step to resume from, before anything is allocated or written: a
   // damaged newest checkpoint stops the run here.
   const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);

@@ -13,6 +13,7 @@
 #include "anvil/ops/cuda/embedding.h"
 #include "anvil/ops/cuda/gemm.h"
 #include "anvil/ops/cuda/grad_norm.h"
+#include "anvil/ops/cuda/lse_layout.h"
 #include "anvil/ops/cuda/rmsnorm.h"
 #include "anvil/ops/cuda/rope.h"
 #include "anvil/ops/cuda/sdpa.h"
@@ -116,23 +117,27 @@ class CudaKernels final : public GpuKernels {
   size_t sdpa_workspace_bytes(bool backward, const SdpaShape& shape) override {
     return backward ? sdpa_backward_workspace_bytes(shape) : sdpa_forward_workspace_bytes(shape);
   }
-  void sdpa_forward(const SdpaShape& shape, const void* q, const void* k, const void* v, void* o, float* lse,
-                    void* workspace, size_t workspace_bytes) override {
-    sdpa_forward_cuda(shape, q, k, v, o, lse, workspace, workspace_bytes, cuda_stream());
+  void sdpa_forward(const SdpaShape& shape, const void* q, const void* k, const void* v, void* o, float* stats,
+                    const void* documents, void* workspace, size_t workspace_bytes) override {
+    sdpa_forward_cuda(shape, q, k, v, o, stats, documents, workspace, workspace_bytes, cuda_stream());
   }
   void sdpa_backward(const SdpaShape& shape, const void* dout, const void* q, const void* k, const void* v,
-                     const void* o, const float* lse, void* dq, void* dk, void* dv, void* workspace,
-                     size_t workspace_bytes) override {
-    sdpa_backward_cuda(shape, dout, q, k, v, o, lse, dq, dk, dv, workspace, workspace_bytes, cuda_stream());
+                     const void* o, const float* stats, const void* documents, void* dq, void* dk, void* dv,
+                     void* workspace, size_t workspace_bytes) override {
+    sdpa_backward_cuda(shape, dout, q, k, v, o, stats, documents, dq, dk, dv, workspace, workspace_bytes,
+                       cuda_stream());
+  }
+  void lse_transpose(const float* src, float* dst, int64_t B, int64_t H, int64_t T, bool to_token_major) override {
+    lse_transpose_cuda(src, dst, B, H, T, to_token_major, cuda_stream());
   }
 
   void attention_softmax_forward(const float* scores, float* probs, float* lse, int64_t rows, int64_t T,
-                                 float scale) override {
-    attention_softmax_forward_cuda(scores, probs, lse, rows, T, scale, cuda_stream());
+                                 float scale, const int32_t* first_key) override {
+    attention_softmax_forward_cuda(scores, probs, lse, rows, T, scale, first_key, cuda_stream());
   }
   void attention_softmax_backward(const float* probs, const float* dprobs, float* dscores, int64_t rows, int64_t T,
-                                  float scale) override {
-    attention_softmax_backward_cuda(probs, dprobs, dscores, rows, T, scale, cuda_stream());
+                                  float scale, const int32_t* first_key) override {
+    attention_softmax_backward_cuda(probs, dprobs, dscores, rows, T, scale, first_key, cuda_stream());
   }
 
   void cross_entropy_lse_update(const float* logits, int64_t rows, int64_t cols, int64_t v0, const int32_t* targets,

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <bit>
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,8 +24,11 @@ namespace fe = cudnn_frontend;
 enum class Direction : int64_t { forward, backward };
 
 std::string graph_text(Direction d, const SdpaShape& s) {
+  const std::string mask = s.docs_batch == 0 ? "causal"
+                                             : detail::concat("block-causal: ragged, ", s.docs_batch,
+                                                              " documents of at most ", s.docs_max_seq);
   return detail::concat("cuDNN SDPA ", d == Direction::forward ? "forward" : "backward", " graph (B=", s.B, " T=", s.T,
-                        " Hq=", s.Hq, " Hkv=", s.Hkv, " D=", s.D, " scale=", s.scale, ", bf16, causal)");
+                        " Hq=", s.Hq, " Hkv=", s.Hkv, " D=", s.D, " scale=", s.scale, ", bf16, ", mask, ")");
 }
 
 // By value: the frontend's get_message() is not const.
@@ -61,7 +65,7 @@ struct Plan {
 // names the one that failed. validate() needs the GPU's properties but no
 // handle, so it runs before the handle is made.
 std::unique_ptr<Plan> build(Direction d, const SdpaShape& s, int device) {
-  const SdpaLayout layout = sdpa_layout_of(s.B, s.T, s.Hq, s.Hkv, s.D, s.scale);
+  const SdpaLayout layout = sdpa_layout_of(s.B, s.T, s.Hq, s.Hkv, s.D, s.scale, s.docs_batch, s.docs_max_seq);
   auto plan = std::make_unique<Plan>();
   plan->graph = d == Direction::forward ? sdpa_forward_graph(layout) : sdpa_backward_graph(layout);
   fe::graph::Graph& g = *plan->graph;
@@ -83,8 +87,9 @@ const Plan& plan_for(Direction d, const SdpaShape& s) {
   int device = 0;
   const cudaError_t err = cudaGetDevice(&device);
   ANVIL_CHECK(err == cudaSuccess, graph_text(d, s), ": cudaGetDevice failed: ", cudaGetErrorString(err));
-  using Signature = std::array<int64_t, 8>;
-  const Signature key = {device, static_cast<int64_t>(d), s.B, s.T, s.Hq, s.Hkv, s.D, std::bit_cast<int32_t>(s.scale)};
+  using Signature = std::array<int64_t, 10>;
+  const Signature key = {device, static_cast<int64_t>(d), s.B,           s.T,           s.Hq, s.Hkv, s.D,
+                         std::bit_cast<int32_t>(s.scale), s.docs_batch, s.docs_max_seq};
   static std::mutex mutex;
   static std::map<Signature, std::unique_ptr<Plan>> plans;
   const std::lock_guard lock(mutex);
@@ -96,6 +101,20 @@ const Plan& plan_for(Direction d, const SdpaShape& s) {
 // cuDNN's variant pack takes void* for inputs too; it only reads them.
 using VariantPack = std::unordered_map<fe::graph::Tensor_attributes::uid_t, void*>;
 void bind(VariantPack& pack, SdpaUid uid, const void* ptr) { pack[static_cast<int64_t>(uid)] = const_cast<void*>(ptr); }
+
+// The documents' arrays, from their device pack (ops/sdpa_layout.h), sized
+// for the shape's capacity.
+void bind_documents(VariantPack& pack, const SdpaShape& s, const void* documents, Direction d) {
+  if (s.docs_batch == 0) return;
+  ANVIL_CHECK(documents != nullptr, graph_text(d, s), ": no documents given");
+  const SdpaDocumentsPack at = sdpa_documents_pack_of(sdpa_documents_capacity(s.B, s.T));
+  const auto* base = static_cast<const std::byte*>(documents);
+  bind(pack, SdpaUid::seq_len_q, base + at.seq_len);
+  bind(pack, SdpaUid::seq_len_kv, base + at.seq_len);
+  bind(pack, SdpaUid::q_offset, base + at.q_offset);
+  bind(pack, SdpaUid::kv_offset, base + at.kv_offset);
+  bind(pack, SdpaUid::stats_offset, base + at.stats_offset);
+}
 
 void run(Direction d, const SdpaShape& s, VariantPack& pack, void* workspace, size_t workspace_bytes,
          cudaStream_t stream) {
@@ -119,27 +138,29 @@ size_t sdpa_backward_workspace_bytes(const SdpaShape& shape) {
   return static_cast<size_t>(plan_for(Direction::backward, shape).workspace_bytes);
 }
 
-void sdpa_forward_cuda(const SdpaShape& shape, const void* q, const void* k, const void* v, void* out, float* lse,
-                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+void sdpa_forward_cuda(const SdpaShape& shape, const void* q, const void* k, const void* v, void* out, float* stats,
+                       const void* documents, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   VariantPack pack;
   bind(pack, SdpaUid::q, q);
   bind(pack, SdpaUid::k, k);
   bind(pack, SdpaUid::v, v);
   bind(pack, SdpaUid::o, out);
-  bind(pack, SdpaUid::stats, lse);
+  bind(pack, SdpaUid::stats, stats);
+  bind_documents(pack, shape, documents, Direction::forward);
   run(Direction::forward, shape, pack, workspace, workspace_bytes, stream);
 }
 
 void sdpa_backward_cuda(const SdpaShape& shape, const void* dout, const void* q, const void* k, const void* v,
-                        const void* out, const float* lse, void* dq, void* dk, void* dv, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream) {
+                        const void* out, const float* stats, const void* documents, void* dq, void* dk, void* dv,
+                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   VariantPack pack;
   bind(pack, SdpaUid::q, q);
   bind(pack, SdpaUid::k, k);
   bind(pack, SdpaUid::v, v);
   bind(pack, SdpaUid::o, out);
   bind(pack, SdpaUid::d_o, dout);
-  bind(pack, SdpaUid::stats, lse);
+  bind(pack, SdpaUid::stats, stats);
+  bind_documents(pack, shape, documents, Direction::backward);
   bind(pack, SdpaUid::dq, dq);
   bind(pack, SdpaUid::dk, dk);
   bind(pack, SdpaUid::dv, dv);

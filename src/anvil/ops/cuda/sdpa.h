@@ -5,7 +5,11 @@
 //   lse (B, Hq, T) f32, the natural-log log-sum-exp of the scaled scores per
 //   query row, exactly attention_forward's (ops/cuda/sdpa_graph.h says why).
 // Query t sees keys 0..t; scale 0 means 1/sqrt(D). Block-causal attention
-// (documents) is not offered: Anvil refuses it on the GPU for now.
+// (shape.docs_batch > 0): query t sees the keys of its own document up to
+// itself, through cuDNN's ragged SDPA (ops/sdpa_layout.h); `documents` is then
+// the device copy of the documents' pack (sdpa_documents_packed) and the
+// stats token-major (B·T, Hq) f32 in place of the lse. Ragged SDPA runs on
+// Hopper and later only (cuDNN's check; on an older GPU validate fails).
 //
 // No cuDNN header here, so callers do not compile the frontend.
 #pragma once
@@ -30,12 +34,13 @@ size_t sdpa_backward_workspace_bytes(const SdpaShape& shape);
 // is `workspace_bytes` of device memory, used by this call alone until it ends
 // on `stream`, at least what the *_workspace_bytes functions say (else the
 // call throws before running anything).
-void sdpa_forward_cuda(const SdpaShape& shape, const void* q, const void* k, const void* v, void* out, float* lse,
-                       void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// `stats` is the lse (B, Hq, T) for causal shapes; documents null then.
+void sdpa_forward_cuda(const SdpaShape& shape, const void* q, const void* k, const void* v, void* out, float* stats,
+                       const void* documents, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 // dq, dk, dv are overwritten (keys no query sees get 0).
 void sdpa_backward_cuda(const SdpaShape& shape, const void* dout, const void* q, const void* k, const void* v,
-                        const void* out, const float* lse, void* dq, void* dk, void* dv, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream);
+                        const void* out, const float* stats, const void* documents, void* dq, void* dk, void* dv,
+                        void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // Every failure throws anvil::Error naming the graph (forward or backward),
 // the shape, the step (validate, build_operation_graph,

@@ -18,6 +18,11 @@
 // That is the natural-log log-sum-exp of the scaled scores, exactly the lse
 // attention_forward (ops/attention.h) writes and attention_backward reads,
 // so lse passes between the CPU and the GPU paths as it is.
+//
+// A ragged layout (documents, ops/sdpa_layout.h) adds the padding mask with
+// the entries' lengths, and a ragged offset on every q, k, v, o-shaped
+// tensor and on the stats (token-major then); the backward is also told the
+// tokens in all (max_total_seq_len_q and _kv).
 #pragma once
 #include <cudnn_frontend.h>
 
@@ -29,8 +34,14 @@
 namespace anvil {
 
 // The UIDs that bind the graphs' tensors to device pointers at execution
-// (the variant pack); forward and backward share q, k, v, o and stats.
-enum class SdpaUid : int64_t { q = 1, k, v, o, stats, d_o, dq, dk, dv };
+// (the variant pack); forward and backward share q, k, v, o and stats, and
+// under documents the entries' lengths (seq_len_q and seq_len_kv, bound to
+// the same array) and ragged offsets: q_offset for q, o, dO and dQ,
+// kv_offset for k, v, dK and dV, stats_offset for the stats.
+enum class SdpaUid : int64_t {
+  q = 1, k, v, o, stats, d_o, dq, dk, dv,
+  seq_len_q, seq_len_kv, q_offset, kv_offset, stats_offset
+};
 
 // q, k, v in; o and stats (lse) out.
 std::shared_ptr<cudnn_frontend::graph::Graph> sdpa_forward_graph(const SdpaLayout& layout);
