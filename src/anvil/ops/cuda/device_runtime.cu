@@ -1,5 +1,6 @@
 #include "anvil/ops/cuda/device_runtime.h"
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -43,14 +44,71 @@ class EventClock : public DeviceClock {
   size_t next_ = 0;
 };
 
+// Small copies out of host memory (a micro-batch's tokens, block-causal
+// attention's documents, a few per step) go through pinned staging: a copy
+// from pageable memory may make the driver wait for the stream before it
+// stages the bytes, which would stall the host inside a step; one from
+// pinned memory is truly asynchronous. Eight 1 MiB chunks used in turn, each
+// reused once the copy it staged has been read (its event; the wait is only
+// the GPU falling eight copies behind). Larger copies (checkpoints, the
+// model's state) go directly; so does everything if pinned memory cannot be had.
+class PinnedStaging {
+ public:
+  static constexpr size_t kChunkBytes = size_t{1} << 20;
+  static constexpr int kChunks = 8;
+
+  // Stages src and enqueues its copy to dst on the stream; false (nothing
+  // done) where it does not fit a chunk or there is no staging memory.
+  bool copy_to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes > kChunkBytes) return false;
+    const std::lock_guard lock(mutex_);
+    if (!made_ && !make()) return false;
+    Chunk& c = chunks_[next_];
+    next_ = (next_ + 1) % kChunks;
+    if (c.staged) check(cudaEventSynchronize(c.read), "cudaEventSynchronize on a staging chunk");
+    std::memcpy(c.host, src, bytes);
+    check(cudaMemcpyAsync(dst, c.host, bytes, cudaMemcpyHostToDevice, cuda_stream()), "cudaMemcpyAsync (staged)");
+    check(cudaEventRecord(c.read, cuda_stream()), "cudaEventRecord after a staged copy");
+    c.staged = true;
+    return true;
+  }
+
+ private:
+  struct Chunk {
+    void* host = nullptr;
+    cudaEvent_t read = nullptr;
+    bool staged = false;
+  };
+  // Once; never freed (the runtime lives as long as the process).
+  bool make() {
+    if (tried_) return false;
+    tried_ = true;
+    void* base = nullptr;
+    if (cudaHostAlloc(&base, kChunkBytes * kChunks, cudaHostAllocDefault) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: copies go directly instead
+      return false;
+    }
+    for (int i = 0; i < kChunks; ++i) {
+      chunks_[i].host = static_cast<char*>(base) + static_cast<size_t>(i) * kChunkBytes;
+      check(cudaEventCreateWithFlags(&chunks_[i].read, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    }
+    made_ = true;
+    return true;
+  }
+  std::mutex mutex_;
+  Chunk chunks_[kChunks];
+  int next_ = 0;
+  bool made_ = false, tried_ = false;
+};
+
 class CudaRuntime : public DeviceRuntime {
  public:
   void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+    if (src_device.is_cpu() && !dst_device.is_cpu() && staging_.copy_to_device(dst, src, bytes)) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream()), "cudaMemcpyAsync");
     // A copy into host memory returns with the bytes there; one out of
     // (pageable) host memory has been staged by the time the call returns.
     if (dst_device.is_cpu()) check(cudaStreamSynchronize(cuda_stream()), "cudaStreamSynchronize after a copy to the host");
-    (void)src_device;
   }
   void zero(void* dst, Device, size_t bytes) override {
     check(cudaMemsetAsync(dst, 0, bytes, cuda_stream()), "cudaMemsetAsync");
@@ -75,6 +133,7 @@ class CudaRuntime : public DeviceRuntime {
 
  private:
   EventClock clock_;
+  PinnedStaging staging_;
 };
 
 }  // namespace
