@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "anvil/core/device.h"
+#include "anvil/core/error.h"
+#include "anvil/core/safetensors.h"
 #include "anvil/model/llama.h"
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/attention.h"
@@ -203,6 +205,23 @@ TEST_F(GpuOpsOnHost, AttentionMatchesTheCpu) {
     attention_forward(on_gpu(q), on_gpu(k), on_gpu(k), gout, glse, 0, {}, AttentionWindow{2, 0, {}});
   });
   EXPECT_NE(e.find("no context parallelism on a GPU"), std::string::npos) << e;
+}
+
+// A checkpoint's writer on a GPU's tensors: each comes over in pieces of the
+// staging buffer's size (here 12 bytes: pieces that end mid-tensor and a
+// short last one), and the file holds exactly the host tensors' bytes.
+TEST_F(GpuOpsOnHost, SafetensorsWritesAGpusTensorsPieceByPiece) {
+  const Tensor a = random_tensor({5, 7}, DType::f32, "a"), b = random_tensor({3, 3}, DType::bf16, "b");
+  const std::string path = (testing::scratch_root() / "gpu_pieces.safetensors").string();
+  const Tensor staging = Tensor::empty({3}, DType::i32, MemCategory::workspace, "staging", Device::cpu());
+  const int copies_before = runtime.copies;
+  save_safetensors(path, {{"a", on_gpu(a)}, {"b", on_gpu(b)}}, {}, {}, staging);
+  EXPECT_EQ(runtime.copies - copies_before, 2 + (35 * 4 + 11) / 12 + (9 * 2 + 11) / 12)
+      << "two uploads, then the pieces";
+  const SafetensorsFile f = load_safetensors(path);
+  EXPECT_EQ(to_double(f.tensors.at("a")), to_double(a));
+  EXPECT_EQ(to_double(f.tensors.at("b")), to_double(b));
+  EXPECT_THROW(save_safetensors(path, {{"a", on_gpu(a)}}), Error) << "a GPU's tensor needs a staging buffer";
 }
 
 // The fused head over several vocabulary chunks, the last one short, and

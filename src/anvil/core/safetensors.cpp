@@ -8,6 +8,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "anvil/core/device.h"
+
 namespace anvil {
 
 namespace {
@@ -22,7 +24,11 @@ const char* st_dtype(DType t) {
 }  // namespace
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata, const WriteProgress& progress) {
+                      const std::map<std::string, std::string>& metadata, const WriteProgress& progress,
+                      const Tensor& staging) {
+  for (const auto& [name, t] : tensors)
+    ANVIL_CHECK(t.device().is_cpu() || (staging.defined() && staging.device().is_cpu() && staging.nbytes() > 0),
+                "save_safetensors: ", name, " is on ", t.device().str(), " and no host staging buffer was given");
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -43,9 +49,16 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   size_t written = 0;
   for (const auto& [name, t] : tensors) {
     const char* p = static_cast<const char*>(t.raw());
-    for (size_t at = 0; ok && at < t.nbytes(); at += kPiece) {
-      const size_t len = std::min(kPiece, t.nbytes() - at);
-      ok = std::fwrite(p + at, 1, len, f) == len;
+    const bool on_gpu = !t.device().is_cpu();
+    const size_t piece = on_gpu ? std::min(kPiece, staging.nbytes()) : kPiece;
+    for (size_t at = 0; ok && at < t.nbytes(); at += piece) {
+      const size_t len = std::min(piece, t.nbytes() - at);
+      const char* bytes = p + at;
+      if (on_gpu) {  // returns with the bytes on the host
+        device_runtime(t.device()).copy(staging.raw(), Device::cpu(), bytes, t.device(), len);
+        bytes = static_cast<const char*>(staging.raw());
+      }
+      ok = std::fwrite(bytes, 1, len, f) == len;
       written += len;
       if (ok && progress) progress(written, offset);
     }

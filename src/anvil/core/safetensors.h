@@ -20,9 +20,12 @@ using WriteProgress = std::function<void(size_t written, size_t total)>;
 
 // Writes to path + ".tmp" then renames, so a crash never leaves a torn file.
 // A failed write (e.g. a full disk) removes the .tmp file and throws
-// anvil::Error naming it and the system's reason.
+// anvil::Error naming it and the system's reason. A tensor on a GPU comes
+// over in pieces through `staging`, a host tensor (required then), so the
+// host holds one piece of it at a time, not the tensor.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {}, const WriteProgress& progress = {});
+                      const std::map<std::string, std::string>& metadata = {}, const WriteProgress& progress = {},
+                      const Tensor& staging = {});
 
 struct SafetensorsFile {
   std::map<std::string, Tensor> tensors;

@@ -69,7 +69,14 @@ struct Checkpointer::Pending {
   bool model_only = false;
   std::vector<std::pair<std::string, Tensor>> model, optimizer;
   CheckpointMeta meta;
+  Tensor staging;  // the host buffer a GPU's tensors come over through, piece by piece (synchronous saves)
 };
+
+namespace {
+// The pieces a synchronous save of a GPU's tensors brings to the host at a
+// time: the writer's own piece size, or the largest tensor where that is smaller.
+constexpr size_t kStagingBytes = size_t{64} << 20;
+}  // namespace
 
 Checkpointer::Checkpointer(std::string folder, int64_t keep_latest_k, bool async)
     : folder_(std::move(folder)), keep_latest_k_(keep_latest_k), async_(async) {}
@@ -113,14 +120,21 @@ void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const
   p.model_only = adam_m == nullptr;
   p.meta = meta;
   ANVIL_CHECK(p.model_only || model_dtype == DType::f32, "a resumable checkpoint keeps fp32 weights");
-  // A synchronous save writes straight from the live tensors; an asynchronous
-  // one takes a copy now, so training can change them while the copy is written.
+  // A synchronous save writes straight from the live tensors (a GPU's come
+  // over piece by piece through one host buffer as they are written); an
+  // asynchronous one takes a copy now, so training can change them while the
+  // copy is written (on a GPU, a host copy of everything it saves, as
+  // torchtitan's async checkpointing keeps).
+  size_t largest_on_gpu = 0;
   auto keep = [&](Tensor t, DType dtype) {
+    if (!async_ && dtype == t.dtype()) {
+      if (!t.device().is_cpu()) largest_on_gpu = std::max(largest_on_gpu, t.nbytes());
+      return t;
+    }
     if (!t.device().is_cpu()) {  // the writer reads host bytes: a GPU's tensors come over first
       Tensor host = t.to(Device::cpu(), MemCategory::workspace, "checkpoint.staging");
       return dtype == host.dtype() ? host : host.to(dtype, MemCategory::workspace, "checkpoint.staging");
     }
-    if (!async_ && dtype == t.dtype()) return t;
     return t.to(dtype, MemCategory::workspace, "checkpoint.staging");
   };
   for (const ParamSpec& s : specs) {
@@ -131,6 +145,9 @@ void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const
     p.optimizer.emplace_back(s.name + ".exp_avg_sq",
                              keep(adam_v->slice(s.offset, s.numel()).view(s.shape), DType::f32));
   }
+  if (largest_on_gpu > 0)
+    p.staging = Tensor::empty({static_cast<int64_t>((std::min(kStagingBytes, largest_on_gpu) + 3) / 4)}, DType::i32,
+                              MemCategory::workspace, "checkpoint.staging", Device::cpu());
   if (!async_) {
     if (!dry_run()) write(p);
     return;
@@ -207,10 +224,11 @@ void Checkpointer::write_files(const Pending& p, const fs::path& dir,
   size_t model_bytes = 0;
   for (const auto& [n, t] : p.model) model_bytes += t.nbytes();
   std::vector<std::string> files = {kModelFile};
-  save_safetensors((dir / kModelFile).string(), p.model, {}, [&](size_t done, size_t all) { progress(done, all); });
+  save_safetensors((dir / kModelFile).string(), p.model, {}, [&](size_t done, size_t all) { progress(done, all); },
+                   p.staging);
   if (!p.model_only) {
     save_safetensors((dir / kOptimizerFile).string(), p.optimizer, {},
-                     [&](size_t done, size_t all) { progress(model_bytes + done, all); });
+                     [&](size_t done, size_t all) { progress(model_bytes + done, all); }, p.staging);
     files.push_back(kOptimizerFile);
   }
   auto write_text = [&](const std::string& name, const std::string& text) {
