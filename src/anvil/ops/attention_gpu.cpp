@@ -82,8 +82,8 @@ DeviceDocuments documents_on_device(SdpaShape& s, const Tensor& documents, Devic
 // document holding t, on the device; undefined without documents.
 Tensor first_keys_on_device(const SdpaShape& s, const Tensor& documents, Device device) {
   if (!documents.defined()) return {};
-  const Tensor host = Tensor::empty({s.B * s.Hq * s.T}, DType::i32, MemCategory::workspace, "attention.first_key",
-                                    Device::cpu());
+  const Tensor host =
+      Tensor::empty({s.B * s.Hq * s.T}, DType::i32, MemCategory::workspace, "attention.first_key", Device::cpu());
   if (!dry_run()) {
     const int32_t* starts = documents.data<int32_t>();
     const int64_t S = documents.size(2);
@@ -160,8 +160,7 @@ void backward_f32(const SdpaShape& s, const Tensor& dout, const Tensor& q, const
   scores_of(p, f32(q), f32(k), f32w(probs));  // P again, as the forward made it (the same bits)
   if (!dry_run())
     gpu_kernels("attention.backward")
-        .attention_softmax_forward(f32(probs), f32w(probs), f32w(lse), s.B * s.Hq * s.T, s.T, s.scale,
-                                   i32(first_key));
+        .attention_softmax_forward(f32(probs), f32w(probs), f32w(lse), s.B * s.Hq * s.T, s.T, s.scale, i32(first_key));
   const int64_t group = s.Hq / s.Hkv;
   for (int64_t h = 0; h < s.Hq; ++h) {  // dP_bh = dO_bh·V_bgᵀ
     const GemmShape g{.M = s.T, .N = s.T, .K = s.D, .trans_b = true, .lda = p.q_row(), .ldb = p.kv_row(),
@@ -226,8 +225,9 @@ void attention_backward_gpu(const Tensor& dout, const Tensor& q, const Tensor& k
   GpuKernels& kernels = gpu_kernels("attention.backward");
   if (docs.pack.defined()) kernels.lse_transpose(f32(lse), f32w(docs.stats), s.B, s.Hq, s.T, true);
   kernels.sdpa_backward(s, dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
-                        docs.pack.defined() ? f32(docs.stats) : f32(lse), docs.pack.defined() ? docs.pack.raw() : nullptr,
-                        dq.raw(), dk.raw(), dv.raw(), workspace.raw(), workspace.nbytes());
+                        docs.pack.defined() ? f32(docs.stats) : f32(lse),
+                        docs.pack.defined() ? docs.pack.raw() : nullptr, dq.raw(), dk.raw(), dv.raw(), workspace.raw(),
+                        workspace.nbytes());
 }
 
 }  // namespace anvil

@@ -20,14 +20,16 @@ int64_t power_of_two_at_least(int64_t n) {
   return p;
 }
 
-int64_t rounded_length(int64_t longest, int64_t T) { return std::min(T, std::max<int64_t>(64, power_of_two_at_least(longest))); }
+int64_t rounded_length(int64_t longest, int64_t T) {
+  return std::min(T, std::max<int64_t>(64, power_of_two_at_least(longest)));
+}
 
 size_t at_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-SdpaLayout sdpa_layout_of(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                          int64_t docs_batch, int64_t docs_max_seq) {
+SdpaLayout sdpa_layout_of(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float scale, int64_t docs_batch,
+                          int64_t docs_max_seq) {
   ANVIL_CHECK(B > 0 && T > 0 && Hq > 0 && Hkv > 0 && D > 0 && Hq % Hkv == 0,
               "cuDNN SDPA needs positive sizes and query heads a multiple of the kv heads: B=", B, " T=", T, " Hq=", Hq,
               " Hkv=", Hkv, " D=", D);
@@ -44,9 +46,8 @@ SdpaLayout sdpa_layout_of(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t
   l.stats = {{B, Hq, T, 1}, {Hq * T, T, 1, 1}};  // lse (B, Hq, T), row-major
   l.attn_scale = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(D));
   if (docs_batch == 0) return l;
-  ANVIL_CHECK(docs_batch > 0 && docs_max_seq > 0 && docs_max_seq <= T,
-              "cuDNN ragged SDPA: a batch of ", docs_batch, " documents of at most ", docs_max_seq,
-              " tokens does not fit sequences of ", T);
+  ANVIL_CHECK(docs_batch > 0 && docs_max_seq > 0 && docs_max_seq <= T, "cuDNN ragged SDPA: a batch of ", docs_batch,
+              " documents of at most ", docs_max_seq, " tokens does not fit sequences of ", T);
   const int64_t S = docs_max_seq;
   l.b = docs_batch;
   l.s_q = l.s_kv = S;

@@ -76,8 +76,8 @@ struct SdpaLayout {
 // shape, for what cuDNN's SDPA cannot take: Hq not a multiple of Hkv, or D not
 // a multiple of 8. docs_batch > 0 lays out the documents of SdpaDocuments'
 // batch and max_seq (ragged); 0 the causal attention over whole sequences.
-SdpaLayout sdpa_layout_of(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                          int64_t docs_batch = 0, int64_t docs_max_seq = 0);
+SdpaLayout sdpa_layout_of(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float scale, int64_t docs_batch = 0,
+                          int64_t docs_max_seq = 0);
 
 // The documents of B sequences of T tokens as cuDNN's ragged batch. cuDNN
 // builds a graph per batch size and length, so both are rounded up to powers
