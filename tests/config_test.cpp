@@ -3,6 +3,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "anvil/core/error.h"
 #include "anvil/train/config.h"
@@ -78,6 +80,37 @@ TEST(Config, WrongTypesAndRangesAreRejected) {
   EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"--training.deterministic", "maybe"}); }), "boolean"));
   EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"--training.seq_len"}); }), "missing value"));
   EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"steps"}); }), "unexpected argument"));
+}
+
+// The mixture-of-experts keys: a coefficient below -1 is out of range, one
+// in (-1, 0) is neither the flavour's nor a coefficient, and on a dense model
+// every one of them is refused by name rather than ignored.
+TEST(Config, MixtureOfExpertsKeysAreCheckedAndRefusedOnADenseModel) {
+  const auto model_args_error = [](std::vector<std::string> flags) {
+    return error_of([&] { (void)job_model_args(parse_config_text("", "x", flags)); });
+  };
+  const std::vector<std::string> moe = {"--model.name", "qwen3", "--model.flavor", "debugmodel_moe"};
+  std::vector<std::string> half = moe;
+  half.insert(half.end(), {"--model.router_aux_loss_coef", "-0.5"});
+  const std::string e = model_args_error(half);
+  EXPECT_TRUE(has(e, "model.router_aux_loss_coef = -0.5 must be -1 (the flavour's) or a coefficient >= 0")) << e;
+  EXPECT_TRUE(has(error_of([] { parse_config_text("", "x", {"--model.router_aux_loss_coef", "-2"}); }),
+                  "out of range"));
+  std::vector<std::string> fine = moe;
+  fine.insert(fine.end(), {"--model.router_aux_loss_coef", "0", "--model.moe_routing", "balanced"});
+  EXPECT_NO_THROW((void)job_model_args(parse_config_text("", "x", fine)));
+
+  const std::string dense = model_args_error({"--model.moe_routing", "balanced", "--model.moe_estimate_load", "2"});
+  EXPECT_TRUE(has(dense, "model.moe_routing, model.moe_estimate_load set for llama3/")) << dense;
+  EXPECT_TRUE(has(dense, "has no mixture of experts")) << dense;
+  for (const std::vector<std::string>& one :
+       {std::vector<std::string>{"--model.moe_score_function", "sigmoid"},
+        std::vector<std::string>{"--model.moe_bias_update_rate", "0.001"},
+        std::vector<std::string>{"--model.router_aux_loss_coef", "0.01"}}) {
+    const std::string m = model_args_error(one);
+    EXPECT_TRUE(has(m, one[0].substr(2) + " set for ")) << m;
+  }
+  EXPECT_NO_THROW((void)job_model_args(parse_config_text("", "x", {})));
 }
 
 TEST(Config, SyntaxErrorAndMissingFileAreOneClearLine) {

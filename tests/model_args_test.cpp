@@ -3,6 +3,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/model/args.h"
+#include "test_util.h"
 
 using namespace anvil;
 
@@ -94,8 +95,13 @@ TEST(ModelArgs, Qwen3MoeParameterCountsMatchTheModelCards) {
   const ModelArgs dense = model_flavor("qwen3", "8B");
   EXPECT_EQ(dense.active_params(), dense.num_params());
   ModelArgs bad = model_flavor("qwen3", "debugmodel_moe");
-  bad.experts_per_token = 9;  // of 8
-  EXPECT_THROW(bad.validate(), Error);
+  for (const int64_t k : {9, 0}) {  // of 8 experts; none
+    bad.experts_per_token = k;
+    const std::string e = anvil::testing::error_of([&] { bad.validate(); });
+    EXPECT_NE(e.find(detail::concat("a mixture of experts needs 1 <= experts_per_token (", k, ") <= num_experts (8")),
+              std::string::npos)
+        << e;
+  }
 }
 
 TEST(ModelArgs, CpuFlavoursAreTheAdvertisedSize) {

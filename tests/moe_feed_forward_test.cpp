@@ -193,8 +193,42 @@ TEST(MoeFeedForward, EveryTokenOnOneExpert) {
   const Tensor y = moe_forward(l.x, l.w, RouterConfig{1, true}, saved);
   EXPECT_EQ(saved.routes.rows(3), M);
   const std::vector<double> r = to_double(random_tensor({M, D}, DType::f32, "moe.one.r"));
-  const Forward want = reference(doubles_of(l), std::vector<int32_t>(M, 3), 1, true, r);
+  const std::vector<int32_t> all_on_3(M, 3);
+  const Doubles p = doubles_of(l);
+  const Forward want = reference(p, all_on_3, 1, true, r);
   EXPECT_LT(rel_error(y, want.y), 1e-6);
+
+  // The backward through the one expert: the input's and the experts'
+  // gradients against central differences of the double layer (the other
+  // experts' exactly 0 on both sides). The router's is the aux loss's alone
+  // through probabilities within e^-40 of one-hot, so it is held absolutely.
+  MoeWeights grads{Tensor::zeros({E, D}, DType::f32, MemCategory::workspace, "g.router"),
+                   Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w1"),
+                   Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w3"),
+                   Tensor::zeros({E, D, F}, DType::f32, MemCategory::workspace, "g.w2")};
+  Tensor dy = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "dy");
+  from_double(dy, r);
+  Tensor dx = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "dx");
+  moe_backward(dy, l.x, l.w, RouterConfig{1, true}, static_cast<float>(kAuxCoef), saved, dx, grads);
+  const auto numeric = [&](std::vector<double> Doubles::*field) {
+    return numerical_grad(
+        [&](const std::vector<double>& v) {
+          Doubles q = p;
+          q.*field = v;
+          return reference(q, all_on_3, 1, true, r).loss;
+        },
+        p.*field, 1e-4);
+  };
+  EXPECT_LT(rel_error(dx, numeric(&Doubles::x)), 2e-6) << "x";
+  EXPECT_LT(rel_error(grads.w1, numeric(&Doubles::w1)), 2e-6) << "w1";
+  EXPECT_LT(rel_error(grads.w3, numeric(&Doubles::w3)), 2e-6) << "w3";
+  EXPECT_LT(rel_error(grads.w2, numeric(&Doubles::w2)), 2e-6) << "w2";
+  const std::vector<double> router = to_double(grads.router), router_want = numeric(&Doubles::router);
+  for (size_t i = 0; i < router.size(); ++i) EXPECT_NEAR(router[i], router_want[i], 1e-9) << "router " << i;
+  for (int64_t e = 0; e < E; ++e) {
+    if (e == 3) continue;
+    for (int64_t i = 0; i < F * D; ++i) ASSERT_EQ(grads.w1.data<float>()[e * F * D + i], 0.0f) << "expert " << e;
+  }
 }
 
 // bf16 storage: the same layer, every product's output rounded to bf16 (2^-9

@@ -12,7 +12,9 @@
 #include <numeric>
 #include <vector>
 
+#include "anvil/core/dry_run.h"
 #include "anvil/core/rng.h"
+#include "anvil/ops/moe_dispatch.h"
 #include "test_util.h"
 
 namespace {
@@ -263,6 +265,45 @@ TEST(MoeRouter, AuxLossSumsOfPartsAddUpToTheWholeSequences) {
       router_aux_backward(r.probs.slice(first, rows), sums, 0.5f, d, sigmoid);
     }
     EXPECT_EQ(to_double(parts), to_double(whole)) << (sigmoid ? "sigmoid" : "softmax");
+  }
+}
+
+// The forced-balance rule routes per sequence, so sequences whose tokens × k
+// leave a remainder over the experts give the first experts one more row per
+// sequence, not one more in all. The dry run (which has no router output)
+// takes the rule's counts, balanced_route_offsets, and they must be exactly
+// what sort_routes makes of the real router's choices: for several
+// sequences, with and without a remainder, whole and given by positions.
+TEST(MoeRouter, TheDryRunsBalancedRoutesAreTheRoutersForEverySequenceLength) {
+  struct Case {
+    int64_t sequences, T, E, k;
+  };
+  for (const Case c : {Case{1, 33, 8, 2}, Case{3, 33, 8, 2}, Case{2, 5, 4, 3}, Case{4, 32, 8, 2}, Case{2, 7, 6, 1}}) {
+    SCOPED_TRACE(::testing::Message() << c.sequences << " sequences of " << c.T << ", top-" << c.k << " of " << c.E);
+    const int64_t M = c.sequences * c.T;
+    const Tensor x = random_tensor({M, c.E}, DType::f32, "logits");
+    Tensor p = Tensor::empty({M, c.E}, DType::f32, MemCategory::workspace, "p");
+    Tensor ex = Tensor::empty({M, c.k}, DType::i32, MemCategory::workspace, "e");
+    Tensor w = Tensor::empty({M, c.k}, DType::f32, MemCategory::workspace, "w");
+    RouterConfig cfg{c.k, true, true, c.T};
+    router_forward(x, cfg, p, ex, w);
+    const ExpertRoutes real = sort_routes(ex, c.E);
+    EXPECT_EQ(balanced_route_offsets(M, c.E, cfg), real.offsets);
+    {
+      DryRun dry;
+      const Tensor dry_ex = Tensor::empty({M, c.k}, DType::i32, MemCategory::workspace, "e");
+      EXPECT_EQ(sort_routes(dry_ex, c.E, balanced_route_offsets(M, c.E, cfg)).offsets, real.offsets);
+    }
+    // Positions given (the rows in another order): the same rule on them.
+    std::vector<int64_t> positions(static_cast<size_t>(M));
+    for (int64_t t = 0; t < M; ++t) positions[static_cast<size_t>(t)] = (t * 7 + 3) % c.T;
+    cfg.positions = positions.data();
+    router_forward(x, cfg, p, ex, w);
+    EXPECT_EQ(balanced_route_offsets(M, c.E, cfg), sort_routes(ex, c.E).offsets);
+    // One spread of all the routes over the experts, the dry run's earlier
+    // assumption, is right only where each sequence's routes divide evenly.
+    const bool remainder = (c.T * c.k) % c.E != 0 && c.sequences > 1;
+    EXPECT_EQ(balanced_offsets(M * c.k, c.E) != real.offsets, remainder) << "the case shows the difference or not";
   }
 }
 

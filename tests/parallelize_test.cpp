@@ -186,7 +186,7 @@ TEST(ExpertParallelLayout, IsRefusedWhereItDoesNotApply) {
   EXPECT_NE(error_of("--model.name qwen3 --model.flavor debugmodel_moe --parallelism.expert_parallel_degree 3 "
                      "--parallelism.data_parallel_replicate_degree 3 --parallelism.data_parallel_shard_degree 1",
                      3)
-                .find("must divide"),
+                .find("parallelism.expert_parallel_degree 3 must divide qwen3/debugmodel_moe's 8 experts"),
             std::string::npos);
   // Expert parallelism takes data-parallel ranks: over tensor-parallel ones alone it has none.
   EXPECT_NE(error_of(moe + "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1", 2)

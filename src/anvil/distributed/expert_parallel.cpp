@@ -21,10 +21,13 @@ std::vector<int64_t> MpiExpertExchange::exchange_counts(const std::vector<int64_
   }
   const std::vector<int64_t> rows(static_cast<size_t>(n), per_rank);
   group_.all_to_all_v(out, rows, in, rows);
-  if (dry) {
+  if (dry) {  // every source sends this rank's experts what this rank sends them, times the load
+    const int64_t me = group_.rank();
     std::vector<int64_t> assumed(counts.size());
-    for (size_t i = 0; i < counts.size(); ++i)
-      assumed[i] = static_cast<int64_t>(std::ceil(static_cast<double>(counts[i]) * dry_load_));
+    for (int64_t src = 0; src < n; ++src)
+      for (int64_t j = 0; j < per_rank; ++j)
+        assumed[static_cast<size_t>(src * per_rank + j)] = static_cast<int64_t>(
+            std::ceil(static_cast<double>(counts[static_cast<size_t>(me * per_rank + j)]) * dry_load_));
     return assumed;
   }
   std::vector<int64_t> got(counts.size());

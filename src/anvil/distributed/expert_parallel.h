@@ -17,9 +17,11 @@ class MpiExpertExchange : public ExpertExchange {
   explicit MpiExpertExchange(Communicator& group, double dry_load = 1.0) : group_(group), dry_load_(dry_load) {}
   int size() const override { return group_.size(); }
   int rank() const override { return group_.rank(); }
-  // In a dry run no other rank speaks, and the counts come back as they went
-  // times dry_load (rounded up): with 1, the balanced case, where each rank
-  // receives as many rows as it sends.
+  // In a dry run no other rank speaks: every source is taken to send this
+  // rank's experts what this rank sends them, times dry_load (rounded up).
+  // With 1 and forced-balanced routing that is exact, since every rank of
+  // the group routes sequences of the same length by the same rule (expert
+  // parallelism refuses context parallelism, whose chunks would differ).
   std::vector<int64_t> exchange_counts(const std::vector<int64_t>& counts) override;
   void exchange_rows(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
                      const std::vector<int64_t>& recv_rows) override {

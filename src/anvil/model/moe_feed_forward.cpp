@@ -185,7 +185,7 @@ Tensor moe_forward(const Tensor& x, const MoeWeights& w, const RouterConfig& cfg
   router_forward(logits, routing, saved.probs, saved.experts, saved.weights);
   logits = Tensor();
   saved.aux_loss = sequence_aux_losses(saved, E, cfg.sigmoid, layout);
-  saved.routes = sort_routes(saved.experts, E);
+  saved.routes = sort_routes(saved.experts, E, cfg.balanced ? balanced_route_offsets(M, E, routing) : std::vector<int64_t>{});
   const int64_t R = M * k;
   Tensor xe = new_activation({R, D}, dt, "moe.xe");
   dispatch_forward(x, saved.routes, xe);

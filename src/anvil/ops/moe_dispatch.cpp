@@ -29,7 +29,7 @@ void by_dtype(const Tensor& a, const Tensor& b, F f) {
 
 }  // namespace
 
-ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts) {
+ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts, const std::vector<int64_t>& dry_run_offsets) {
   ANVIL_ASSERT(experts.ndim() == 2 && experts.dtype() == DType::i32, "sort_routes: experts ",
                shape_str(experts.shape()), " must be (M, k) i32");
   ExpertRoutes r;
@@ -38,7 +38,9 @@ ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts) {
   r.order = Tensor::empty({n}, DType::i32, MemCategory::activations, "moe.route_order");
   r.row_of = Tensor::empty({n}, DType::i32, MemCategory::activations, "moe.route_rows");
   if (dry_run()) {
-    r.offsets = balanced_offsets(n, num_experts);
+    r.offsets = dry_run_offsets.empty() ? balanced_offsets(n, num_experts) : dry_run_offsets;
+    ANVIL_ASSERT(r.offsets.size() == size_t(num_experts + 1) && r.offsets.back() == n, "sort_routes: dry-run offsets of ",
+                 r.offsets.size() - 1, " experts for ", n, " routes");
     return r;
   }
   r.offsets.assign(static_cast<size_t>(num_experts + 1), 0);

@@ -28,10 +28,12 @@ struct ExpertRoutes {
   int64_t rows(int64_t e) const { return offsets[static_cast<size_t>(e + 1)] - offsets[static_cast<size_t>(e)]; }
 };
 
-// The routes of experts (M, k) i32 over E experts, sorted by expert. In a
-// dry run, which has no expert choices, the rows per expert are the balanced
-// case's (balanced_offsets; the router's forced-balance rule gives the same).
-ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts);
+// The routes of experts (M, k) i32 over E experts, sorted by expert. A dry
+// run has no expert choices: its rows per expert are dry_run_offsets (E + 1)
+// where given (the forced-balance rule's, ops/moe_router.h's
+// balanced_route_offsets, which are exact), else the round-robin spread of
+// balanced_offsets (learned routing's assumption).
+ExpertRoutes sort_routes(const Tensor& experts, int64_t num_experts, const std::vector<int64_t>& dry_run_offsets = {});
 
 // Rows per expert when `routes` routes go round-robin over E experts: the
 // first routes mod E experts get one more than the rest.

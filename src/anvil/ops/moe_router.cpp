@@ -27,6 +27,16 @@ RouterDims check_probs(const Tensor& probs, const Tensor& experts, const char* w
 
 }  // namespace
 
+std::vector<int64_t> balanced_route_offsets(int64_t M, int64_t num_experts, const RouterConfig& cfg) {
+  std::vector<int64_t> offsets(static_cast<size_t>(num_experts + 1), 0);
+  for (int64_t t = 0; t < M; ++t) {
+    const int64_t p = balanced_position(cfg, t);
+    for (int64_t j = 0; j < cfg.top_k; ++j) ++offsets[static_cast<size_t>(balanced_expert(p, j, cfg.top_k, num_experts) + 1)];
+  }
+  for (int64_t e = 0; e < num_experts; ++e) offsets[static_cast<size_t>(e + 1)] += offsets[static_cast<size_t>(e)];
+  return offsets;
+}
+
 void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs, Tensor& experts, Tensor& weights) {
   ANVIL_ASSERT(logits.ndim() == 2 && logits.dtype() == DType::f32, "router: logits ", shape_str(logits.shape()),
                " must be (M, E) f32");
@@ -59,8 +69,8 @@ void router_forward(const Tensor& logits, const RouterConfig& cfg, Tensor& probs
         for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
       }
       if (cfg.balanced) {
-        const int64_t p = cfg.positions ? cfg.positions[t] : cfg.sequence_length > 0 ? t % cfg.sequence_length : t;
-        for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>((p * k + j) % E);
+        const int64_t p = balanced_position(cfg, t);
+        for (int64_t j = 0; j < k; ++j) order[static_cast<size_t>(j)] = balanced_expert(p, j, k, E);
       } else {
         for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
         // Descending score (plus the bias, when given); equal ones in ascending expert index.

@@ -47,6 +47,20 @@ struct RouterConfig {
   const float* bias = nullptr;  // E values added to the scores for the choice only; null: none
 };
 
+// The forced-balance rule, written once for the router and the dry run: the
+// position of row t as the rule reads it (cfg.positions, else t mod the
+// sequence length), and the expert it sends slot j to.
+inline int64_t balanced_position(const RouterConfig& cfg, int64_t t) {
+  return cfg.positions ? cfg.positions[t] : cfg.sequence_length > 0 ? t % cfg.sequence_length : t;
+}
+inline int32_t balanced_expert(int64_t position, int64_t slot, int64_t top_k, int64_t num_experts) {
+  return static_cast<int32_t>((position * top_k + slot) % num_experts);
+}
+// The rows per expert the rule gives M rows under cfg, as offsets (E + 1):
+// what sort_routes makes of the router's choices, found without them (the
+// rule reads positions only), so a dry run routes exactly as the real run.
+std::vector<int64_t> balanced_route_offsets(int64_t M, int64_t num_experts, const RouterConfig& cfg);
+
 // logits (M, E) f32 → probs (M, E) f32 (the scores: the softmax, or the
 // sigmoids; kept for the backward), experts (M, k) i32 (in descending score
 // plus bias, ties to the lower index; or the balanced rule's) and weights

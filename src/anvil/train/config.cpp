@@ -649,6 +649,22 @@ DType compute_dtype(const JobConfig& config) {
 
 ModelArgs job_model_args(const JobConfig& config) {
   ModelArgs args = model_flavor(config.model.name, config.model.flavor);
+  // A mixture-of-experts key on a dense model would change nothing: refused,
+  // naming the keys, rather than ignored.
+  if (!args.moe()) {
+    const JobConfig::Model defaults;
+    std::string set;
+    const auto note = [&](bool changed, const char* key) {
+      if (changed) set += detail::concat(set.empty() ? "" : ", ", "model.", key);
+    };
+    note(config.model.moe_routing != defaults.moe_routing, "moe_routing");
+    note(config.model.moe_score_function != defaults.moe_score_function, "moe_score_function");
+    note(config.model.moe_bias_update_rate != defaults.moe_bias_update_rate, "moe_bias_update_rate");
+    note(config.model.router_aux_loss_coef != defaults.router_aux_loss_coef, "router_aux_loss_coef");
+    note(config.model.moe_estimate_load != defaults.moe_estimate_load, "moe_estimate_load");
+    ANVIL_CHECK(set.empty(), set, " set for ", config.model.name, "/", config.model.flavor,
+                ", which has no mixture of experts; drop them, or pick a flavour with experts (qwen3/debugmodel_moe)");
+  }
   args.moe_balanced_routing = config.model.moe_routing == "balanced";
   const double coef = config.model.router_aux_loss_coef;
   ANVIL_CHECK(coef == -1 || coef >= 0, "model.router_aux_loss_coef = ", coef,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -107,14 +108,19 @@ LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int 
   est.par = resolve_parallel(cfg, args, world_size, 0);
   est.flops_per_token = flops_per_token(args, cfg.training.seq_len);
   const MeshLayout& layout = est.par.layout;
-  // The roles: ranks differ by their pipeline rank (their stages) and by
-  // whether they write checkpoints (world rank 0). FSDP shards, tensor-parallel
-  // slices and data-parallel replicas are the same size on every rank (both
-  // pad to a multiple of their degree), so one rank of each pp rank stands for all.
-  std::map<std::pair<int, bool>, RankEstimate> roles;
+  // The roles: ranks differ by their pipeline rank (their stages), by
+  // whether they write checkpoints (world rank 0) and, under expert
+  // parallelism, by their rank in the expert group (which experts they hold,
+  // and so the routed rows they receive: under forced-balanced routing the
+  // first experts get one more row from each sequence whose routes do not
+  // divide evenly). FSDP shards, tensor-parallel slices and data-parallel
+  // replicas are the same size on every rank (both pad to a multiple of their
+  // degree), so one rank of each role stands for all.
+  std::map<std::tuple<int, bool, int>, RankEstimate> roles;
   for (int rank = 0; rank < world_size; ++rank) {
     const int pp = world_size > 1 ? layout.group_rank(rank, MeshGroup::pp) : 0;
-    const std::pair<int, bool> role{pp, rank == 0};
+    const int ep = layout.ep() > 1 ? layout.group_rank(rank, MeshGroup::ep) : 0;
+    const std::tuple<int, bool, int> role{pp, rank == 0, ep};
     auto it = roles.find(role);
     if (it == roles.end()) it = roles.emplace(role, dry_run_rank(cfg, args, world_size, rank, nullptr, device)).first;
     RankEstimate r = it->second;
