@@ -57,6 +57,43 @@ TEST(TrainErrors, AMissingTokenizerNamesItsKeyTheScriptThatMakesItAndBytes) {
   EXPECT_TRUE(has(out, "scripts/prepare_llama3_tokenizer.sh fetches Llama 3's tokenizer")) << out.text;
 }
 
+// Block-causal attention finds documents by the tokenizer's EOS. A
+// tokenizer.json with no EOS among its added tokens (here: none at all; its
+// vocabulary GPT-2's byte alphabet, no merges) is refused before training,
+// naming the key to change; the same tokenizer trains under causal attention.
+TEST(TrainErrors, BlockCausalWithATokenizerWithoutEosNamesTheMaskToUse) {
+  const fs::path dir = workdir("no_eos");
+  const std::string data = " --training.dataset_path " + (dir / "text.txt").string();
+  {
+    // GPT-2's byte-to-unicode alphabet: printable Latin-1 bytes stand for
+    // themselves, the other bytes for U+0100 onwards, in byte order.
+    std::ofstream f(dir / "tokenizer.json");
+    f << "{\"added_tokens\": [], \"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {";
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const int cp = printable ? b : next++;
+      std::string utf8;
+      if (cp < 0x80) {
+        utf8 = std::string(1, static_cast<char>(cp));
+      } else {
+        utf8 += static_cast<char>(0xC0 | (cp >> 6));
+        utf8 += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+      if (utf8 == "\"" || utf8 == "\\") utf8 = "\\" + utf8;
+      f << (b ? ", " : "") << "\"" << utf8 << "\": " << b;
+    }
+    f << "}}}\n";
+  }
+  const std::string tok = " --model.tokenizer_path " + (dir / "tokenizer.json").string();
+  Output out = run(small_run(dir) + data + tok + " --model.attn_mask_type block_causal");
+  EXPECT_EQ(out.exit_code, 1) << out.text;
+  EXPECT_TRUE(has(out, "model.attn_mask_type = \"block_causal\" finds documents by their EOS token")) << out.text;
+  EXPECT_TRUE(has(out, "tokenizer has none; set model.attn_mask_type = \"causal\"")) << out.text;
+  out = run(small_run(dir) + data + tok + " --model.attn_mask_type causal");
+  EXPECT_EQ(out.exit_code, 0) << out.text;
+}
+
 TEST(TrainErrors, AMissingDatasetNamesItsKeyAndAValidValueNotAnotherCommandsFlags) {
   const fs::path dir = workdir("dataset");
   const std::string missing = (dir / "nowhere.jsonl").string();

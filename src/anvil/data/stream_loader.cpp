@@ -64,10 +64,11 @@ int64_t DocumentTokenSource::read(size_t unit, int64_t offset, int64_t, std::vec
   }
   if (!open_->next(text_)) return -1;
   ++open_docs_;
-  out.push_back(tokenizer_.bos_id());
+  // A tokenizer without BOS or EOS (id -1) joins the documents without them.
+  if (tokenizer_.bos_id() >= 0) out.push_back(tokenizer_.bos_id());
   const std::vector<int32_t> ids = tokenizer_.encode(text_);
   out.insert(out.end(), ids.begin(), ids.end());
-  out.push_back(tokenizer_.eos_id());
+  if (tokenizer_.eos_id() >= 0) out.push_back(tokenizer_.eos_id());
   return open_docs_;
 }
 

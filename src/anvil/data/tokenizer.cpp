@@ -19,10 +19,10 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
 std::vector<int32_t> tokenize_documents(const Tokenizer& tok, const std::vector<std::string>& texts) {
   std::vector<int32_t> stream;
   for (const std::string& t : texts) {
-    stream.push_back(tok.bos_id());
+    if (tok.bos_id() >= 0) stream.push_back(tok.bos_id());  // none where the tokenizer has none (-1)
     const auto ids = tok.encode(t);
     stream.insert(stream.end(), ids.begin(), ids.end());
-    stream.push_back(tok.eos_id());
+    if (tok.eos_id() >= 0) stream.push_back(tok.eos_id());
   }
   return stream;
 }

@@ -29,7 +29,8 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "bytes"; }
 };
 
-// One stream of documents: BOS, text, EOS for each (as Llama 3 packs them).
+// One stream of documents: BOS, text, EOS for each (as Llama 3 packs them);
+// a tokenizer without a BOS or EOS (-1) gets none.
 std::vector<int32_t> tokenize_documents(const Tokenizer& tok, const std::vector<std::string>& texts);
 
 }  // namespace anvil
