@@ -27,6 +27,7 @@
 #include "anvil/ops/rope.h"
 #include "anvil/ops/swiglu.h"
 #include "host_backed_gpu.h"
+#include "document_bounds.h"
 #include "test_util.h"
 
 namespace anvil {
@@ -142,30 +143,13 @@ TEST_F(GpuOpsOnHost, NormsRopeSwigluAndEmbeddingMatchTheCpu) {
   }
 }
 
-// Document bounds (B, 2, T) on the host, as fill_document_bounds makes them,
-// for sequences cut into documents of the given lengths.
-Tensor documents_of(const std::vector<std::vector<int32_t>>& lengths, int64_t T) {
-  const auto B = static_cast<int64_t>(lengths.size());
-  Tensor d = Tensor::empty({B, 2, T}, DType::i32, MemCategory::workspace, "documents", Device::cpu());
-  int32_t* p = d.data<int32_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t start = 0;
-    for (const int32_t n : lengths[static_cast<size_t>(b)]) {
-      for (int32_t t = start; t < start + n; ++t) p[(b * 2) * T + t] = start, p[(b * 2 + 1) * T + t] = start + n;
-      start += n;
-    }
-    EXPECT_EQ(start, T) << "sequence " << b << "'s documents";
-  }
-  return d;
-}
-
 // bf16 goes through the SDPA calls, f32 through the plain attention's
 // per-head products and row softmax; GQA (4 query heads on 2 kv heads);
 // causal, and block-causal over documents of 5, 1 and 7 tokens beside a
 // whole sequence (bf16: cuDNN's ragged SDPA over the documents' pack).
 TEST_F(GpuOpsOnHost, AttentionMatchesTheCpu) {
   const int64_t B = 2, T = 13, Hq = 4, Hkv = 2, D = 8;
-  const Tensor blocks = documents_of({{5, 1, 7}, {13}}, T);
+  const Tensor blocks = testing::document_bounds({{5, 1, 7}, {13}}, T);
   for (const bool block_causal : {false, true})
     for (const DType dt : {DType::f32, DType::bf16}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(dt) << (block_causal ? " block-causal" : " causal"));

@@ -104,6 +104,19 @@ std::vector<int32_t> double_top_k(const std::vector<double>& probs, int64_t k) {
   return out;
 }
 
+// The weights' gradients, zeroed (moe_backward adds into them), and dy from r.
+MoeWeights zero_grads() {
+  return {Tensor::zeros({E, D}, DType::f32, MemCategory::workspace, "g.router"),
+          Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w1"),
+          Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w3"),
+          Tensor::zeros({E, D, F}, DType::f32, MemCategory::workspace, "g.w2")};
+}
+Tensor dy_of(const std::vector<double>& r) {
+  Tensor dy = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "dy");
+  from_double(dy, r);
+  return dy;
+}
+
 void check_layer(int64_t k, bool normalize) {
   SCOPED_TRACE("top-" + std::to_string(k) + (normalize ? ", renormalised" : ""));
   const RouterConfig cfg{k, normalize};
@@ -119,12 +132,8 @@ void check_layer(int64_t k, bool normalize) {
   EXPECT_LT(rel_error(y, want.y), 1e-6);
   EXPECT_NEAR(saved.aux_loss, want.aux, 1e-6 * want.aux);
 
-  MoeWeights grads{Tensor::zeros({E, D}, DType::f32, MemCategory::workspace, "g.router"),
-                   Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w1"),
-                   Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w3"),
-                   Tensor::zeros({E, D, F}, DType::f32, MemCategory::workspace, "g.w2")};
-  Tensor dy = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "dy");
-  from_double(dy, r);
+  MoeWeights grads = zero_grads();
+  Tensor dy = dy_of(r);
   Tensor dx = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "dx");
   moe_backward(dy, l.x, l.w, cfg, static_cast<float>(kAuxCoef), saved, dx, grads);
 
@@ -202,12 +211,8 @@ TEST(MoeFeedForward, EveryTokenOnOneExpert) {
   // gradients against central differences of the double layer (the other
   // experts' exactly 0 on both sides). The router's is the aux loss's alone
   // through probabilities within e^-40 of one-hot, so it is held absolutely.
-  MoeWeights grads{Tensor::zeros({E, D}, DType::f32, MemCategory::workspace, "g.router"),
-                   Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w1"),
-                   Tensor::zeros({E, F, D}, DType::f32, MemCategory::workspace, "g.w3"),
-                   Tensor::zeros({E, D, F}, DType::f32, MemCategory::workspace, "g.w2")};
-  Tensor dy = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "dy");
-  from_double(dy, r);
+  MoeWeights grads = zero_grads();
+  Tensor dy = dy_of(r);
   Tensor dx = Tensor::empty({M, D}, DType::f32, MemCategory::workspace, "dx");
   moe_backward(dy, l.x, l.w, RouterConfig{1, true}, static_cast<float>(kAuxCoef), saved, dx, grads);
   const auto numeric = [&](std::vector<double> Doubles::*field) {

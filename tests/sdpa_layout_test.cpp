@@ -24,6 +24,7 @@
 #include "anvil/core/error.h"
 #include "anvil/ops/attention.h"
 #include "test_util.h"
+#include "document_bounds.h"
 
 namespace {
 
@@ -188,22 +189,6 @@ TEST(SdpaLayout, RefusesWhatCudnnSdpaCannotTake) {
 
 namespace {
 
-// Document bounds (B, 2, T) for sequences cut into documents of the given
-// lengths, as ops/document_mask.h's fill_document_bounds makes them.
-Tensor bounds_of(const std::vector<std::vector<int32_t>>& lengths, int64_t T) {
-  const auto B = static_cast<int64_t>(lengths.size());
-  Tensor d = Tensor::empty({B, 2, T}, DType::i32, MemCategory::workspace, "documents");
-  int32_t* p = d.data<int32_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t start = 0;
-    for (const int32_t n : lengths[size_t(b)]) {
-      for (int32_t t = start; t < start + n; ++t) p[(b * 2) * T + t] = start, p[(b * 2 + 1) * T + t] = start + n;
-      start += n;
-    }
-  }
-  return d;
-}
-
 template <class T>
 const T* array_at(const std::vector<std::byte>& bytes, size_t offset) {
   return reinterpret_cast<const T*>(bytes.data() + offset);
@@ -215,30 +200,30 @@ const T* array_at(const std::vector<std::byte>& bytes, size_t offset) {
 // length rounded up (the length to at least 64 and at most T), the entries
 // past the last empty and starting at the end.
 TEST(SdpaLayout, DocumentsBecomeCudnnsRaggedBatch) {
-  const Tensor bounds = bounds_of({{5, 1, 7}, {13}}, 13);
+  const Tensor bounds = document_bounds({{5, 1, 7}, {13}}, 13);
   const SdpaDocuments d = sdpa_documents_of(bounds.data<int32_t>(), 2, 13, 13);
   EXPECT_EQ(d.batch, 4);
   EXPECT_EQ(d.max_seq, 13);
   EXPECT_EQ(d.seq_len, (std::vector<int32_t>{5, 1, 7, 13}));
   EXPECT_EQ(d.first_token, (std::vector<int64_t>{0, 5, 6, 13, 26}));
 
-  const Tensor many = bounds_of({{100, 100, 100, 100, 112}, {300, 212}}, 512);
+  const Tensor many = document_bounds({{100, 100, 100, 100, 112}, {300, 212}}, 512);
   const SdpaDocuments m = sdpa_documents_of(many.data<int32_t>(), 2, 512, 512);
   EXPECT_EQ(m.batch, 8);
   EXPECT_EQ(m.max_seq, 512) << "the longest (300) rounded up to 512";
   EXPECT_EQ(m.seq_len, (std::vector<int32_t>{100, 100, 100, 100, 112, 300, 212, 0}));
   EXPECT_EQ(m.first_token, (std::vector<int64_t>{0, 100, 200, 300, 400, 512, 812, 1024, 1024}));
-  const Tensor short_docs = bounds_of({{10, 20, 482}, {1, 511}}, 512);
+  const Tensor short_docs = document_bounds({{10, 20, 482}, {1, 511}}, 512);
   EXPECT_EQ(sdpa_documents_of(short_docs.data<int32_t>(), 2, 512, 512).max_seq, 512);
-  const Tensor tiny = bounds_of({{10, 20, 30, 452}}, 512);
+  const Tensor tiny = document_bounds({{10, 20, 30, 452}}, 512);
   EXPECT_EQ(sdpa_documents_of(tiny.data<int32_t>(), 1, 512, 512).batch, 4);
-  const Tensor small = bounds_of({{10, 20, 30, 40}}, 100);
+  const Tensor small = document_bounds({{10, 20, 30, 40}}, 100);
   EXPECT_EQ(sdpa_documents_of(small.data<int32_t>(), 1, 100, 100).max_seq, 64) << "at least 64";
   EXPECT_EQ(sdpa_documents_capacity(2, 13), 32);
   EXPECT_EQ(sdpa_documents_capacity(1, 8192), 8192);
 
   // Bounds that do not cut the sequence into documents are refused.
-  Tensor bad = bounds_of({{5, 8}}, 13);
+  Tensor bad = document_bounds({{5, 8}}, 13);
   bad.data<int32_t>()[5] = 4;  // position 5 claims to start at 4, inside the first document
   EXPECT_THROW(sdpa_documents_of(bad.data<int32_t>(), 1, 13, 13), Error);
 }
@@ -247,7 +232,7 @@ TEST(SdpaLayout, DocumentsBecomeCudnnsRaggedBatch) {
 // offset the entry's first token times the tensor's elements per token.
 TEST(SdpaLayout, ThePackHoldsLengthsAndOffsetsInElements) {
   const int64_t B = 2, T = 13, Hq = 6, Hkv = 2, D = 8;
-  const Tensor bounds = bounds_of({{5, 1, 7}, {13}}, T);
+  const Tensor bounds = document_bounds({{5, 1, 7}, {13}}, T);
   const SdpaDocuments d = sdpa_documents_of(bounds.data<int32_t>(), B, T, T);
   const SdpaLayout l = sdpa_layout_of(B, T, Hq, Hkv, D, 0.0f, d.batch, d.max_seq);
   const int64_t capacity = sdpa_documents_capacity(B, T);
@@ -295,7 +280,7 @@ TEST(SdpaLayout, NaiveRaggedCudnnAttentionMatchesTheCpuBlockCausalAttention) {
     const Tensor q = random_tensor({B, c.T, c.Hq, c.D}, DType::f32, "sdpa.q");
     const Tensor k = random_tensor({B, c.T, c.Hkv, c.D}, DType::f32, "sdpa.k");
     const Tensor v = random_tensor({B, c.T, c.Hkv, c.D}, DType::f32, "sdpa.v");
-    const Tensor bounds = bounds_of(c.lengths, c.T);
+    const Tensor bounds = document_bounds(c.lengths, c.T);
     Tensor out = Tensor::empty({B, c.T, c.Hq, c.D}, DType::f32, MemCategory::workspace, "sdpa.out");
     Tensor lse = Tensor::empty({B, c.Hq, c.T}, DType::f32, MemCategory::workspace, "sdpa.lse");
     attention_forward(q, k, v, out, lse, 0.0f, c.tiles, AttentionWindow{0, 0, bounds});

@@ -40,6 +40,7 @@
 #include "anvil/ops/cuda/sdpa_graph.h"
 #include "anvil/ops/sdpa_layout.h"
 #include "cuda_test_util.h"
+#include "../document_bounds.h"
 
 namespace {
 
@@ -471,24 +472,6 @@ TEST(CudaSdpa, MatchesTheCpuAttentionForwardAndBackward) {
   }
 }
 
-// Document bounds (B, 2, T) i32 on the host, as ops/attention.h reads them
-// ([b, 0, p] the start of the document holding p, [b, 1, p] its end), for
-// sequences cut into documents of the given lengths.
-Tensor document_bounds(const std::vector<std::vector<int32_t>>& lengths, int64_t T) {
-  const auto B = static_cast<int64_t>(lengths.size());
-  Tensor d = Tensor::empty({B, 2, T}, DType::i32, MemCategory::workspace, "documents");
-  int32_t* p = d.data<int32_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t start = 0;
-    for (const int32_t n : lengths[static_cast<size_t>(b)]) {
-      for (int32_t t = start; t < start + n; ++t) p[(b * 2) * T + t] = start, p[(b * 2 + 1) * T + t] = start + n;
-      start += n;
-    }
-    EXPECT_EQ(start, T) << "sequence " << b << "'s documents";
-  }
-  return d;
-}
-
 // Block-causal attention through cuDNN's ragged SDPA against the CPU's over
 // the same documents, within the causal bounds (each query row is a causal
 // row over its document's keys, its sums no longer). Odd T, several
@@ -506,7 +489,7 @@ TEST(CudaSdpa, RaggedMatchesTheCpuBlockCausalAttention) {
     SdpaShape s = c.shape;
     SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " Hq=" << s.Hq << " Hkv=" << s.Hkv
                                       << " D=" << s.D << " scale=" << s.scale);
-    const Tensor documents = document_bounds(c.lengths, s.T);
+    const Tensor documents = anvil::testing::document_bounds(c.lengths, s.T);
     const Operand q = random_operand({s.B, s.T, s.Hq, s.D}, rng, "q"),
                   k = random_operand({s.B, s.T, s.Hkv, s.D}, rng, "k"),
                   v = random_operand({s.B, s.T, s.Hkv, s.D}, rng, "v"),
