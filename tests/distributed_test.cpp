@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,10 +16,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "anvil/model/args.h"
 #include "anvil/model/llama.h"
 #include "anvil/model/params.h"
+#include "anvil/train/checkpoint_folder.h"
 #include "layout_parity.h"
 #include "test_util.h"
 
@@ -125,12 +128,34 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
   }
 }
 
+namespace {
+// The auxiliary-loss-free balance's expert biases, (n_layers·E), that a run's
+// checkpoint of `step` holds (state.json's model_state); none, and a failure
+// saying why, when it holds none, so that the other layouts still run.
+std::vector<float> expert_biases(const std::string& dump, int step) {
+  try {
+    const nlohmann::json state =
+        anvil::read_checkpoint_state(workdir() / dump / "checkpoint" / ("step-" + std::to_string(step)));
+    return state.at("model_state").at("expert_bias").get<std::vector<float>>();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << dump << "'s step " << step << ": " << e.what();
+    return {};
+  }
+}
+}  // namespace
+
 // A mixture of experts' checkpoint holds every expert whole however the
 // experts were split, and the experts' biases of the auxiliary-loss-free
 // balance: saved at step 5 under expert parallelism 2 over FSDP 4 (each rank
 // holding half of 4 experts), it resumes on one process, under EP 2 over DDP 2,
-// under EP 2 over FSDP 2 and under EP 2 over DDP 2 with TP 2 (each rank half of
-// its experts' width), each reaching the uninterrupted run's losses.
+// under EP 2 over FSDP 2, under EP 2 over DDP 2 with TP 2 (each rank half of
+// its experts' width), in 2 pipeline stages (each routing its own layers)
+// and under CP 2 (each rank 2 of the 4 chunks of every sequence, with every
+// expert), each reaching the uninterrupted run's losses. The biases come back:
+// steps 6-10 route every layer's tokens to the experts the uninterrupted run
+// chose, and the step-10 checkpoint holds its biases to the bit (the rule
+// moves them by the signs of whole route counts, so the same routes move them
+// alike whatever the layout).
 TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
   const std::string batch =
       "--model.name qwen3 --model.flavor debugmodel_moe --model.router_aux_loss_coef 0.01 "
@@ -145,6 +170,16 @@ TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
   ASSERT_EQ(saved.exit_code, 0) << saved.text;
   const auto want = runs().losses("moe_xl_whole");
   ASSERT_EQ(want.size(), 10u);
+  // What the resumes start from: the uninterrupted run's biases at step 5,
+  // moved off zero, so a resume that dropped them would start elsewhere.
+  const anvil::ModelArgs moe = anvil::model_flavor("qwen3", "debugmodel_moe");
+  const std::vector<float> saved_biases = expert_biases("moe_xl_saved", 5);
+  ASSERT_EQ(saved_biases.size(), static_cast<size_t>(moe.n_layers * moe.num_experts));
+  EXPECT_EQ(saved_biases, expert_biases("moe_xl_whole", 5));
+  EXPECT_TRUE(std::any_of(saved_biases.begin(), saved_biases.end(), [](float b) { return b != 0; }));
+  const std::vector<float> want_biases = expert_biases("moe_xl_whole", 10);
+  const auto want_routes = runs().routes_by_layer("moe_xl_whole");
+  ASSERT_EQ(want_routes.size(), 10u);
   const struct {
     const char* name;
     int ranks;
@@ -159,13 +194,28 @@ TEST(Distributed, MoeCheckpointsMoveBetweenExpertLayouts) {
                  {"ep2_ddp2_tp2", 4,
                   "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
                   "--parallelism.data_parallel_shard_degree 1 --parallelism.expert_parallel_degree 2 "
-                  "--parallelism.tensor_parallel_degree 2"}};
+                  "--parallelism.tensor_parallel_degree 2"},
+                 // Each stage routes its own layers; the routes summed over the stages move every layer's biases.
+                 {"pp2", 2, "--training.local_batch_size 4 " + layout("pp2_1f1b").flags},
+                 // Each rank routes its chunks; the routes summed over both move the biases (seq_len 32 in 4 chunks).
+                 {"cp2", 2, "--training.local_batch_size 4 " + layout("cp2").flags}};
   for (const auto& t : targets) {
     SCOPED_TRACE(t.name);
+    const std::string dump = std::string("moe_xl_to_") + t.name;
     double worst = 0;
-    expect_resumes_to("moe_xl_saved", std::string("moe_xl_to_") + t.name, t.ranks, batch + t.flags, want, worst);
+    expect_resumes_to("moe_xl_saved", dump, t.ranks, batch + t.flags, want, worst);
     std::printf("EP 2 x FSDP 4 MoE checkpoint resumed as %-12s: worst loss difference %.2e over steps 6-10\n", t.name,
                 worst);
+    const auto routes = runs().routes_by_layer(dump);
+    for (int64_t step = 6; step <= 10; ++step) {
+      const auto got = routes.find(step);
+      if (got == routes.end()) {
+        ADD_FAILURE() << "no moe_routes_by_layer at step " << step;
+        continue;
+      }
+      EXPECT_EQ(got->second, want_routes.at(step)) << "step " << step;
+    }
+    EXPECT_EQ(expert_biases(dump, 10), want_biases);
   }
 }
 

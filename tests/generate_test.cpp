@@ -8,9 +8,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "anvil/cli/generate_cmd.h"
+#include "anvil/data/bpe_tokenizer.h"
+#include "anvil/data/bpe_trainer.h"
 #include "anvil/generate/generator.h"
 #include "anvil/generate/sampler.h"
 #include "anvil/model/hf_format.h"
@@ -239,40 +245,124 @@ TEST(Generate, StreamedTextWaitsForWholeUtf8Characters) {
 }
 
 // The command: a model-only checkpoint (step 3) of a flavour's model from
-// seed 2, with `extra` fields in its state.json; the byte tokenizer.
-fs::path debug_checkpoint(const fs::path& dir, const std::string& name = "llama3", const std::string& flavor = "debugmodel",
-                          const nlohmann::json& extra = {}) {
+// seed 2, with `extra` fields in its state.json; the byte tokenizer. The
+// experts' down projections are scaled by `expert_gain`: at initialisation
+// a MoE layer's output is small beside the residual stream, so which experts
+// a token meets seldom moves its argmax; a gain makes it count.
+fs::path debug_checkpoint(const fs::path& dir, const std::string& name = "llama3",
+                          const std::string& flavor = "debugmodel", const nlohmann::json& extra = {},
+                          float expert_gain = 1.0f) {
   Llama model(model_flavor(name, flavor), DType::f32, 64);
   model.params().init(2);
   std::vector<std::pair<std::string, Tensor>> weights;
-  for (size_t i = 0; i < model.params().specs().size(); ++i)
-    weights.emplace_back(model.params().specs()[i].name, model.params().master(static_cast<int>(i)));
+  for (size_t i = 0; i < model.params().specs().size(); ++i) {
+    const std::string& tensor = model.params().specs()[i].name;
+    Tensor w = model.params().master(static_cast<int>(i));
+    if (expert_gain != 1.0f && tensor.find(".mlp.experts.") != std::string::npos &&
+        tensor.find("down_proj") != std::string::npos)
+      for (int64_t j = 0; j < w.numel(); ++j) w.data<float>()[j] *= expert_gain;
+    weights.emplace_back(tensor, w);
+  }
   save_model_only_checkpoint(dir.string(), 3, weights, name + "/" + flavor, extra);
   return dir / "step-3";
 }
 
+// A tokenizer.json of `vocab` ids: the 256 bytes, then every other id
+// decoding to "<id>", and no BOS or EOS. The byte tokenizer prints nothing for
+// ids past its 258, so under it a command's text hides most of what a model of
+// 2048 tokens chose; under this one the text names every token.
+fs::path id_tokenizer(const fs::path& path, int64_t vocab) {
+  nlohmann::json ids = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) ids[bytes_to_unicode(std::string(1, static_cast<char>(b)))] = b;
+  for (int64_t id = 256; id < vocab; ++id) {
+    std::string name = "<";  // built in steps: GCC 12 warns falsely (-Wrestrict) on "<" + s + ">"
+    name += std::to_string(id);
+    name += '>';
+    ids[name] = id;
+  }
+  nlohmann::json doc;
+  doc["model"] = {{"type", "BPE"}, {"vocab", ids}, {"merges", nlohmann::json::array()}};
+  std::ofstream(path) << doc.dump();
+  return path;
+}
+
+// The greedy continuation `anvil generate STEP --tokenizer TOKENIZER
+// --temperature 0 --dtype fp32 --prompt PROMPT` must print, decoded here as
+// the command decodes it: the source's weights and model state, the prompt
+// after the tokenizer's BOS when it has one, a stop at its EOS.
+std::vector<int32_t> greedy_continuation(const fs::path& step, const fs::path& tokenizer, const std::string& prompt,
+                                         int64_t n) {
+  const ModelSource src = find_model_source(step.string());
+  const std::unique_ptr<Tokenizer> tok = model_source_tokenizer(src, tokenizer.string());
+  Llama model(src.args, DType::f32, src.args.max_seq_len);
+  load_model_weights(src, model.params());
+  apply_model_state(src.model_state, model);
+  std::vector<int32_t> ids;
+  if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());
+  const std::vector<int32_t> body = tok->encode(prompt);
+  ids.insert(ids.end(), body.begin(), body.end());
+  GenerateOptions o = greedy(n);
+  o.eos_id = tok->eos_id();
+  return generate(model, {ids}, o).tokens[0];
+}
+
 // A checkpoint of a MoE trained with DeepSeek-V3's router options: the model
 // it stands for routes as its job did (the options from its config.toml, the
-// experts' biases from state.json's model_state), and the command runs it.
+// experts' biases from state.json's model_state), and the command prints the
+// tokens that model decodes greedily, token for token. The same weights with
+// the biases zeroed decode other tokens, and the command prints those: so the
+// command's tokens show the biases loaded and used.
 TEST(GenerateCommand, AMoeCheckpointRoutesWithItsJobsOptionsAndBiases) {
   const fs::path dir = scratch_root() / "generate_moe_bias";
   fs::remove_all(dir);
   const ModelArgs flavour = model_flavor("qwen3", "debugmodel_moe");
-  std::vector<float> bias(static_cast<size_t>(flavour.n_layers * flavour.num_experts));
+  const size_t E = static_cast<size_t>(flavour.num_experts);
+  std::vector<float> bias(static_cast<size_t>(flavour.n_layers) * E);
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.001f * static_cast<float>(i % 7) - 0.003f;
-  const fs::path step = debug_checkpoint(dir / "checkpoint", "qwen3", "debugmodel_moe",
-                                         {{"model_state", {{"expert_bias", bias}}}});
-  std::ofstream(step / "config.toml") << "[model]\nname = \"qwen3\"\nflavor = \"debugmodel_moe\"\n"
-                                         "moe_score_function = \"sigmoid\"\nmoe_bias_update_rate = 0.001\n";
+  // Sigmoid scores lie in (0, 1): a bias of 2 makes two experts of each layer
+  // (another pair in each) take every token, which the scores alone would
+  // seldom choose, so every token's experts change with the biases, not only
+  // those whose scores nearly tie.
+  for (size_t l = 0; l < static_cast<size_t>(flavour.n_layers); ++l) {
+    bias[l * E + l % E] += 2.0f;
+    bias[l * E + (3 * l + 1) % E] += 2.0f;
+  }
+  const float gain = 30.0f;
+  const fs::path step =
+      debug_checkpoint(dir / "checkpoint", "qwen3", "debugmodel_moe", {{"model_state", {{"expert_bias", bias}}}}, gain);
+  const std::vector<float> zeros(bias.size(), 0.0f);
+  const fs::path unbiased = debug_checkpoint(dir / "checkpoint_unbiased", "qwen3", "debugmodel_moe",
+                                             {{"model_state", {{"expert_bias", zeros}}}}, gain);
+  for (const fs::path& s : {step, unbiased})
+    std::ofstream(s / "config.toml") << "[model]\nname = \"qwen3\"\nflavor = \"debugmodel_moe\"\n"
+                                        "moe_score_function = \"sigmoid\"\nmoe_bias_update_rate = 0.001\n";
   const ModelSource src = find_model_source(step.string());
   EXPECT_TRUE(src.args.moe_sigmoid_scores);
   EXPECT_EQ(src.args.moe_bias_update_rate, 0.001);
   Llama model(src.args, DType::f32, 64);
   apply_model_state(src.model_state, model);
   EXPECT_EQ(model.moe_state()->expert_bias, bias);
-  const testing::CommandOutput out =
-      run_anvil("generate " + step.string() + " --tokenizer bytes --max_new_tokens 4 --temperature 0 --prompt 'Once'");
-  EXPECT_EQ(out.exit_code, 0) << out.text;
+
+  const fs::path tokenizer = id_tokenizer(dir / "ids.json", flavour.vocab_size);
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(tokenizer.string());
+  const std::string prompt = "Once";
+  const int64_t n = 16;
+  const std::vector<int32_t> want = greedy_continuation(step, tokenizer, prompt, n);
+  const std::vector<int32_t> without = greedy_continuation(unbiased, tokenizer, prompt, n);
+  ASSERT_EQ(static_cast<int64_t>(want.size()), n);  // no EOS to stop at, and far from the context
+  ASSERT_NE(want, without) << "the biases change no token, so the command's tokens cannot show them used";
+  ASSERT_NE(tok->decode(want), tok->decode(without));
+  // The streamed continuation, the prompt then its tokens' text, is the whole
+  // line between the banner and the speed line.
+  for (const auto& [source, tokens] : {std::pair{step, want}, std::pair{unbiased, without}}) {
+    const testing::CommandOutput out =
+        run_anvil("generate " + source.string() + " --tokenizer " + tokenizer.string() + " --max_new_tokens " +
+                  std::to_string(n) + " --temperature 0 --dtype fp32 --prompt '" + prompt + "'");
+    EXPECT_EQ(out.exit_code, 0) << out.text;
+    EXPECT_NE(out.text.find("\n" + prompt + tok->decode(tokens) + "\nanvil: prompt"), std::string::npos)
+        << source << ": want the tokens " << ::testing::PrintToString(tokens) << " printed, got\n"
+        << out.text;
+  }
 }
 
 TEST(GenerateCommand, ContinuesAPromptAndExplainsBadInput) {

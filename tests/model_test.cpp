@@ -222,19 +222,65 @@ TEST(Llama, AStageOfATiedModelMustHoldBothEnds) {
   }
 }
 
+namespace {
+
+// The parameters a model holds: its tensors' elements, without the flat buffers' padding (ParamStore::numel).
+int64_t held_params(const Llama& model) {
+  int64_t n = 0;
+  for (const ParamSpec& s : model.params().specs()) n += s.numel();
+  return n;
+}
+
+}  // namespace
+
 // A mixture of experts builds as pipeline stages and under the plain style
 // context parallelism runs through (its layers sum their per-sequence
-// statistics through the style's sequence layout). Its FLOPs per token count
-// the experts a token runs.
+// statistics through the style's sequence layout), each holding the
+// parameters its shapes give. qwen3/debugmodel_moe: dim 256, 6 layers, 8
+// query heads of 64 over 4 KV heads, vocabulary 2048, 8 experts of width 128,
+// untied. A block: q and o 256·512 each, k and v 256·256 each (393,216);
+// two norms of 256 and the q/k norms of 64 (640); the router 8·256 (2,048);
+// the experts 8 · 3 · 256·128 (786,432): 1,182,336. The embedding and the
+// head 2048·256 = 524,288 each, the final norm 256. The stage [0, 3) holds
+// the embedding and blocks 0 and 1: 524,288 + 2 · 1,182,336 = 2,888,960; the
+// whole model 2 · 524,288 + 6 · 1,182,336 + 256 = 8,142,848.
 TEST(Llama, AMixtureOfExpertsBuildsAsStagesAndUnderThePlainStyle) {
   ParallelStyle plain;
   const Llama under_style(model_flavor("qwen3", "debugmodel_moe"), DType::f32, 16,
                           LlamaOptions{.parallel_style = &plain});
   const Llama stage(model_flavor("qwen3", "debugmodel_moe"), DType::f32, 16, LlamaOptions{.stages = {{0, 3}}});
-  EXPECT_GT(stage.params().numel(), 0);
-  EXPECT_GT(under_style.params().numel(), stage.params().numel());
-  const ModelArgs a = model_flavor("qwen3", "30B-A3B");
-  const double attention = 6.0 * static_cast<double>(a.n_layers * a.n_heads * 2 * a.head_dim() * 4096);
-  EXPECT_DOUBLE_EQ(flops_per_token(a, 4096),
-                   6.0 * static_cast<double>(a.active_params() - a.num_embedding_params()) + attention);
+  EXPECT_EQ(held_params(stage), 2'888'960);
+  EXPECT_EQ(held_params(under_style), 8'142'848);
+  EXPECT_EQ(model_flavor("qwen3", "debugmodel_moe").num_params(), 8'142'848);
+}
+
+// FLOPs per token are torchtitan's (get_moe_model_nparams_and_flops; for a
+// dense model get_dense_model_nparams_and_flops): 6 · (the parameters a
+// token's forward uses, less the input embedding; the output projection
+// counts) + 6 · L · H · (2 · head_dim) · T, that is 12 · L · H · Q · T, the
+// causal mask not discounted. Every number below is from the published shapes.
+TEST(Llama, FlopsPerTokenAreTorchtitansCountOfTheWorkATokenRuns) {
+  // qwen3/30B-A3B (config.json): hidden 2048, 48 layers, 32 query heads of
+  // 128 over 4 KV heads, vocabulary 151,936, 128 experts of width 768, 8 per
+  // token, untied. A block runs q and o 2048·4096 each, k and v 2048·512 each
+  // (18,874,368), two norms of 2048 and the q/k norms of 128 (4,352), the
+  // router 128·2048 (262,144) and 8 of its experts, 8 · 3 · 2048·768
+  // (37,748,736): 56,889,600. With the embedding and the head, 151,936·2048 =
+  // 311,164,928 each, and the final norm 2048: 48 · 56,889,600 + 2 ·
+  // 311,164,928 + 2048 = 3,353,032,704 active (the card's 3.3B activated).
+  const ModelArgs moe = model_flavor("qwen3", "30B-A3B");
+  EXPECT_EQ(moe.active_params(), 3'353'032'704);
+  EXPECT_EQ(flops_per_token(moe, 4096), 6.0 * (3'353'032'704.0 - 311'164'928.0) + 12.0 * 48 * 32 * 128 * 4096);
+  // qwen3/debugmodel_moe at T = 16: a block runs 393,216 + 640 + 2,048 and 2
+  // of its 8 experts, 2 · 3 · 256·128 = 196,608 (592,512); 6 · 592,512 + 2 ·
+  // 524,288 + 256 = 4,603,904 active.
+  const ModelArgs debug = model_flavor("qwen3", "debugmodel_moe");
+  EXPECT_EQ(debug.active_params(), 4'603'904);
+  EXPECT_EQ(flops_per_token(debug, 16), 6.0 * (4'603'904.0 - 524'288.0) + 12.0 * 6 * 8 * 64 * 16);
+  // A dense model runs all of it: llama3/8B, 8,030,261,248 parameters
+  // (published), less its embedding 128,256·4096 = 525,336,576; 32 layers of
+  // 32 heads of 128, at T = 8192.
+  const ModelArgs dense = model_flavor("llama3", "8B");
+  EXPECT_EQ(dense.num_params(), 8'030'261'248);
+  EXPECT_EQ(flops_per_token(dense, 8192), 6.0 * (8'030'261'248.0 - 525'336'576.0) + 12.0 * 32 * 32 * 128 * 8192);
 }
