@@ -5,14 +5,16 @@
 # compares neighbouring runs, and the table ends with the median ratio per case.
 #
 #   bench/binary_ab.sh OLD_ANVIL NEW_ANVIL [flavor seq_len batch]...
-#       default cases: debugmodel 256 8, 125M 1024 1 (bf16, no activation checkpointing)
+#       default cases: debugmodel 256 8, 125M 1024 1 (bf16, no activation checkpointing);
+#       a flavor that ends in .toml is a config file run at that seq_len and batch
+#       (e.g. configs/qwen3_moe_debug.toml 256 8), its checkpoints and profiling off
 # Environment: ROUNDS (4), STEPS (timed steps per run, 6).
 # Build the old binary from another checkout, e.g.
 #   git worktree add /tmp/anvil-old <rev> && cmake -S /tmp/anvil-old -B /tmp/anvil-old/build -G Ninja \
 #     -DCMAKE_BUILD_TYPE=Release && ninja -C /tmp/anvil-old/build anvil
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 old=$1 new=$2
 shift 2
 for b in "$old" "$new"; do [ -x "$b" ] || { echo "not an executable: $b" >&2; exit 2; }; done
@@ -29,8 +31,10 @@ trap 'rm -rf "$out"' EXIT
 # tokens/s over the timed steps (the first log interval holds the warm-up steps only).
 # The data is named, not left to the default, so binaries of other versions
 # (whose default dataset may differ) read the same tokens.
-run() {  # binary flavor seq batch
-  "$1" train --model.flavor "$2" --training.seq_len "$3" --training.local_batch_size "$4" \
+run() {  # binary flavor-or-config seq batch
+  local model=(--model.flavor "$2")
+  [[ $2 == *.toml ]] && model=("$2" --checkpoint.enable false --profiling.enable_profiling false)
+  "$1" train "${model[@]}" --training.seq_len "$3" --training.local_batch_size "$4" \
     --training.mixed_precision_param bfloat16 --activation_checkpoint.mode none \
     --training.steps $((STEPS + 2)) --metrics.log_freq 2 --lr_scheduler.warmup_steps 1 \
     --validation.enable false --training.dataset text --training.dataset_path data/shakespeare/train \

@@ -257,3 +257,58 @@ TEST(Gemm, Bf16ProductsMatchADoubleReferenceWidenedAndNative) {
   }
   set_bf16_products_widened(chosen);
 }
+
+namespace {
+
+// A product with M (or K) left to each call against the same product at its
+// fixed shape: the same bits, f32 and bf16, strided, transposed, scaled and
+// accumulating; and one kernel for every count.
+TEST(Gemm, ADimensionLeftToTheCallGivesTheFixedShapesBitsWithOneKernel) {
+  struct Case {
+    RuntimeDim open;
+    bool trans_a, trans_b;
+    DType ab, c;
+  };
+  const Case cases[] = {
+      {RuntimeDim::m, false, true, DType::f32, DType::f32},     // an expert's forward rows
+      {RuntimeDim::m, false, false, DType::bf16, DType::bf16},  // its input gradient, bf16
+      {RuntimeDim::k, true, false, DType::f32, DType::f32},     // its weight gradient's sum over rows
+      {RuntimeDim::k, true, false, DType::bf16, DType::f32},
+  };
+  const int64_t fixed_m = 24, fixed_k = 40, N = 36;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "open " << (c.open == RuntimeDim::m ? "M" : "K") << " ta=" << c.trans_a
+                                      << " tb=" << c.trans_b << " " << dtype_name(c.ab) << "->" << dtype_name(c.c));
+    size_t kernels = 0;
+    for (const int64_t rows : {1, 7, 16, 33, 100}) {
+      const int64_t M = c.open == RuntimeDim::m ? rows : fixed_m, K = c.open == RuntimeDim::k ? rows : fixed_k;
+      // Strides that do not depend on the open dimension: A [K, 50] when transposed, B [K, N + 5] or [N, 70].
+      const int64_t lda = c.trans_a ? 50 : K + 3, ldb = c.trans_b ? 70 : N + 5, ldc = N + 2;
+      const Tensor a = random_tensor({c.trans_a ? K : M, lda}, c.ab, "a");
+      const Tensor b = random_tensor({c.trans_b ? N : K, ldb}, c.ab, "b");
+      const Tensor c0 = random_tensor({M, ldc}, c.c, "c");
+      GemmShape s{.M = M,
+                  .N = N,
+                  .K = K,
+                  .trans_a = c.trans_a,
+                  .trans_b = c.trans_b,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .ldc = ldc,
+                  .ab = c.ab,
+                  .c = c.c,
+                  .alpha = 0.5f,
+                  .accumulate = true};
+      Tensor fixed = c0.to(c.c, MemCategory::workspace, "fixed"), open = c0.to(c.c, MemCategory::workspace, "open");
+      gemm(s, a.raw(), b.raw(), fixed.raw());
+      s.runtime = c.open;
+      const size_t before = gemm_kernels_cached();
+      gemm(s, a.raw(), b.raw(), open.raw());
+      kernels += gemm_kernels_cached() - before;
+      EXPECT_EQ(max_abs_error(to_double(open), to_double(fixed)), 0.0) << rows << " rows";
+    }
+    EXPECT_LE(kernels, 1u);  // the first count made it (unless an earlier case had), the others reused it
+  }
+}
+
+}  // namespace

@@ -1,7 +1,8 @@
 // The experts' grouped products (ops/moe_experts.h): forward, input gradient
 // and weight gradient against a double reference in f32 and bf16, over
 // routings with empty experts, one-row experts and experts longer than a row
-// block; every row on one expert; the result the same on one thread and two.
+// block; every row on one expert; the result the same on one thread and two;
+// a bounded set of kernels whatever the row counts.
 #include "anvil/ops/moe_experts.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "anvil/core/parallel_for.h"
+#include "anvil/ops/matmul.h"
 #include "test_util.h"
 
 namespace {
@@ -131,6 +133,30 @@ TEST(MoeExperts, OneThreadAndTwoGiveTheSameBits) {
   EXPECT_EQ(max_abs_error(to_double(one.y), to_double(two.y)), 0.0);
   EXPECT_EQ(max_abs_error(to_double(one.dx), to_double(two.dx)), 0.0);
   EXPECT_EQ(max_abs_error(to_double(one.dw), to_double(two.dw)), 0.0);
+}
+
+// Each product shape keeps a oneDNN kernel for the life of the process, so
+// learned routing, whose row counts change every step, must not make one per
+// row count: over every count from 1 to 600 rows (tails of every size, for
+// the row blocks and the weight blocks) each of the three products makes two,
+// its whole block's and its tails'.
+TEST(MoeExperts, EveryRowCountMakesABoundedSetOfKernels) {
+  const int64_t K = 20, N = 24, max_rows = 600;
+  const Tensor w = random_tensor({1, N, K}, DType::f32, "w");
+  Tensor dw = Tensor::zeros({1, N, K}, DType::f32, MemCategory::workspace, "dw");
+  const size_t before = gemm_kernels_cached();
+  for (int64_t rows = 1; rows <= max_rows; ++rows) {
+    const Tensor x = random_tensor({rows, K}, DType::f32, "x"), dy = random_tensor({rows, N}, DType::f32, "dy");
+    Tensor y = Tensor::empty({rows, N}, DType::f32, MemCategory::workspace, "y");
+    Tensor dx = Tensor::empty({rows, K}, DType::f32, MemCategory::workspace, "dx");
+    const std::vector<int64_t> offsets{0, rows};
+    grouped_linear_forward(x, w, offsets, y);
+    grouped_linear_backward_input(dy, w, offsets, dx);
+    grouped_linear_backward_weight(dy, x, offsets, dw);
+  }
+  const size_t made = gemm_kernels_cached() - before;
+  std::printf("%d row counts made %zu kernels\n", static_cast<int>(max_rows), made);
+  EXPECT_EQ(made, 3u * 2u);
 }
 
 }  // namespace

@@ -28,15 +28,23 @@ dnnl::memory::data_type dnnl_type(DType t) {
 
 // A primitive is made for the threads the process runs (oneDNN sizes its
 // scratchpad by them), so a change of thread count makes new ones.
+// A dimension left to each call is no part of the key.
+GemmShape key_shape(GemmShape s) {
+  if (s.runtime == RuntimeDim::m) s.M = 0;
+  if (s.runtime == RuntimeDim::k) s.K = 0;
+  return s;
+}
+
 struct GemmKey {
+  explicit GemmKey(const GemmShape& shape) : s(key_shape(shape)) {}
   GemmShape s;
   int threads = num_threads();
   bool operator==(const GemmKey& o) const {
     const GemmShape& a = s;
     const GemmShape& b = o.s;
-    return threads == o.threads && a.M == b.M && a.N == b.N && a.K == b.K && a.trans_a == b.trans_a && a.trans_b == b.trans_b &&
-           a.lda == b.lda && a.ldb == b.ldb && a.ldc == b.ldc && a.ab == b.ab && a.c == b.c && a.alpha == b.alpha &&
-           a.accumulate == b.accumulate;
+    return threads == o.threads && a.M == b.M && a.N == b.N && a.K == b.K && a.trans_a == b.trans_a &&
+           a.trans_b == b.trans_b && a.lda == b.lda && a.ldb == b.ldb && a.ldc == b.ldc && a.ab == b.ab && a.c == b.c &&
+           a.alpha == b.alpha && a.accumulate == b.accumulate && a.runtime == b.runtime;
   }
 };
 struct GemmKeyHash {
@@ -49,7 +57,7 @@ struct GemmKeyHash {
     std::memcpy(&alpha_bits, &s.alpha, 4);
     mix(alpha_bits);
     mix((s.trans_a ? 1 : 0) | (s.trans_b ? 2 : 0) | (s.accumulate ? 4 : 0) | (static_cast<int>(s.ab) << 3) |
-        (static_cast<int>(s.c) << 5));
+        (static_cast<int>(s.c) << 5) | (static_cast<int>(s.runtime) << 7));
     mix(static_cast<uint64_t>(k.threads));
     return h;
   }
@@ -81,6 +89,10 @@ dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, bool trans, int64_t l
 }
 
 GemmShape normalised(GemmShape s) {
+  ANVIL_ASSERT(!(s.runtime == RuntimeDim::m && s.trans_a && s.lda == 0) &&
+                   !(s.runtime == RuntimeDim::k && !s.trans_a && s.lda == 0) &&
+                   !(s.runtime == RuntimeDim::k && s.trans_b && s.ldb == 0),
+               "a product with a dimension left to each call needs strides that do not depend on it");
   if (s.lda == 0) s.lda = s.trans_a ? s.M : s.K;
   if (s.ldb == 0) s.ldb = s.trans_b ? s.K : s.N;
   if (s.ldc == 0) s.ldc = s.N;
@@ -93,9 +105,11 @@ const GemmPrimitive& primitive_for(const GemmShape& s) {
   auto it = ctx.cache.find(GemmKey{s});
   if (it != ctx.cache.end()) return it->second;
   GemmPrimitive g;
-  g.a = matrix_desc(s.M, s.K, s.trans_a, s.lda, s.ab);
-  g.b = matrix_desc(s.K, s.N, s.trans_b, s.ldb, s.ab);
-  g.c = dnnl::memory::desc({s.M, s.N}, dnnl_type(s.c), dnnl::memory::dims{s.ldc, 1});
+  const int64_t M = s.runtime == RuntimeDim::m ? DNNL_RUNTIME_DIM_VAL : s.M;
+  const int64_t K = s.runtime == RuntimeDim::k ? DNNL_RUNTIME_DIM_VAL : s.K;
+  g.a = matrix_desc(M, K, s.trans_a, s.lda, s.ab);
+  g.b = matrix_desc(K, s.N, s.trans_b, s.ldb, s.ab);
+  g.c = dnnl::memory::desc({M, s.N}, dnnl_type(s.c), dnnl::memory::dims{s.ldc, 1});
   dnnl::primitive_attr attr;
   // oneDNN's library-managed scratchpad is shared by every execution of a
   // primitive, so two threads running one cached primitive at once (gemm inside
@@ -114,8 +128,9 @@ const GemmPrimitive& primitive_for(const GemmShape& s) {
     g.impl = pd.impl_info_str();
     g.scratch = pd.scratchpad_desc();
   } catch (const dnnl::error& e) {
-    throw Error(detail::concat("oneDNN cannot build a matmul of M=", s.M, " N=", s.N, " K=", s.K, " (",
-                               dtype_name(s.ab), "->", dtype_name(s.c), "): ", e.what()));
+    throw Error(detail::concat("oneDNN cannot build a matmul of M=", s.runtime == RuntimeDim::m ? "any" : "", s.M,
+                               " N=", s.N, " K=", s.runtime == RuntimeDim::k ? "any" : "", s.K, " (", dtype_name(s.ab),
+                               "->", dtype_name(s.c), "): ", e.what()));
   }
   return ctx.cache.emplace(GemmKey{s}, std::move(g)).first->second;
 }
@@ -185,6 +200,8 @@ BoundPrimitive& bound_primitive(const GemmShape& s) {
   if (it != mine.end()) return it->second;
   BoundPrimitive p;
   p.g = &primitive_for(s);  // the cache's entries stay put as others are added
+  // Memory of open dimensions cannot be made: run_native makes each call's.
+  if (s.runtime != RuntimeDim::none) return mine.emplace(key, std::move(p)).first->second;
   const dnnl::engine& engine = context().engine;
   p.a = dnnl::memory(p.g->a, engine, DNNL_MEMORY_NONE);
   p.b = dnnl::memory(p.g->b, engine, DNNL_MEMORY_NONE);
@@ -210,6 +227,19 @@ void run_native(const GemmShape& s, const void* A, const void* B, void* C, void*
   // A stream per thread: kernels may call gemm from inside a parallel region,
   // where oneDNN runs the product on the calling thread alone.
   thread_local dnnl::stream stream(ctx.engine);
+  if (s.runtime != RuntimeDim::none) {
+    // The operands' memory takes this call's dimensions (a few microseconds,
+    // against a kernel kept per row count).
+    const dnnl::engine& engine = ctx.engine;
+    dnnl::memory a(matrix_desc(s.M, s.K, s.trans_a, s.lda, s.ab), engine, const_cast<void*>(A));
+    dnnl::memory b(matrix_desc(s.K, s.N, s.trans_b, s.ldb, s.ab), engine, const_cast<void*>(B));
+    dnnl::memory c(dnnl::memory::desc({s.M, s.N}, dnnl_type(s.c), dnnl::memory::dims{s.ldc, 1}), engine, C);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+    if (need > 0) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(g.scratch, engine, scratchpad));
+    g.prim.execute(stream, args);
+    stream.wait();
+    return;
+  }
   bound.a.set_data_handle(const_cast<void*>(A));
   bound.b.set_data_handle(const_cast<void*>(B));
   bound.c.set_data_handle(C);
@@ -407,6 +437,12 @@ void gemm(const GemmShape& shape, const void* A, const void* B, void* C, void* s
     return run_widened_in(s, A, B, C, fa, fb, fc);
   }
   run_native(s, A, B, C, scratchpad);
+}
+
+size_t gemm_kernels_cached() {
+  Context& ctx = context();
+  std::lock_guard lock(ctx.mutex);
+  return ctx.cache.size();
 }
 
 std::string matmul_impl_name(DType dtype, int64_t size) {

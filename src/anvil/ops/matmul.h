@@ -13,6 +13,13 @@ namespace anvil {
 // Row-major; op(A) = A, or Aᵀ when trans_a (A is then stored [K,M]); likewise B.
 // A and B share a dtype (f32 or bf16); C may be f32 or bf16 (f32 accumulation).
 // lda/ldb/ldc are row strides in elements (0 = tightly packed).
+// A product whose row count follows the data (an expert's last row block)
+// leaves M, or K for a weight gradient's sum over rows, to each call: one
+// oneDNN kernel (DNNL_RUNTIME_DIM_VAL) then serves every count, where a fixed
+// shape keeps one kernel per count for the life of the process. Strides must
+// not depend on the dimension left open (a transposed A with M open takes an
+// explicit lda).
+enum class RuntimeDim : uint8_t { none, m, k };
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
@@ -21,6 +28,7 @@ struct GemmShape {
   DType c = DType::f32;
   float alpha = 1.0f;
   bool accumulate = false;
+  RuntimeDim runtime = RuntimeDim::none;
 };
 
 void gemm(const GemmShape& s, const void* A, const void* B, void* C);
@@ -31,6 +39,11 @@ void gemm(const GemmShape& s, const void* A, const void* B, void* C);
 // the op's memory is fixed when it starts rather than grown on each thread.
 size_t gemm_scratchpad_bytes(const GemmShape& s);
 void gemm(const GemmShape& s, const void* A, const void* B, void* C, void* scratchpad);
+
+// How many product kernels (oneDNN primitives, one per shape run) the process
+// keeps. They live outside the allocator for the life of the process, so a
+// caller whose shapes follow the data bounds its shapes (ops/moe_experts.h).
+size_t gemm_kernels_cached();
 
 // The name of the kernel oneDNN picks for a square product in `dtype`
 // (e.g. "brg:avx512_core_amx"); used to check that bf16 runs on AMX. A bf16

@@ -81,6 +81,7 @@ void row_block_products(const Tensor& a, const Tensor& w, const std::vector<int6
   const auto shape_of = [&](int64_t rows) {
     GemmShape s = shape;
     s.M = rows;
+    if (rows != kGroupedRowBlock) s.runtime = RuntimeDim::m;  // a tail: one kernel for every count
     return s;
   };
   const std::vector<Task> blocks = row_blocks(offsets, kGroupedRowBlock);
@@ -135,8 +136,15 @@ void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, const std
   const DType dt = dy.dtype();
   const int64_t es = dtype_size(dt), ws = dtype_size(dw.dtype());
   const auto shape_of = [&](int64_t rows) {
-    return GemmShape{.M = N, .N = K, .K = rows, .trans_a = true, .lda = N, .ab = dt, .c = dw.dtype(),
-                     .accumulate = true};
+    return GemmShape{.M = N,
+                     .N = K,
+                     .K = rows,
+                     .trans_a = true,
+                     .lda = N,
+                     .ab = dt,
+                     .c = dw.dtype(),
+                     .accumulate = true,
+                     .runtime = rows == kGroupedWeightBlock ? RuntimeDim::none : RuntimeDim::k};
   };
   // One task per expert with rows (it alone adds into dw[e]), its blocks in row order.
   std::vector<Task> tasks;

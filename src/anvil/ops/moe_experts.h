@@ -12,9 +12,11 @@
 // kGroupedRowBlock for the forward and input gradient, whole experts for the
 // weight gradient, whose tasks each own one dw[e]) that the threads take from
 // a shared counter, every product single-threaded inside the one parallel
-// region. Row blocks keep the products' shapes to a bounded set (a block of
-// at most kGroupedRowBlock rows, whatever the routing), so oneDNN builds a
-// bounded number of kernels rather than one per row count seen. An expert with
+// region. Whole blocks run at their fixed shape; an expert's last, shorter
+// block leaves its row count to the call (RuntimeDim, ops/matmul.h), so each
+// product keeps two oneDNN kernels whatever the routing, where one per row
+// count seen would grow, outside the allocator, for as long as learned
+// routing makes new counts. An expert with
 // no rows costs nothing; one with every row is one run like any other.
 //
 // Tensors f32 or bf16 (x, w, y, dy, dx share one dtype), sums in f32; the
