@@ -18,7 +18,10 @@
 # pristine root is cached as a tarball in /var/cache/anvil-fresh-root/
 # (ANVIL_FRESH_CACHE overrides); each run unpacks a throw-away copy under
 # /var/tmp. CI, when set, is passed into the root (tests then fail instead of
-# skipping).
+# skipping). The oracles' environment (scripts/setup_oracles.sh), where the
+# host has one, is mounted read-only at the same path in the root, as the
+# machine's cache outside the checkout: the root's tests use it, and nothing
+# in the root can change it.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -62,12 +65,18 @@ if [ -n "$inner" ]; then
   # /dev/shm; a tmpfs of the root's own keeps its segments off the host's.
   mkdir -p "$root/dev/shm"
   mount -t tmpfs -o mode=1777,nosuid,nodev shm "$root/dev/shm"
+  if [ -n "${ORACLES:-}" ]; then
+    mkdir -p "$root$ORACLES"
+    mount --bind "$ORACLES" "$root$ORACLES"
+    mount -o remount,bind,ro "$root$ORACLES"
+  fi
 
   status=0
   run() {  # run NAME COMMAND: in the root, as root, with a clean login-like environment
     local name=$1 cmd=$2 env=(HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
                               LANG=C.UTF-8 TERM="${TERM:-dumb}")
     [ -n "${CI:-}" ] && env+=(CI="$CI")
+    [ -n "${ORACLES:-}" ] && env+=(ANVIL_ORACLES="$ORACLES")
     # The network's settings for pip (index, proxy, certificates), as the
     # outer part found them on the host.
     local v
@@ -203,6 +212,15 @@ git clone -q --no-hardlinks "$repo" "$root/root/anvil"
 echo "fresh_debian_check: $(git -C "$root/root/anvil" log -1 --format='%h %s' | cut -c1-100)"
 
 export MAIN_CMD= TEST_CMD=
+# The machine's oracles' environment, where it has one (the tests need it under CI).
+ORACLES=$("$repo/scripts/oracles_dir.sh")
+if [ -x "$ORACLES/bin/python" ]; then
+  echo "fresh_debian_check: the oracles' environment $ORACLES, mounted read-only in the root"
+else
+  echo "fresh_debian_check: no oracles' environment at $ORACLES (scripts/setup_oracles.sh makes it)"
+  ORACLES=
+fi
+export ORACLES
 ((run_main)) && MAIN_CMD=$main_cmd
 ((run_tests)) && TEST_CMD=$test_cmd
 status=0

@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Makes .venv-transformers: torch and Hugging Face transformers from PyPI, for
-# the check that transformers' own model classes decode an Anvil export token
-# for token as Anvil does (Generate.GreedyDecodingMatchesTransformersTokenForToken,
-# scripts/transformers_generate.py). Debian 12's python3-torch (1.13) is too old
-# for transformers' Qwen3 classes (4.51 and later), and PyPI's Linux torch
-# wheel brings NVIDIA's CUDA libraries: about 5.5 GB, which is why the test
-# command (scripts/test.sh) does not install it; without it that test is skipped.
-# The check itself runs on the CPU, in fp32. Idempotent.
+# Makes the oracles' environment: the PyPI packages, written by others, that
+# tests hold Anvil against where Debian 12 has nothing new enough — torch and
+# Hugging Face transformers (their Llama, Qwen3 and Qwen3-MoE classes decode
+# and score Anvil's exports, and their load_balancing_loss_func pins the MoE
+# aux loss), with lm-eval, megatron-core and pyarrow pinned beside them. The
+# pins are scripts/oracles.txt.
 #
-#   scripts/setup_transformers.sh && build/tests/generate_test --gtest_filter='*Transformers*'
+# It lives outside the checkout, once per machine: $ANVIL_ORACLES, or
+# ${XDG_CACHE_HOME:-~/.cache}/anvil/oracles (scripts/oracles_dir.sh), so every
+# clone and every CI run on the machine reuses it. Under CI, .ci/run makes it
+# on the host and scripts/fresh_debian_check.sh mounts it, read-only, at the
+# same path in the fresh root, where the tests that need it fail if it is
+# missing; elsewhere they are skipped, naming this script. PyPI's Linux torch
+# wheel brings NVIDIA's CUDA libraries, so the first run fetches several GB
+# (docs/README.md says how much and how long); later runs check the pins and
+# fetch nothing. The oracles run on the CPU. Idempotent.
+#
+#   scripts/setup_oracles.sh && build/tests/generate_test --gtest_filter='*Transformers*'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-echo "setup_transformers: torch and transformers from PyPI are about 5.5 GB"
-ensure_venv setup_transformers .venv-transformers torch==2.6.0 transformers==4.51.3
+dir=$(scripts/oracles_dir.sh)
+mkdir -p "$(dirname "$dir")"
+mapfile -t pins < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' scripts/oracles.txt)
+t0=$SECONDS
+ensure_venv setup_oracles "$dir" "${pins[@]}"
+echo "setup_oracles: $dir ($(du -sh "$dir" | cut -f1)) ready after $((SECONDS - t0)) s"

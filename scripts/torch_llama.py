@@ -411,10 +411,11 @@ def hf_eval(folder, tokens_path, out_path, threads):
         json.dump(result, open(out_path, "w"))
 
 
-def hf_generate(folder, prompt_ids, max_new_tokens, out_path, threads):
+def hf_generate(folder, prompt_ids, max_new_tokens, out_path, threads, logits_out=None):
     """Greedy continuation of a prompt by a Hugging Face Llama or Qwen3 folder in fp32, every step recomputing the whole
     sequence (no cache): the oracle for Anvil's cached decoding. Writes the new ids and each step's top-two
-    logit margin (how far the choice was from a tie) as JSON."""
+    logit margin (how far the choice was from a tie) as JSON; with logits_out, the logits of every position of the
+    whole sequence (prompt and new ids), (positions, vocab) float32 little-endian, row by row."""
     torch.set_num_threads(threads)
     ids = [int(t) for t in prompt_ids.split(",")]
     model = hf_model(folder, len(ids) + max_new_tokens)
@@ -426,6 +427,8 @@ def hf_generate(folder, prompt_ids, max_new_tokens, out_path, threads):
             ids.append(int(top.indices[0]))
             new.append(ids[-1])
             margins.append(float(top.values[0] - top.values[1]))
+        if logits_out:
+            model.logits(torch.tensor([ids], dtype=torch.int32))[0].float().numpy().astype("<f4").tofile(logits_out)
     result = {"tokens": new, "margins": margins}
     print(json.dumps(result))
     if out_path:
@@ -532,6 +535,8 @@ def main():
     ap.add_argument("--out", metavar="FILE", help="--hf-eval and --hf-generate also write their JSON result here")
     ap.add_argument("--hf-generate", metavar="FOLDER", help="greedy continuation by a Hugging Face Llama or Qwen3 folder (fp32)")
     ap.add_argument("--prompt-ids", metavar="IDS", help="--hf-generate's prompt, comma-separated token ids")
+    ap.add_argument("--logits-out", metavar="FILE",
+                    help="--hf-generate also writes the logits of the whole sequence here (positions x vocab, float32)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     args = ap.parse_args()
     if args.parity:
@@ -543,7 +548,7 @@ def main():
     elif args.hf_generate:
         if not args.prompt_ids:
             ap.error("--hf-generate needs --prompt-ids")
-        hf_generate(args.hf_generate, args.prompt_ids, args.max_new_tokens, args.out, args.threads)
+        hf_generate(args.hf_generate, args.prompt_ids, args.max_new_tokens, args.out, args.threads, args.logits_out)
     elif args.bench:
         bench(args)
     else:

@@ -1,4 +1,4 @@
-# Sourced by scripts/setup.sh and scripts/setup_transformers.sh: a virtual
+# Sourced by scripts/setup.sh and scripts/setup_oracles.sh: a virtual
 # environment of the project's own (the system Python is never touched) with
 # pinned PyPI packages, fetched only when one is missing or another version.
 #

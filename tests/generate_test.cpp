@@ -23,6 +23,7 @@
 #include "anvil/model/llama.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/model_source.h"
+#include "oracles.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -111,7 +112,11 @@ GenerateOptions greedy(int64_t n) {
 // head_dim apart from dim / heads, Qwen3-MoE with its experts routed token by
 // token as the cache decodes), token for token against an oracle decoding the
 // model's Hugging Face export (fp32): `PYTHON scripts/SCRIPT --hf-generate
-// FOLDER --prompt-ids ... --max-new-tokens N --out FILE`.
+// FOLDER --prompt-ids ... --max-new-tokens N --out FILE --logits-out FILE`.
+// The argmax cannot see an error of scale, so the oracle's logits of the
+// whole sequence (prompt and continuation, one forward) are held to Anvil's
+// forward of it: within 1e-5 of the largest logit, element by element, in fp32
+// (both sum in f32 over a few hundred terms per product: about 1e-6 apart).
 void expect_greedy_matches_oracle(const std::string& python, const std::string& script, const std::string& oracle,
                                   const std::string& setup_hint) {
   const fs::path dir = scratch_root() / ("generate_" + script);
@@ -136,10 +141,11 @@ void expect_greedy_matches_oracle(const std::string& python, const std::string& 
       if (!ids.empty()) ids += ',';
       ids += std::to_string(t);
     }
-    const fs::path out = dir / (flavor + "_oracle.json");
+    const fs::path out = dir / (flavor + "_oracle.json"), logits_file = dir / (flavor + "_oracle_logits.f32");
+    fs::remove(logits_file);
     const std::string cmd = python + " " + ANVIL_SOURCE_DIR + "/scripts/" + script + " --hf-generate " + hf.string() +
                             " --prompt-ids " + ids + " --max-new-tokens " + std::to_string(n) + " --out " +
-                            out.string() + " --threads 2 > /dev/null";
+                            out.string() + " --logits-out " + logits_file.string() + " --threads 2 > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed; " << setup_hint;
     const nlohmann::json want_json = nlohmann::json::parse(std::ifstream(out));
     const std::vector<int32_t> want = want_json.at("tokens").get<std::vector<int32_t>>();
@@ -147,6 +153,29 @@ void expect_greedy_matches_oracle(const std::string& python, const std::string& 
     std::printf("%s: %lld greedy tokens; the smallest top-two margin %s saw: %.3g\n", flavor.c_str(),
                 static_cast<long long>(n), oracle.c_str(), *std::min_element(margins.begin(), margins.end()));
     EXPECT_EQ(g.tokens[0], want) << flavor << " against " << oracle;
+
+    // The logits of the whole sequence, Anvil's forward against the oracle's.
+    std::vector<int32_t> whole = prompt;
+    whole.insert(whole.end(), want.begin(), want.end());
+    const int64_t L = static_cast<int64_t>(whole.size()), V = args.vocab_size;
+    StageSaved saved;
+    model.forward(tokens_tensor(whole, 0, L), 1, L, AcPolicy{}, saved);
+    const Tensor mine = model.logits(saved);  // (L, V) f32
+    std::vector<float> theirs(static_cast<size_t>(L * V));
+    std::ifstream in(logits_file, std::ios::binary);
+    in.read(reinterpret_cast<char*>(theirs.data()), static_cast<std::streamsize>(theirs.size() * sizeof(float)));
+    ASSERT_TRUE(in && in.peek() == std::char_traits<char>::eof())
+        << logits_file << " does not hold " << L << " x " << V << " float32 logits";
+    double largest = 0, worst = 0;
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      largest = std::max(largest, std::abs(static_cast<double>(theirs[i])));
+      worst = std::max(worst, std::abs(static_cast<double>(mine.data<float>()[i]) - theirs[i]));
+    }
+    std::printf("%s: logits of %lld positions x %lld within %.2e of the largest logit (%.3g) against %s\n",
+                flavor.c_str(), static_cast<long long>(L), static_cast<long long>(V), worst / largest, largest,
+                oracle.c_str());
+    EXPECT_GT(largest, 0.0) << flavor;
+    EXPECT_LE(worst, 1e-5 * largest) << flavor << " against " << oracle;
   }
 }
 
@@ -157,20 +186,13 @@ TEST(Generate, GreedyDecodingMatchesPyTorchTokenForToken) {
 }
 
 // transformers' own classes (LlamaForCausalLM, Qwen3ForCausalLM,
-// Qwen3MoeForCausalLM) with their KV cache, from the Python of an environment
-// with torch >= 2 and transformers >= 4.51, which Debian's python3-torch is
-// not: ANVIL_TRANSFORMERS_PYTHON, or .venv-transformers that
-// scripts/setup_transformers.sh makes (several GB from PyPI, so the test
-// command does not). Without either the test is skipped, saying how to run it.
+// Qwen3MoeForCausalLM) with their KV cache, in the oracles' environment
+// (tests/oracles.h: torch and transformers from PyPI, as Debian's python3-torch
+// is too old for Qwen3): a failure under CI when it is missing.
 TEST(Generate, GreedyDecodingMatchesTransformersTokenForToken) {
-  std::string python;
-  if (const char* env = std::getenv("ANVIL_TRANSFORMERS_PYTHON"); env != nullptr && *env != '\0') python = env;
-  const fs::path venv = fs::path(ANVIL_SOURCE_DIR) / ".venv-transformers" / "bin" / "python";
-  if (python.empty() && fs::exists(venv)) python = venv.string();
-  if (python.empty())
-    GTEST_SKIP() << "no Python with transformers: run scripts/setup_transformers.sh (or set ANVIL_TRANSFORMERS_PYTHON)";
+  ANVIL_NEED_ORACLES(python);
   expect_greedy_matches_oracle(python, "transformers_generate.py", "transformers",
-                               "scripts/setup_transformers.sh makes an environment with torch and transformers");
+                               "scripts/setup_oracles.sh makes the environment with torch and transformers");
 }
 
 // top_k 1 is greedy; a batch decodes each prompt as it would alone.

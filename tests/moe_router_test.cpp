@@ -9,12 +9,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <vector>
 
 #include "anvil/core/dry_run.h"
 #include "anvil/core/rng.h"
 #include "anvil/ops/moe_dispatch.h"
+#include "oracles.h"
 #include "test_util.h"
 
 namespace {
@@ -317,6 +321,39 @@ TEST(MoeRouter, TopKBeyondTheExpertsIsAClearError) {
     FAIL() << "top_k 5 of 4 experts was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("top_k 5 must be between 1 and the 4 experts"), std::string::npos) << e.what();
+  }
+}
+
+// The load-balancing loss against the code the loss was taken from:
+// transformers' load_balancing_loss_func (modeling_qwen3_moe) for one layer
+// over one sequence, in the oracles' environment (scripts/transformers_aux_loss.py).
+// Both take the softmax and the top k in f32 and sum E · Σ_e (n_e / M) · P_e:
+// within 1e-6 relative. Top-1, top-2 and top-8 of 8 and 16 experts, logits
+// spread enough that the top k has no near-tie rounding could reorder.
+TEST(MoeRouter, AuxLossIsTransformersLoadBalancingLoss) {
+  ANVIL_NEED_ORACLES(python);
+  const std::filesystem::path dir = scratch_root() / "moe_aux_loss";
+  std::filesystem::create_directories(dir);
+  const int64_t M = 61;
+  std::vector<std::pair<std::string, double>> cases;  // (E and k, Anvil's loss)
+  std::string cmd = "'" + python + "' " + ANVIL_SOURCE_DIR + "/scripts/transformers_aux_loss.py";
+  for (const int64_t E : {8, 16})
+    for (const int64_t k : {1, 2, 8}) {
+      const Tensor x = random_tensor({M, E}, DType::f32, "logits", 3.0f);
+      const Routed r = route(x, {k, true});
+      cases.emplace_back("E " + std::to_string(E) + " top " + std::to_string(k), router_aux_loss(r.probs, r.experts));
+      const std::filesystem::path logits = dir / ("logits_" + std::to_string(cases.size()) + ".f32");
+      std::ofstream(logits, std::ios::binary)
+          .write(static_cast<const char*>(x.raw()), static_cast<std::streamsize>(M * E * sizeof(float)));
+      cmd += " --case " + logits.string() + ":" + std::to_string(M) + ":" + std::to_string(E) + ":" + std::to_string(k);
+    }
+  std::string out;
+  ASSERT_EQ(shell_output(cmd, out), 0) << cmd << ":\n" << out;
+  const std::vector<double> theirs = nlohmann::json::parse(out).at("aux").get<std::vector<double>>();
+  ASSERT_EQ(theirs.size(), cases.size()) << out;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::printf("%s: Anvil %.9f, transformers %.9f\n", cases[i].first.c_str(), cases[i].second, theirs[i]);
+    EXPECT_NEAR(cases[i].second, theirs[i], 1e-6 * theirs[i]) << cases[i].first;
   }
 }
 

@@ -42,6 +42,19 @@ inline CommandOutput run_anvil(const std::string& args, const std::string& prefi
   return out;
 }
 
+// `cmd` run by the shell: its exit code, and what it printed on stdout in
+// `out` (its stderr goes to the test's).
+inline int shell_output(const std::string& cmd, std::string& out) {
+  out.clear();
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // A folder of this process's own under the system temp dir, so that test runs
 // going on at the same time (two builds, ctest -j) never share files.
 // It is removed when the test program ends (checkpoints make a full run
