@@ -115,10 +115,18 @@ struct MoeStepState {
   int64_t aux_terms = 0;        // how many were summed
   bool record_experts = false;  // keep every training forward's choice of experts (tests)
   std::vector<Tensor> experts;  // (M, k) i32 copies, in forward order
+  // The most rows one layer's experts on this rank received in a training
+  // forward this step, and that as a share of the rows the dry run has them
+  // receive at model.moe_estimate_load 1 (the rows the forward routed, M·k):
+  // under expert parallelism a learned routing's load, which sets this rank's
+  // memory; 1 without it.
+  int64_t received_rows = 0;
+  double received_share = 0;
   void begin_step() {
     std::fill(routes.begin(), routes.end(), 0);
     aux_sum = 0, aux_terms = 0;
     experts.clear();
+    received_rows = 0, received_share = 0;
   }
 };
 

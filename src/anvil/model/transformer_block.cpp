@@ -1,5 +1,6 @@
 #include "anvil/model/transformer_block.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "anvil/core/error.h"
@@ -235,6 +236,10 @@ void TransformerBlock::report_routing(const BlockSaved& s) const {
   for (int64_t e = 0; e < E; ++e) routes[e] += s.moe.routes.rows(e);
   st.aux_sum += s.moe.aux_loss;
   st.aux_terms += s.moe.sequences;
+  const int64_t routed = s.moe.experts.size(0) * s.moe.experts.size(1), received = s.moe.xe.size(0);
+  st.received_rows = std::max(st.received_rows, received);
+  if (routed > 0)
+    st.received_share = std::max(st.received_share, static_cast<double>(received) / static_cast<double>(routed));
   if (st.record_experts) {
     Tensor copy = Tensor::empty(s.moe.experts.shape(), DType::i32, MemCategory::workspace, "moe.recorded_experts");
     copy.copy_from(s.moe.experts);

@@ -35,6 +35,9 @@ struct MoeReport {
   int64_t num_experts = 0;    // 0: a dense model
   std::vector<double> routes;  // (n_layers, num_experts)
   double aux_loss = 0;
+  // This rank's own (not summed): MoeStepState's received_rows and received_share.
+  int64_t received_rows = 0;
+  double received_share = 0;
 };
 
 struct ForwardBackwardResult {

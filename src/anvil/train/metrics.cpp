@@ -132,6 +132,12 @@ void MetricsLog::log(const StepLog& s) {
       layers.push_back(std::vector<double>(s.moe_routes.begin() + static_cast<std::ptrdiff_t>(i),
                                            s.moe_routes.begin() + static_cast<std::ptrdiff_t>(i + s.moe_experts)));
     j["moe_routes_by_layer"] = layers;
+    j["moe_received_rows"] = s.moe_received_rows;
+    j["moe_received_share"] = s.moe_received_share;
+    if (s.world_size > 1) {
+      j["moe_received_rows_by_rank"] = s.moe_received_rows_by_rank;
+      j["moe_received_share_by_rank"] = s.moe_received_share_by_rank;
+    }
   }
   if (s.world_size > 1) {
     j["world_size"] = s.world_size;

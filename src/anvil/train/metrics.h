@@ -50,6 +50,11 @@ struct StepLog {
   int64_t moe_experts = 0;
   double moe_aux_loss = 0;
   std::vector<double> moe_routes;  // (n_layers, moe_experts)
+  // The most rows one layer's experts received on this rank over the interval,
+  // and that over the balanced share (MoeStepState); every rank's when distributed.
+  int64_t moe_received_rows = 0;
+  double moe_received_share = 0;
+  std::vector<double> moe_received_rows_by_rank, moe_received_share_by_rank;
   // Live bytes per category right after the optimizer step, gradients still held.
   std::array<size_t, kNumMemCategories> live_after_optimizer{};
   // A job on a GPU: its device pool's peaks over the interval (core/device_pool.h's

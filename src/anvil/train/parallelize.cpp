@@ -232,6 +232,8 @@ MoeReport ParallelizedModel::moe_report() {
     std::copy(t.data<float>(), t.data<float>() + sums.size(), sums.begin());
   }
   r.routes.assign(sums.begin(), sums.end() - 2);
+  r.received_rows = moe->received_rows;
+  r.received_share = moe->received_share;
   const double terms = sums.back();
   r.aux_loss = terms > 0 ? sums[sums.size() - 2] / terms : 0.0;
   return r;

@@ -66,6 +66,10 @@ void gather_rank_figures(const ParallelDims& par, StepLog& log) {
   log.peak_rss_mib_by_rank = par.gather_world(static_cast<double>(log.peak_rss) / (1 << 20));
   log.untracked_mib_by_rank = par.gather_world(static_cast<double>(log.untracked) / (1 << 20));
   log.peak_reserved_mib_by_rank = par.gather_world(static_cast<double>(log.memory.peak_reserved) / (1 << 20));
+  if (log.moe_experts > 0) {  // the same on every rank
+    log.moe_received_rows_by_rank = par.gather_world(static_cast<double>(log.moe_received_rows));
+    log.moe_received_share_by_rank = par.gather_world(log.moe_received_share);
+  }
   // Each category's peak on every rank: what the per-rank estimate is held against.
   const std::vector<double> mine(log.memory.peak.begin(), log.memory.peak.end());
   const std::vector<double> all = par.gather_world(mine);
@@ -111,6 +115,8 @@ void StepLogger::add_moe(const MoeReport& r) {
   interval_moe_.num_experts = r.num_experts;
   for (size_t i = 0; i < r.routes.size(); ++i) interval_moe_.routes[i] += r.routes[i];
   interval_moe_.aux_loss = r.aux_loss;
+  interval_moe_.received_rows = std::max(interval_moe_.received_rows, r.received_rows);
+  interval_moe_.received_share = std::max(interval_moe_.received_share, r.received_share);
 }
 
 void StepLogger::step_done(int64_t step, double loss, double grad_norm, double lr, int64_t step_tokens) {
@@ -166,6 +172,8 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
   log.moe_experts = interval_moe_.num_experts;
   log.moe_aux_loss = interval_moe_.aux_loss;
   log.moe_routes = interval_moe_.routes;
+  log.moe_received_rows = interval_moe_.received_rows;
+  log.moe_received_share = interval_moe_.received_share;
   interval_moe_ = {};
   if (par_.distributed() && interval_steps_ > 0) {
     const auto steps = static_cast<double>(interval_steps_);

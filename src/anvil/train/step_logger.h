@@ -81,7 +81,7 @@ class StepLogger {
   double data_seconds_ = 0;
   int64_t interval_tokens_ = 0;
   int64_t interval_logged_steps_ = 0;  // steps since the last log line
-  MoeReport interval_moe_;  // routes summed over the interval, the last step's aux loss
+  MoeReport interval_moe_;  // routes summed over the interval, the last step's aux loss, the most rows received
   MemStats run_peaks_;  // the largest peaks of the logging intervals written so far
   Device device_;       // where the job runs: the default device when the logger is made
   MemStats device_run_peaks_;
