@@ -101,11 +101,13 @@ TEST(ProcessMemory, AnFsdp2RunPeakRssIsTheEstimatePlusTheUntrackedPartWithinFive
 
 // Under learned routing the row counts of the experts' products change every
 // step. Every kernel and buffer a step needs is made in step 1 when each of
-// them is bounded (ops/moe_experts.h), so the untracked part then stops
-// growing: measured at 0.6% of the peak RSS over these 20 steps (2 MiB), where
-// a kernel kept per row count grew it by 8.9% (35 MiB). Bound: 2%.
-// And so the peak RSS is the prediction made after step 1 (the estimate plus
-// step 1's untracked part, which the trainer prints), within the 5% margin.
+// them is bounded (ops/moe_experts.h), so the untracked part then all but
+// stops growing. Its growth after step 1 is held to 5% of the estimate's
+// reserved bytes (what the job is predicted to hold; the binary's own size,
+// which differs between builds, plays no part): measured 1.2% to 2.6% over
+// these 20 steps (2.0 to 4.3 MiB, the CUDA build here and the CPU build of a
+// fresh root), where a kernel kept per row count grew it by 20% (35 MiB). And so the peak RSS is the prediction made
+// after step 1 (the estimate plus step 1's untracked part, which the trainer prints), within the 5% margin.
 TEST(ProcessMemory, LearnedRoutingStopsGrowingTheUntrackedPartAfterStepOne) {
   const fs::path dump = anvil::testing::scratch_root() / "rss_moe_learned";
   fs::remove_all(dump);
@@ -125,18 +127,18 @@ TEST(ProcessMemory, LearnedRoutingStopsGrowingTheUntrackedPartAfterStepOne) {
     peak_rss = std::max(peak_rss, j["peak_rss_bytes"].get<double>());
   }
   ASSERT_EQ(untracked.size(), 20u) << "one line a step in " << dump;
-  const double growth = *std::max_element(untracked.begin(), untracked.end()) - untracked.front();
-  std::printf("untracked after step 1 %.1f MiB, grew by %.1f MiB (%.2f%% of the peak RSS %.1f MiB)\n",
-              untracked.front() / (1 << 20), growth / (1 << 20), 100 * growth / peak_rss, peak_rss / (1 << 20));
-  EXPECT_LE(growth, 0.02 * peak_rss);
   std::vector<std::string> words;
   std::istringstream in(args);
   for (std::string w; in >> w;)
     if (w != "train") words.push_back(w);
   const JobConfig cfg = parse_config(words);
-  const double predicted =
-      static_cast<double>(estimate_layout(cfg, job_model_args(cfg), 1).ranks[0].memory.peak_reserved) +
-      untracked.front();
+  const double reserved =
+      static_cast<double>(estimate_layout(cfg, job_model_args(cfg), 1).ranks[0].memory.peak_reserved);
+  const double growth = *std::max_element(untracked.begin(), untracked.end()) - untracked.front();
+  std::printf("untracked after step 1 %.1f MiB, grew by %.1f MiB (%.2f%% of the estimate's %.1f MiB)\n",
+              untracked.front() / (1 << 20), growth / (1 << 20), 100 * growth / reserved, reserved / (1 << 20));
+  EXPECT_LE(growth, 0.05 * reserved);
+  const double predicted = reserved + untracked.front();
   std::printf("predicted after step 1 %.1f MiB, peak RSS %.1f MiB (%+.2f%%)\n", predicted / (1 << 20),
               peak_rss / (1 << 20), 100 * (peak_rss / predicted - 1));
   EXPECT_LE(std::abs(peak_rss / predicted - 1), 0.05);
