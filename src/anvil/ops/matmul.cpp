@@ -128,8 +128,9 @@ const GemmPrimitive& primitive_for(const GemmShape& s) {
     g.impl = pd.impl_info_str();
     g.scratch = pd.scratchpad_desc();
   } catch (const dnnl::error& e) {
-    throw Error(detail::concat("oneDNN cannot build a matmul of M=", s.runtime == RuntimeDim::m ? "any" : "", s.M,
-                               " N=", s.N, " K=", s.runtime == RuntimeDim::k ? "any" : "", s.K, " (", dtype_name(s.ab),
+    const std::string m = s.runtime == RuntimeDim::m ? "any" : std::to_string(s.M);
+    const std::string k = s.runtime == RuntimeDim::k ? "any" : std::to_string(s.K);
+    throw Error(detail::concat("oneDNN cannot build a matmul of M=", m, " N=", s.N, " K=", k, " (", dtype_name(s.ab),
                                "->", dtype_name(s.c), "): ", e.what()));
   }
   return ctx.cache.emplace(GemmKey{s}, std::move(g)).first->second;
