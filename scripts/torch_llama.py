@@ -285,6 +285,9 @@ def parity(folder, threads):
     for step in range(steps):
         adamw.zero_grad()
         tokens, targets = batches["tokens"][step], batches["targets"][step]
+        if step == 0 and cfg.get("logits"):  # the first batch's logits at the initial weights, (B, T, V)
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                write_safetensors(f"{folder}/torch_logits.safetensors", {"logits": model.logits(tokens, eos_id)})
         n = int((targets != -100).sum())  # the step's tokens normalise every micro-batch's loss
         total, aux_total = 0.0, 0.0
         step_counts = [[0] * cfg.get("num_experts", 0) for _ in range(cfg["n_layers"])]  # routes per expert
