@@ -47,6 +47,7 @@
 #include "anvil/train/estimate.h"
 #include "allocation_timeline.h"
 #include "mpi_test_util.h"
+#include "run_cache.h"
 #include "test_util.h"
 
 namespace anvil::testing {
@@ -648,14 +649,30 @@ class TrainRuns {
   }
 
   // The dump folder of a single-process run with `flags`, run once per set of
-  // flags and shared by every case and test of this program that needs it.
+  // flags and shared by every case and test that needs it: of this program
+  // by the map, of the other programs and cases by the cache on disk
+  // (tests/run_cache.h), keyed by the run's arguments and the corpus.
   std::string reference(const std::string& flags) {
     const auto it = references_.find(flags);
     if (it != references_.end()) return it->second;
     const std::string dump = "single_" + std::to_string(references_.size());
+    references_[flags] = dump;
+    std::string key = args("<dump>", flags);
+    for (size_t at; (at = key.find(dir_.string())) != std::string::npos;) key.replace(at, dir_.string().size(), "<runs>");
+    for (const char* file : {"documents.jsonl", "text.txt"}) {
+      std::ifstream in(dir_ / file);
+      std::stringstream text;
+      text << in.rdbuf();
+      key += "\n" + std::string(file) + ":\n" + text.str();
+    }
+    const RunCache cache;
+    if (const std::filesystem::path entry = cache.find(key); !entry.empty()) {
+      std::filesystem::create_directory_symlink(entry, dir_ / dump);
+      return dump;
+    }
     const CommandOutput ref = single(dump, flags);
     EXPECT_EQ(ref.exit_code, 0) << ref.text;
-    references_[flags] = dump;
+    if (ref.exit_code == 0) cache.keep(dir_ / dump, key);
     return dump;
   }
 
