@@ -318,6 +318,11 @@ def parity(folder, threads):
         if cfg.get("moe_bias_update_rate", 0) > 0:
             model.update_expert_bias(step_counts)
     result = {"losses": losses, "aux_losses": aux_losses}
+    if cfg.get("bf16_matmul_error"):  # this torch's bf16 product against the exact one of its inputs, at K = 2048
+        torch.manual_seed(0)
+        a, b = torch.randn(64, 2048).bfloat16(), torch.randn(2048, 64).bfloat16()
+        exact = a.double() @ b.double()
+        result["bf16_matmul_error"] = ((a @ b).double() - exact).norm().item() / exact.norm().item()
     if cfg.get("moe_bias_update_rate", 0) > 0:  # float32 values, written exactly
         result["expert_bias"] = [float(b) for layer in model.expert_bias for b in layer.tolist()]
     json.dump(result, open(f"{folder}/torch_result.json", "w"))
