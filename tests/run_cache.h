@@ -10,7 +10,9 @@
 // modification time key the whole cache, whose entries are removed when they
 // change. The folder (ANVIL_RUN_CACHE, in the build tree) is removed at the
 // end of every ctest run by the RunCache.Removed fixture (tests/CMakeLists.txt):
-// a reference takes about 140 MB with its checkpoints.
+// a reference takes about 140 MB with its checkpoints. (A scratch folder kept
+// with ANVIL_KEEP_TEST_FILES then links to removed entries: run the case's
+// test program directly, outside ctest, to keep its reference.)
 //
 // Entries are only read. A run is made in the case's own folder, then moved
 // into the cache under a name of its own and renamed to its entry's (atomic,
