@@ -327,8 +327,10 @@ void spread_head_norms(Llama& model) {
   ps.sync_compute_copy();
 }
 
-void check_parity(const std::string& flavor, DType dt, Tolerances tol, bool rope_scaling = false,
+// fp32 (the bf16 rows are check_bf16_gap_parity's).
+void check_parity(const std::string& flavor, Tolerances tol, bool rope_scaling = false,
                   const std::string& family = "llama3") {
+  const DType dt = DType::f32;
   ModelArgs args = model_flavor(family, flavor);
   if (rope_scaling) {
     // Llama 3.1's frequency scaling with a short original context, so that the
@@ -524,7 +526,7 @@ TEST(Parity, BlockCausalGqaAccumulation2Fp32) {
 
 // Qwen3 (q/k norms, head_dim 64 apart from dim / heads, GQA 2): causal, then
 // block-causal over 10 steps with accumulation 2 and AC none and full.
-TEST(Parity, Qwen3DebugModelFp32) { check_parity("debugmodel", DType::f32, {5e-7, 5e-6, 5e-6}, false, "qwen3"); }
+TEST(Parity, Qwen3DebugModelFp32) { check_parity("debugmodel", {5e-7, 5e-6, 5e-6}, false, "qwen3"); }
 TEST(Parity, Qwen3BlockCausalAccumulation2Fp32) {
   check_document_parity(model_flavor("qwen3", "debugmodel"), "qwen3_debugmodel", 2, 1e-6, true);
 }
@@ -541,8 +543,8 @@ TEST(Parity, Qwen3BlockCausalAccumulation2Fp32) {
 // (steps 1-5, absolute) 7.3e-7 debugmodel, 1.17e-6 25M. Bounds: loss 5e-7 (6x
 // and 7x), gradients 5e-6 (6x, 5x), trajectory 5e-6 (7x, 4x): a few-fold room
 // for another CPU's kernels summing in another order, none for a real bug.
-TEST(Parity, DebugModelFp32NoGqa) { check_parity("debugmodel", DType::f32, {5e-7, 5e-6, 5e-6}); }
-TEST(Parity, Model25MFp32GqaRopeScaling) { check_parity("25M", DType::f32, {5e-7, 5e-6, 5e-6}, true); }
+TEST(Parity, DebugModelFp32NoGqa) { check_parity("debugmodel", {5e-7, 5e-6, 5e-6}); }
+TEST(Parity, Model25MFp32GqaRopeScaling) { check_parity("25M", {5e-7, 5e-6, 5e-6}, true); }
 
 // bf16: both sides round activations to bf16 (u = 2^-8), but at different
 // places (PyTorch autocast keeps norms, softmax and residual adds in f32 and
