@@ -266,15 +266,41 @@ class Llama(torch.nn.Module):
         return (h @ out_w.t()).to(self.dtype), aux, routes
 
 
+def make_optimizers(opt, named):
+    """AdamW over every parameter; or, with opt["name"] == "Muon", torch.optim.Muon (torch 2.9 and later) over the
+    hidden matrices, Moonlight's and torchtitan's choice written here on its own: every 2-D parameter of a
+    transformer block but a mixture of experts' router (mlp.gate.weight), each expert's matrices their own
+    parameters; and AdamW over the rest (the embedding, the norms, the head, the router). opt["ns_dtype"] "f32"
+    runs Newton-Schulz without its bf16 cast (torch_muon.py's patch)."""
+    named = list(named)
+    if opt.get("name", "AdamW") != "Muon":
+        return [torch.optim.AdamW([p for _, p in named], lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]),
+                                  eps=opt["eps"], weight_decay=opt["weight_decay"])]
+    import torch.optim._muon as muon_module
+    if opt["ns_dtype"] == "f32":
+        from torch_muon import f32_newton_schulz
+        muon_module._zeropower_via_newtonschulz = f32_newton_schulz()
+
+    def hidden(name, p):
+        return name.startswith("model.layers.") and p.dim() == 2 and not name.endswith(".mlp.gate.weight")
+
+    matrices = [p for name, p in named if hidden(name, p)]
+    rest = [p for name, p in named if not hidden(name, p)]
+    return [torch.optim.Muon(matrices, lr=opt["muon_lr"], weight_decay=opt["muon_weight_decay"],
+                             momentum=opt["muon_momentum"], nesterov=opt["muon_nesterov"],
+                             ns_steps=opt["muon_ns_steps"], eps=opt["muon_eps"],
+                             adjust_lr_fn=opt["muon_adjust_lr_fn"]),
+            torch.optim.AdamW(rest, lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"],
+                              weight_decay=opt["weight_decay"])]
+
+
 def parity(folder, threads):
     torch.set_num_threads(threads)
     cfg = json.load(open(f"{folder}/config.json"))
     weights = read_safetensors(f"{folder}/weights.safetensors")
     batches = read_safetensors(f"{folder}/batches.safetensors")
     model = Llama(cfg, weights)
-    opt = cfg["optimizer"]
-    adamw = torch.optim.AdamW([p for _, p in model.named()], lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]),
-                              eps=opt["eps"], weight_decay=opt["weight_decay"])
+    optimizers = make_optimizers(cfg["optimizer"], model.named())
     bf16 = cfg.get("compute_dtype") == "bf16"
     eos_id = cfg.get("eos_id")  # block-causal attention when given
     micro_batches = cfg.get("micro_batches", 1)  # gradient accumulation over slices of the batch's rows
@@ -283,7 +309,8 @@ def parity(folder, threads):
     aux_scale = cfg.get("router_aux_loss_coef", 0.0) / (cfg["n_layers"] * batches["tokens"].shape[1])
     losses, aux_losses, routes = [], [], {}
     for step in range(steps):
-        adamw.zero_grad()
+        for o in optimizers:
+            o.zero_grad()
         tokens, targets = batches["tokens"][step], batches["targets"][step]
         if step == 0 and cfg.get("logits"):  # the first batch's logits at the initial weights, (B, T, V)
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -314,7 +341,8 @@ def parity(folder, threads):
             # With the weights they were taken at, so the other side can compare this step alone.
             write_safetensors(f"{folder}/torch_grads_last.safetensors", {name: p.grad for name, p in model.named()})
             write_safetensors(f"{folder}/torch_weights_last.safetensors", {name: p.detach() for name, p in model.named()})
-        adamw.step()
+        for o in optimizers:
+            o.step()
         if cfg.get("moe_bias_update_rate", 0) > 0:
             model.update_expert_bias(step_counts)
     result = {"losses": losses, "aux_losses": aux_losses}

@@ -66,6 +66,31 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunBitForBit) {
   }
 }
 
+// Muon's momentum and its AdamW groups' moments come back exactly; a resume
+// under the other optimizer is refused, saying how to go on.
+TEST(Checkpoint, AMuonRunResumesBitForBitAndRefusesToResumeUnderAdamW) {
+  const fs::path dir = workdir("muon");
+  const std::string common = args(dir, "bfloat16") + " --optimizer.name Muon";
+  Output whole = run(common + " --training.steps 8 --job.dump_folder " + (dir / "whole").string());
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;
+  const std::string ck = " --checkpoint.enable --checkpoint.interval 4 --job.dump_folder " + (dir / "split").string();
+  Output first = run(common + " --training.steps 4" + ck);
+  ASSERT_EQ(first.exit_code, 0) << first.text;
+  Output second = run(common + " --training.steps 8" + ck);
+  ASSERT_EQ(second.exit_code, 0) << second.text;
+  EXPECT_NE(second.text.find("resumed from"), std::string::npos) << second.text;
+  const auto a = losses(dir / "whole" / "metrics.jsonl"), b = losses(dir / "split" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  Output adamw = run(args(dir, "bfloat16") + " --training.steps 12" + ck);
+  EXPECT_EQ(adamw.exit_code, 1) << adamw.text;
+  EXPECT_NE(adamw.text.find("holds the state of optimizer.name = \"Muon\", and this run sets \"AdamW\"; a run "
+                            "cannot change its optimizer on resume"),
+            std::string::npos)
+      << adamw.text;
+}
+
 TEST(Checkpoint, CorruptOrMismatchingCheckpointsAreRefused) {
   const fs::path dir = workdir("faults");
   const std::string ck = " --checkpoint.enable --checkpoint.interval 2 --job.dump_folder " + (dir / "run").string();

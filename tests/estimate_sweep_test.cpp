@@ -94,7 +94,9 @@ std::vector<std::string> words_of(const std::string& s) {
 // steps 2 and 4, whose second save gathers its state while training has run
 // beside the first's copy; Qwen3 alone and over TP 2; Qwen3-MoE routing as
 // it learns (not the dry run's balanced case) alone, saving in the background,
-// and over HSDP 2 × 2 with accumulation — then 32 drawn with a fixed seed; a
+// and over HSDP 2 × 2 with accumulation; Muon in bf16 alone, saving (its
+// state gathered into the weights' layout for the save), and over DDP 2 with
+// accumulation and a mixture of experts — then 32 drawn with a fixed seed; a
 // draw the trainer's own layout check refuses is drawn again.
 std::vector<SweepCase> sweep_cases() {
   std::vector<SweepCase> cases{{"debug_fsdp2_T256_B4", 2,
@@ -126,11 +128,21 @@ std::vector<SweepCase> sweep_cases() {
                                 "--parallelism.data_parallel_shard_degree 2 --training.seq_len 32 "
                                 "--training.local_batch_size 2 --training.global_batch_size 16 "
                                 "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op "
+                                "--training.mixed_precision_param float32"},
+                               {"muon_single_T32_B2_bf16_save", 1,
+                                "--optimizer.name Muon --training.seq_len 32 --training.local_batch_size 2 "
+                                "--checkpoint.enable --checkpoint.interval 2 --training.mixed_precision_param bfloat16"},
+                               {"muon_qwen3_moe_ddp2_T32_B2_accum2_f32", 2,
+                                "--optimizer.name Muon --optimizer.muon_ns_dtype float32 --model.name qwen3 "
+                                "--model.flavor debugmodel_moe --parallelism.data_parallel_replicate_degree 2 "
+                                "--parallelism.data_parallel_shard_degree 1 --training.seq_len 32 "
+                                "--training.local_batch_size 2 --training.global_batch_size 8 "
                                 "--training.mixed_precision_param float32"}};
+  const size_t by_hand = cases.size();
   std::mt19937 rng(20261125);
   auto pick = [&](size_t n) { return static_cast<size_t>(std::uniform_int_distribution<size_t>(0, n - 1)(rng)); };
   const int64_t seq_lens[] = {16, 24, 32, 48, 64};
-  while (cases.size() < 38) {
+  while (cases.size() < by_hand + 32) {
     const SweepLayout& layout = kLayouts[pick(std::size(kLayouts))];
     const int64_t T = seq_lens[pick(std::size(seq_lens))];
     const int64_t mb = 1 + static_cast<int64_t>(pick(2));

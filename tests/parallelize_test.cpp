@@ -6,20 +6,26 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "anvil/core/allocator.h"
+#include "anvil/core/safetensors.h"
+#include "anvil/model/llama.h"
 #include "anvil/ops/grad_norm.h"
 #include "anvil/train/checkpoint.h"
+#include "anvil/train/config.h"
+#include "anvil/train/optimizer.h"
 #include "anvil/train/forward_backward.h"
 #include "anvil/train/parallel_dims.h"
 #include "test_util.h"
 
 namespace anvil {
 namespace {
+namespace fs = std::filesystem;
 using testing::same_bytes;
 
 JobConfig small_config(int64_t seed = 0) {
@@ -29,6 +35,7 @@ JobConfig small_config(int64_t seed = 0) {
   cfg.training.local_batch_size = 2;
   cfg.training.mixed_precision_param = "float32";
   cfg.training.seed = seed;
+  cfg.optimizer.lr = 1e-3;
   return cfg;
 }
 
@@ -58,8 +65,7 @@ double step(ParallelizedModel& layout, const MicroBatches& mb, int64_t step_numb
   const ForwardBackwardResult r = layout.forward_backward(mb, 1.0f / static_cast<float>(tokens), AcPolicy{}, {});
   layout.finish_backward();
   const double norm = layout.grad_norm();
-  AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  layout.optimizer_step(adamw, step_number, 1.0f);
+  layout.optimizer_step(1.0, step_number, 1.0f);
   layout.release_grads();
   EXPECT_EQ(r.loss_tokens, tokens);
   EXPECT_EQ(r.stopped_after, 0);
@@ -83,7 +89,7 @@ TEST(ParallelizedModel, MomentsAppearAtTheFirstOptimizerStepAndTheNormIsTheGradi
   EXPECT_GT(expected, 0);
   EXPECT_EQ(layout.grad_norm(), expected);
   EXPECT_EQ(live_optimizer_bytes(), before);
-  layout.optimizer_step(AdamWConfig{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}, 1, 1.0f);
+  layout.optimizer_step(1.0, 1, 1.0f);
   EXPECT_EQ(live_optimizer_bytes() - before, 2 * sizeof(float) * static_cast<size_t>(layout.model().params().numel()));
   layout.release_grads();
   EXPECT_FALSE(layout.model().params().grad_flat().defined());
@@ -115,6 +121,122 @@ TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
   const double norm_a = step(a, second, 2), norm_b = step(b, second, 2);
   EXPECT_EQ(norm_a, norm_b);
   EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+}
+
+// Muon's state: one fp32 momentum per element of its matrices, AdamW's two
+// moments for the rest (the embedding, norms, the head; a mixture of experts'
+// router), counted here from the names alone.
+TEST(MuonLayout, StateIsOneMomentumPerMatrixElementAndTwoMomentsPerOtherElement) {
+  for (const std::string flavor : {"debugmodel", "debugmodel_moe"}) {
+    JobConfig cfg = small_config();
+    cfg.model.name = flavor == "debugmodel" ? "llama3" : "qwen3";
+    cfg.model.flavor = flavor;
+    cfg.optimizer.name = "Muon";
+    const ModelArgs args = job_model_args(cfg);
+    const ParallelDims par = setup_parallel(cfg, args);
+    const size_t before = live_optimizer_bytes();
+    ParallelizedModel layout(cfg, args, par, DType::f32);
+    int64_t matrices = 0, others = 0, experts = 0;
+    for (const ParamSpec& s : layout.model().params().specs()) {
+      const bool router = s.name.ends_with(".mlp.gate.weight");
+      const bool matrix = s.name.find("layers.") != std::string::npos && s.shape.size() == 2 && !router;
+      (matrix ? matrices : others) += s.numel();
+      experts += s.name.find(".experts.") != std::string::npos;
+    }
+    EXPECT_GT(matrices, 0);
+    EXPECT_EQ(experts > 0, flavor != "debugmodel") << "each expert's matrices are parameters of their own";
+    step(layout, random_batches(1, 2, 32, args.vocab_size, 1), 1);
+    EXPECT_EQ(live_optimizer_bytes() - before, static_cast<size_t>(4 * matrices + 8 * others)) << flavor;
+  }
+}
+
+TEST(MuonLayout, ACheckpointRestoresWeightsAndMomentumBitForBitAndRefusesAnotherOptimizer) {
+  JobConfig cfg = small_config();
+  cfg.optimizer.name = "Muon";
+  const ModelArgs args = job_model_args(cfg);
+  const ParallelDims par = setup_parallel(cfg, args);
+  const MicroBatches first = random_batches(2, 2, 32, args.vocab_size, 2);
+  const MicroBatches second = random_batches(2, 2, 32, args.vocab_size, 3);
+  ParallelizedModel a(cfg, args, par, DType::f32);
+  step(a, first, 1);
+  const fs::path folder = testing::scratch_root() / "parallelize_test_muon_ckpt";
+  fs::remove_all(folder);
+  Checkpointer ckpt(folder.string(), 0);
+  a.save_checkpoint(ckpt, 1, /*model_only=*/false, DType::f32, [&] {
+    return CheckpointMeta{nlohmann::json::object(), {}, "", "llama3/debugmodel", {}};
+  });
+  ckpt.wait();
+  // torch.optim.Muon's name for the state of a matrix; AdamW's for the embedding.
+  const SafetensorsFile saved = load_safetensors((folder / "step-1" / "optimizer.safetensors").string());
+  EXPECT_TRUE(saved.tensors.contains("model.layers.0.self_attn.q_proj.weight.momentum_buffer"));
+  EXPECT_FALSE(saved.tensors.contains("model.layers.0.self_attn.q_proj.weight.exp_avg_sq"));
+  EXPECT_TRUE(saved.tensors.contains("model.embed_tokens.weight.exp_avg_sq"));
+
+  JobConfig other = small_config(7);
+  other.optimizer.name = "Muon";
+  ParallelizedModel b(other, args, par, DType::f32);
+  ASSERT_FALSE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+  b.load_checkpoint(ckpt, 1);
+  EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+  const double norm_a = step(a, second, 2), norm_b = step(b, second, 2);
+  EXPECT_EQ(norm_a, norm_b);
+  EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+
+  ParallelizedModel adamw(small_config(), args, par, DType::f32);
+  try {
+    adamw.load_checkpoint(ckpt, 1);
+    ADD_FAILURE() << "a Muon checkpoint resumed under AdamW";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds the state of optimizer.name = \"Muon\", and this run sets "
+                                         "\"AdamW\"; a run cannot change its optimizer on resume"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Each way the groups can be wrong gets one line naming the parameter and the fix.
+TEST(MuonLayout, GroupsThatLeaveAParameterWithoutOrWithTwoOptimizersOrGiveMuonAVectorAreRefused) {
+  const auto error_of = [](const std::string& key, const std::string& value) {
+    JobConfig cfg = small_config();
+    cfg.optimizer.name = "Muon";
+    if (key == "muon_params") cfg.optimizer.muon_params = value;
+    if (key == "adamw_params") cfg.optimizer.adamw_params = value;
+    const ModelArgs args = job_model_args(cfg);
+    ParamStore ps(llama_param_specs(args), DType::f32, /*allocate=*/false);
+    try {
+      (void)muon_matrices(optimizer_config(cfg), ps.specs());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of("", ""), "");
+  EXPECT_EQ(error_of("adamw_params", "model.embed_tokens.weight,lm_head.weight,*norm.weight"), "")
+      << "a dense model has no router to name";
+  EXPECT_EQ(error_of("adamw_params", "model.embed_tokens.weight,lm_head.weight"),
+            "optimizer.name = \"Muon\": parameter model.layers.0.input_layernorm.weight matches neither "
+            "optimizer.muon_params nor optimizer.adamw_params, so no optimizer would update it; add a pattern that "
+            "names it to one of the two");
+  EXPECT_NE(error_of("muon_params", "model.layers.*").find("parameter model.layers.0.input_layernorm.weight matches "
+                                                           "both optimizer.muon_params and optimizer.adamw_params"),
+            std::string::npos);
+  const auto vector_error = [&] {
+    JobConfig cfg = small_config();
+    cfg.optimizer.name = "Muon";
+    cfg.optimizer.muon_params = "model.layers.*";
+    cfg.optimizer.adamw_params = "model.embed_tokens.weight,lm_head.weight,model.norm.weight";
+    ParamStore ps(llama_param_specs(job_model_args(cfg)), DType::f32, /*allocate=*/false);
+    try {
+      (void)muon_matrices(optimizer_config(cfg), ps.specs());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  EXPECT_NE(vector_error.find("parameter model.layers.0.input_layernorm.weight has 1 dimensions, and Muon "
+                              "orthogonalises matrices only"),
+            std::string::npos)
+      << vector_error;
 }
 
 TEST(SingleStageSchedule, StopsAfterTheMicroBatchAtWhichAStopIsAgreed) {

@@ -100,6 +100,24 @@ TEST(Train, BadInputGetsOneClearLine) {
             0u)
       << out.text;
   EXPECT_NE(out.text.find("FSDP ranks with activation_checkpoint.mode = \"full\""), std::string::npos) << out.text;
+  // Muon's settings and layouts.
+  out = run("train --optimizer.name Muon --optimizer.muon_adjust_lr_fn match_rms");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("optimizer.muon_adjust_lr_fn"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("match_rms_adamw"), std::string::npos) << out.text;
+  out = run("train --optimizer.name Muon --optimizer.muon_ns_steps 0");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("optimizer.muon_ns_steps"), std::string::npos) << out.text;
+  out = run("train --optimizer.name Muon --optimizer.adamw_params model.embed_tokens.weight");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("anvil: error: optimizer.name = \"Muon\": parameter model.layers.0.input_layernorm.weight "
+                          "matches neither"),
+            std::string::npos)
+      << out.text;
+  out = run("estimate --optimizer.name Muon --parallelism.data_parallel_shard_degree 2");
+  EXPECT_EQ(out.exit_code, 1);
+  EXPECT_NE(out.text.find("optimizer.name = \"Muon\" runs on one process or under DDP so far"), std::string::npos)
+      << out.text;
 }
 
 TEST(Train, ReadsTokenShardsAndJsonLines) {

@@ -125,13 +125,16 @@ void newton_schulz(const MuonConfig& cfg, const Tensor& u, Tensor& o) {
   Tensor update = Tensor::empty({r, r}, dt, MemCategory::workspace, "muon.ns.gram_update");
   // Each product in f32 before its one rounding to dt, with the a·X or b·G it is added to.
   Tensor product = Tensor::empty({r, c}, DType::f32, MemCategory::workspace, "muon.ns.product");
-  if (dry_run() || rows * cols == 0) return;
+  if (rows * cols == 0) return;
+  // A dry run goes on: its products take the scratch a real one takes (the
+  // widened operands of bf16 products, ops/matmul.h), and skip their
+  // arithmetic, as parallel_for does; only the norm's serial sum is skipped.
 
   // X = u (rounded to dt first, as PyTorch casts before it transposes), over
   // its Frobenius norm rounded to dt, each quotient rounded to dt.
   const float* up = u.data<float>();
   double sum = 0;
-  for (int64_t i = 0; i < rows * cols; ++i) {
+  for (int64_t i = 0; i < rows * cols && !dry_run(); ++i) {
     const double v = round_to(dt, up[i]);
     sum += v * v;
   }
@@ -143,9 +146,14 @@ void newton_schulz(const MuonConfig& cfg, const Tensor& u, Tensor& o) {
 
   const float a = static_cast<float>(cfg.ns_a), b = static_cast<float>(cfg.ns_b);
   float* pp = product.data<float>();
+  // The iterate and its successor trade places by pointer, so the two
+  // buffers are freed in the same order whatever the step count (the dry run
+  // frees them as the real run does).
+  Tensor* cur = &x;
+  Tensor* nxt = &next;
   for (int64_t step = 0; step < cfg.ns_steps; ++step) {
     // G = X·Xᵀ, rounded once.
-    gemm({.M = r, .N = r, .K = c, .trans_b = true, .ab = dt, .c = dt}, x.raw(), x.raw(), gram.raw());
+    gemm({.M = r, .N = r, .K = c, .trans_b = true, .ab = dt, .c = dt}, cur->raw(), cur->raw(), gram.raw());
     // H = b·G + c·G·G: the product scaled by c in f32, b·G added, rounded once (PyTorch's addmm).
     gemm({.M = r, .N = r, .K = r, .ab = dt, .c = DType::f32, .alpha = static_cast<float>(cfg.ns_c)}, gram.raw(),
          gram.raw(), pp);
@@ -153,16 +161,16 @@ void newton_schulz(const MuonConfig& cfg, const Tensor& u, Tensor& o) {
       for (int64_t i = lo; i < hi; ++i) store(update, i, pp[i] + b * load(gram, i));
     });
     // X ← a·X + H·X, rounded once.
-    gemm({.M = r, .N = c, .K = r, .ab = dt, .c = DType::f32}, update.raw(), x.raw(), pp);
+    gemm({.M = r, .N = c, .K = r, .ab = dt, .c = DType::f32}, update.raw(), cur->raw(), pp);
     parallel_for(0, r * c, kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) store(next, i, pp[i] + a * load(x, i));
+      for (int64_t i = lo; i < hi; ++i) store(*nxt, i, pp[i] + a * load(*cur, i));
     });
-    std::swap(x, next);
+    std::swap(cur, nxt);
   }
   float* op_ = o.data<float>();
   parallel_for(0, r, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
-      for (int64_t j = 0; j < c; ++j) op_[tall ? j * cols + i : i * cols + j] = load(x, i * c + j);
+      for (int64_t j = 0; j < c; ++j) op_[tall ? j * cols + i : i * cols + j] = load(*cur, i * c + j);
   });
 }
 

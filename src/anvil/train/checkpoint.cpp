@@ -68,6 +68,7 @@ struct Checkpointer::Pending {
   int64_t step = 0;
   bool model_only = false;
   std::vector<std::pair<std::string, Tensor>> model, optimizer;
+  std::string optimizer_name;
   CheckpointMeta meta;
   Tensor staging;  // the host buffer a GPU's tensors come over through, piece by piece (synchronous saves)
 };
@@ -107,18 +108,21 @@ int64_t Checkpointer::latest_step() const {
 }
 
 void Checkpointer::save(int64_t step, const ParamStore& params, const Tensor* adam_m, const Tensor* adam_v,
-                        const CheckpointMeta& meta, DType model_dtype) {
-  save(step, params.specs(), const_cast<ParamStore&>(params).master_flat(), adam_m, adam_v, meta, model_dtype);
+                        const CheckpointMeta& meta, DType model_dtype, const CheckpointOptimizer& optimizer) {
+  save(step, params.specs(), const_cast<ParamStore&>(params).master_flat(), adam_m, adam_v, meta, model_dtype,
+       optimizer);
 }
 
 void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat,
-                        const Tensor* adam_m, const Tensor* adam_v, const CheckpointMeta& meta, DType model_dtype) {
+                        const Tensor* adam_m, const Tensor* adam_v, const CheckpointMeta& meta, DType model_dtype,
+                        const CheckpointOptimizer& optimizer) {
   wait();  // one save in flight at a time
   const ScopedPhase phase(SpanCategory::checkpoint, "checkpoint.copy");
   Pending p;
   p.step = step;
   p.model_only = adam_m == nullptr;
   p.meta = meta;
+  p.optimizer_name = optimizer.name;
   ANVIL_CHECK(p.model_only || model_dtype == DType::f32, "a resumable checkpoint keeps fp32 weights");
   // A synchronous save writes straight from the live tensors (a GPU's come
   // over piece by piece through one host buffer as they are written); an
@@ -140,6 +144,11 @@ void Checkpointer::save(int64_t step, const std::vector<ParamSpec>& specs, const
   for (const ParamSpec& s : specs) {
     p.model.emplace_back(s.name, keep(spec_view(master_flat, s), model_dtype));
     if (p.model_only) continue;
+    if (optimizer.is_momentum(s.name)) {  // Muon's, under torch.optim.Muon's name for it
+      p.optimizer.emplace_back(s.name + ".momentum_buffer",
+                               keep(adam_m->slice(s.offset, s.numel()).view(s.shape), DType::f32));
+      continue;
+    }
     p.optimizer.emplace_back(s.name + ".exp_avg",
                              keep(adam_m->slice(s.offset, s.numel()).view(s.shape), DType::f32));
     p.optimizer.emplace_back(s.name + ".exp_avg_sq",
@@ -245,6 +254,7 @@ void Checkpointer::write_files(const Pending& p, const fs::path& dir,
   state["step"] = p.step;
   state["model"] = p.meta.model;
   state["model_only"] = p.model_only;
+  if (!p.model_only) state["optimizer"] = p.optimizer_name;
   state["model_dtype"] = dtype_name(p.model.front().second.dtype());
   state["loader"] = p.meta.loader;
   state["rng"] = p.meta.rng;
@@ -269,26 +279,38 @@ void Checkpointer::drop_oldest() const {
   for (size_t i = 0; i + static_cast<size_t>(keep_latest_k_) < complete.size(); ++i) fs::remove_all(complete[i].path);
 }
 
-nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const {
-  const nlohmann::json state = load(step, params.specs(), params.master_flat(), adam_m, adam_v);
+nlohmann::json Checkpointer::load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v,
+                                  const CheckpointOptimizer& optimizer) const {
+  const nlohmann::json state = load(step, params.specs(), params.master_flat(), adam_m, adam_v, optimizer);
   params.sync_compute_copy();
   return state;
 }
 
 nlohmann::json Checkpointer::load(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat,
-                                  const Tensor& adam_m, const Tensor& adam_v) const {
+                                  const Tensor& adam_m, const Tensor& adam_v,
+                                  const CheckpointOptimizer& optimizer) const {
   const fs::path dir = path_of(step);
   const nlohmann::json state = read_checkpoint_state(dir);
   ANVIL_CHECK(!state.value("model_only", false), "checkpoint '", dir.string(),
               "' holds only the model weights (checkpoint.last_save_model_only); it cannot be resumed from. "
               "Use it as checkpoint.initial_load_path to start a new run from its weights");
+  // Checkpoints written before Muon hold AdamW's state and say nothing.
+  const std::string saved = state.value("optimizer", std::string("AdamW"));
+  ANVIL_CHECK(saved == optimizer.name, "checkpoint '", dir.string(), "' holds the state of optimizer.name = \"", saved,
+              "\", and this run sets \"", optimizer.name, "\"; a run cannot change its optimizer on resume. Set ",
+              "optimizer.name = \"", saved, "\" to resume it, or start a new run from its weights with ",
+              "checkpoint.initial_load_path");
   verify_checkpoint_files(dir, state);
   load_model_file(dir, specs, master_flat);
   const fs::path opt_path = dir / kOptimizerFile;
-  const SafetensorsFile optimizer = load_safetensors(opt_path.string());
+  const SafetensorsFile state_file = load_safetensors(opt_path.string());
   for (const ParamSpec& s : specs) {
-    copy_into(optimizer, opt_path, s.name + ".exp_avg", adam_m.slice(s.offset, s.numel()).view(s.shape));
-    copy_into(optimizer, opt_path, s.name + ".exp_avg_sq", adam_v.slice(s.offset, s.numel()).view(s.shape));
+    if (optimizer.is_momentum(s.name)) {
+      copy_into(state_file, opt_path, s.name + ".momentum_buffer", adam_m.slice(s.offset, s.numel()).view(s.shape));
+      continue;
+    }
+    copy_into(state_file, opt_path, s.name + ".exp_avg", adam_m.slice(s.offset, s.numel()).view(s.shape));
+    copy_into(state_file, opt_path, s.name + ".exp_avg_sq", adam_v.slice(s.offset, s.numel()).view(s.shape));
   }
   return state;
 }

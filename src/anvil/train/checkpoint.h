@@ -34,6 +34,16 @@ struct CheckpointMeta {
   double loss = std::nan("");  // the saved step's training loss, for the resumed run's summary (NaN: none)
 };
 
+// The optimizer whose state a checkpoint holds: its name (state.json's
+// "optimizer"; a resume under another is refused), and which parameters keep
+// Muon's one momentum_buffer (from the first state buffer) in place of AdamW's
+// exp_avg and exp_avg_sq. By name, so it holds for global tensors.
+struct CheckpointOptimizer {
+  std::string name = "AdamW";
+  std::function<bool(const std::string&)> momentum_only;  // empty: none
+  bool is_momentum(const std::string& param) const { return momentum_only && momentum_only(param); }
+};
+
 class Checkpointer {
  public:
   // keep_latest_k: how many checkpoints to keep (0: all). async: save() copies
@@ -46,11 +56,13 @@ class Checkpointer {
   // resumed from. Waits for the previous background save first and rethrows
   // its error. A failed write removes the unfinished folder and throws
   // anvil::Error; earlier checkpoints are untouched.
+  // `optimizer` says what the two state buffers hold for each parameter.
   void save(int64_t step, const ParamStore& params, const Tensor* adam_m, const Tensor* adam_v,
-            const CheckpointMeta& meta, DType model_dtype = DType::f32);
+            const CheckpointMeta& meta, DType model_dtype = DType::f32, const CheckpointOptimizer& optimizer = {});
   // The same from flat buffers laid out as `specs` say (a sharded run's gathered state).
   void save(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat, const Tensor* adam_m,
-            const Tensor* adam_v, const CheckpointMeta& meta, DType model_dtype = DType::f32);
+            const Tensor* adam_v, const CheckpointMeta& meta, DType model_dtype = DType::f32,
+            const CheckpointOptimizer& optimizer = {});
   // Waits for a background save; rethrows its error.
   void wait();
 
@@ -60,12 +72,14 @@ class Checkpointer {
   const std::string& folder() const { return folder_; }
 
   // Loads step `step` into the master weights (and their compute copy) and the
-  // AdamW moments; returns the saved state.json. Throws anvil::Error naming
-  // the file and the reason (checksum, missing file, mismatching tensor shape).
-  nlohmann::json load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v) const;
+  // optimizer state; returns the saved state.json. Throws anvil::Error naming
+  // the file and the reason (checksum, missing file, mismatching tensor shape,
+  // a checkpoint of another optimizer than `optimizer`).
+  nlohmann::json load(int64_t step, ParamStore& params, Tensor& adam_m, Tensor& adam_v,
+                      const CheckpointOptimizer& optimizer = {}) const;
   // The same into flat buffers laid out as `specs` say.
   nlohmann::json load(int64_t step, const std::vector<ParamSpec>& specs, const Tensor& master_flat,
-                      const Tensor& adam_m, const Tensor& adam_v) const;
+                      const Tensor& adam_m, const Tensor& adam_v, const CheckpointOptimizer& optimizer = {}) const;
 
  private:
   struct Pending;  // a save's copied state

@@ -142,12 +142,37 @@ std::vector<Key> key_table(JobConfig& c) {
       {"training", "skip_nonfinite_steps", &c.training.skip_nonfinite_steps,
        "on a NaN/Inf loss or gradient skip the step instead of stopping"},
 
-      {"optimizer", "name", &c.optimizer.name, "optimizer", {"AdamW"}},
+      {"optimizer", "name", &c.optimizer.name,
+       "AdamW for every parameter; or Muon for the hidden matrices (optimizer.muon_params) and AdamW, with the keys "
+       "below, for the rest (optimizer.adamw_params): docs/muon.md",
+       {"AdamW", "Muon"}},
       {"optimizer", "lr", &c.optimizer.lr, "peak learning rate", {}, 0, kInf},
       {"optimizer", "beta1", &c.optimizer.beta1, "Adam beta1", {}, 0, 1},
       {"optimizer", "beta2", &c.optimizer.beta2, "Adam beta2", {}, 0, 1},
       {"optimizer", "eps", &c.optimizer.eps, "Adam epsilon", {}, 0, kInf},
       {"optimizer", "weight_decay", &c.optimizer.weight_decay, "decoupled weight decay", {}, 0, kInf},
+      {"optimizer", "muon_lr", &c.optimizer.muon_lr, "Muon: peak learning rate (the schedule scales it as lr)", {}, 0,
+       kInf},
+      {"optimizer", "muon_weight_decay", &c.optimizer.muon_weight_decay,
+       "Muon: decoupled weight decay, taken at the unadjusted learning rate as torch.optim.Muon does", {}, 0, kInf},
+      {"optimizer", "muon_momentum", &c.optimizer.muon_momentum, "Muon: momentum", {}, 0, 1},
+      {"optimizer", "muon_nesterov", &c.optimizer.muon_nesterov, "Muon: Nesterov momentum"},
+      {"optimizer", "muon_ns_steps", &c.optimizer.muon_ns_steps, "Muon: Newton-Schulz iterations", {}, 1, 99},
+      {"optimizer", "muon_eps", &c.optimizer.muon_eps,
+       "Muon: Newton-Schulz divides by max(Frobenius norm, this)", {}, 0, kInf},
+      {"optimizer", "muon_adjust_lr_fn", &c.optimizer.muon_adjust_lr_fn,
+       "Muon: a matrix's learning rate, as torch.optim.Muon's: original, lr * sqrt(max(1, rows/cols)); "
+       "match_rms_adamw, lr * 0.2 * sqrt(max(rows, cols))",
+       {"original", "match_rms_adamw"}},
+      {"optimizer", "muon_ns_dtype", &c.optimizer.muon_ns_dtype,
+       "Muon: Newton-Schulz's products in bfloat16 (as torch.optim.Muon ships) or float32",
+       {"bfloat16", "float32"}},
+      {"optimizer", "muon_params", &c.optimizer.muon_params,
+       "Muon: the parameters it updates, comma-separated glob patterns over Hugging Face names; each must be a "
+       "matrix"},
+      {"optimizer", "adamw_params", &c.optimizer.adamw_params,
+       "Muon: the parameters AdamW updates beside it, comma-separated glob patterns; every parameter must match "
+       "exactly one of the two lists"},
 
       {"lr_scheduler", "warmup_steps", &c.lr_scheduler.warmup_steps, "linear warm-up steps", {}, 0, kInf},
       {"lr_scheduler",

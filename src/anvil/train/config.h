@@ -52,6 +52,20 @@ struct JobConfig {
     double beta2 = 0.95;
     double eps = 1e-8;
     double weight_decay = 0.1;
+    // name = "Muon": the matrices muon_params names take Muon (ops/muon.h,
+    // torch.optim.Muon's defaults), those adamw_params names AdamW with the
+    // keys above (docs/muon.md). Comma-separated glob patterns over the
+    // Hugging Face parameter names.
+    double muon_lr = 1e-3;
+    double muon_weight_decay = 0.1;
+    double muon_momentum = 0.95;
+    bool muon_nesterov = true;
+    int64_t muon_ns_steps = 5;
+    double muon_eps = 1e-7;
+    std::string muon_adjust_lr_fn = "original";
+    std::string muon_ns_dtype = "bfloat16";
+    std::string muon_params = "model.layers.*.self_attn.*_proj.weight,model.layers.*.mlp.*_proj.weight";
+    std::string adamw_params = "model.embed_tokens.weight,lm_head.weight,*norm.weight,model.layers.*.mlp.gate.weight";
   } optimizer;
   struct LrScheduler {
     int64_t warmup_steps = 10;

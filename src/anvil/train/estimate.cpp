@@ -43,14 +43,13 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   ParallelizedModel layout(cfg, args, par, dt);
   out.data_parallel_bytes = layout.comm_bytes_closed_form();
-  AdamWConfig adamw = adamw_config(cfg);
   const LrSchedule lr = lr_schedule(cfg);
   const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
   const MicroBatches batches = allocate_micro_batches(cfg, par.accum_steps, par.cp_size);
   // Between micro-batches the ranks agree on a stop (train/stop_signal.h): a
   // dry run never stops, but takes part in the agreement as every rank does.
   const StepContext ctx{
-      cfg, par, layout, ac, adamw, lr, ForwardBackwardHooks{{}, [&par] { return par.max_over_world(0) != 0; }}, {}};
+      cfg, par, layout, ac, lr, ForwardBackwardHooks{{}, [&par] { return par.max_over_world(0) != 0; }}, {}};
   const int64_t tokens = par.accum_steps * cfg.training.local_batch_size * cfg.training.seq_len / par.cp_size;
   release_caches();  // setup's one-off blocks, as the trainer
   allocator.reset_peak();     // the trainer's peaks start here (StepLogger::start)

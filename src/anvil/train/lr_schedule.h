@@ -15,8 +15,11 @@ struct LrSchedule {
   std::string decay_type = "linear";
   double min_lr_factor = 0;
 
-  // The learning rate of optimizer step `step` (counted from 1).
-  double at(int64_t step) const;
+  // The learning rate of optimizer step `step` (counted from 1): lr times
+  // factor(step), the schedule's multiplier, which every learning rate of the
+  // step takes (Muon's and its AdamW groups' alike, as torchtitan's LambdaLR).
+  double at(int64_t step) const { return lr * factor(step); }
+  double factor(int64_t step) const;
 };
 
 }  // namespace anvil

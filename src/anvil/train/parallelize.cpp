@@ -126,11 +126,22 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   }
   setup_phase.reset();
   ps.release_grads();  // each step's backward creates them
-  // AdamW updates this rank's master weights (its FSDP shard, or the model's) and their bf16 copy, if one is kept.
+  // The optimizer updates this rank's master weights (its FSDP shard, or the model's) and their bf16 copy, if one
+  // is kept.
   Tensor* compute_copy = compute_dtype == DType::bf16 && copy == ComputeCopy::whole
                             ? (fsdp_ ? &fsdp_->compute() : &ps.compute_flat())
                             : nullptr;
-  optimizer_ = std::make_unique<RankOptimizer>(fsdp_ ? fsdp_->master() : ps.master_flat(), compute_copy);
+  const OptimizerConfig optimizer = optimizer_config(cfg);
+  if (optimizer.kind == OptimizerKind::muon) {
+    // Newton-Schulz needs each matrix whole; a rank holds its matrices whole
+    // only on one process or under DDP (a layout of its own: docs/muon.md).
+    ANVIL_CHECK(state_layout_->is_global(), "optimizer.name = \"Muon\" runs on one process or under DDP so far; ",
+                "this layout shards the weights (", par.description,
+                "). Set optimizer.name = \"AdamW\", or train with parallelism.data_parallel_replicate_degree alone");
+    ANVIL_CHECK(master().device().is_cpu(), "optimizer.name = \"Muon\" trains on the CPU so far; set job.device = "
+                "\"cpu\" or optimizer.name = \"AdamW\"");
+  }
+  optimizer_ = std::make_unique<RankOptimizer>(optimizer, ps.specs(), master(), compute_copy);
 }
 
 ParallelizedModel::~ParallelizedModel() = default;
@@ -166,20 +177,23 @@ void ParallelizedModel::load_global_weights(const std::function<void(ParamStore&
 
 nlohmann::json ParallelizedModel::load_checkpoint(const Checkpointer& checkpointer, int64_t step) {
   optimizer_->create_state();
-  Tensor& m = optimizer_->exp_avg();
-  Tensor& v = optimizer_->exp_avg_sq();
+  const CheckpointOptimizer kinds = checkpoint_optimizer(optimizer_->config());
   nlohmann::json state;
   if (state_layout_->is_global()) {
-    state = checkpointer.load(step, state_layout_->global_specs(), master(), m, v);
+    auto [m, v] = optimizer_->state_in_master_layout();
+    state = checkpointer.load(step, state_layout_->global_specs(), master(), m, v, kinds);
+    optimizer_->set_state_from_master_layout(m, v);
   } else {  // every rank reads the global tensors and keeps its part
     const int64_t n = state_layout_->global_numel();
     Tensor gw = Tensor::empty({n}, DType::f32, MemCategory::workspace, "checkpoint.weights");
     Tensor gm = Tensor::empty({n}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg");
     Tensor gv = Tensor::empty({n}, DType::f32, MemCategory::workspace, "checkpoint.exp_avg_sq");
-    state = checkpointer.load(step, state_layout_->global_specs(), gw, gm, gv);
+    state = checkpointer.load(step, state_layout_->global_specs(), gw, gm, gv, kinds);
     state_layout_->from_global(gw, master());
+    auto [m, v] = optimizer_->state_in_master_layout();
     state_layout_->from_global(gm, m);
     state_layout_->from_global(gv, v);
+    optimizer_->set_state_from_master_layout(m, v);
   }
   sync_compute_copy();
   return state;
@@ -195,12 +209,14 @@ void ParallelizedModel::save_checkpoint(Checkpointer& checkpointer, int64_t step
   const Tensor w = state_layout_->to_global(master());
   Tensor m, v;
   if (!model_only) {
-    m = state_layout_->to_global(optimizer_->exp_avg());
-    v = state_layout_->to_global(optimizer_->exp_avg_sq());
+    // Under AdamW the moments themselves; under Muon copies laid out as the weights (optimizer.h).
+    auto [first, second] = optimizer_->state_in_master_layout();
+    m = state_layout_->to_global(first);
+    v = state_layout_->to_global(second);
   }
   if (par_.rank0())
     checkpointer.save(step, state_layout_->global_specs(), w, model_only ? nullptr : &m, model_only ? nullptr : &v,
-                      meta(), model_dtype);
+                      meta(), model_dtype, checkpoint_optimizer(optimizer_->config()));
 }
 
 void ParallelizedModel::begin_moe_step(const MicroBatches& batches) {
@@ -328,8 +344,8 @@ double ParallelizedModel::grad_norm() {
   return grad_norm_from_sum_of_squares(state_layout_->global_sum_of_squares(grads()));
 }
 
-void ParallelizedModel::optimizer_step(const AdamWConfig& adamw, int64_t step, float clip) {
-  optimizer_->step(adamw, step, grads(), clip);
+void ParallelizedModel::optimizer_step(double lr_factor, int64_t step, float clip) {
+  optimizer_->step(lr_factor, step, grads(), clip);
 }
 
 void ParallelizedModel::update_expert_bias(const MoeReport& moe) {

@@ -86,10 +86,11 @@ class ParallelizedModel {
   void finish_backward();  // waits for the gradient reductions in flight
   // The global gradient norm (every element of the global gradient counted once).
   double grad_norm();
-  // AdamW on this rank's master weights (the model's, or its FSDP shard), its
-  // gradients scaled by clip; the moments are created at the first call, as in
-  // PyTorch, so the first step's forward and backward run without them.
-  void optimizer_step(const AdamWConfig& adamw, int64_t step, float clip);
+  // The job's optimizer (optimizer.name) on this rank's master weights (the
+  // model's, or its FSDP shard), its gradients scaled by clip, every learning
+  // rate times the schedule's lr_factor; the state is created at the first
+  // call, as in PyTorch, so the first step's forward and backward run without it.
+  void optimizer_step(double lr_factor, int64_t step, float clip);
   // After the optimizer step: a MoE's auxiliary-loss-free balance moves its
   // expert biases by the step's routes (Llama::update_expert_bias).
   void update_expert_bias(const MoeReport& moe);

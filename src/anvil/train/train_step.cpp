@@ -37,14 +37,6 @@ float clip_factor(const JobConfig& cfg, double grad_norm) {
 
 }  // namespace
 
-AdamWConfig adamw_config(const JobConfig& cfg) {
-  const AdamWConfig adamw{static_cast<float>(cfg.optimizer.lr), static_cast<float>(cfg.optimizer.beta1),
-                          static_cast<float>(cfg.optimizer.beta2), static_cast<float>(cfg.optimizer.eps),
-                          static_cast<float>(cfg.optimizer.weight_decay)};
-  check_adamw_config(adamw);
-  return adamw;
-}
-
 LrSchedule lr_schedule(const JobConfig& cfg) {
   return LrSchedule{cfg.optimizer.lr,           cfg.training.steps,           cfg.lr_scheduler.warmup_steps,
                     cfg.lr_scheduler.decay_ratio, cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor};
@@ -100,8 +92,7 @@ StepOutcome run_train_step(const StepContext& ctx, const MicroBatches& batches, 
     out.end = StepOutcome::End::skipped;
     return out;
   }
-  ctx.adamw.lr = static_cast<float>(out.lr);
-  layout.optimizer_step(ctx.adamw, step, clip_factor(ctx.cfg, out.grad_norm));
+  layout.optimizer_step(ctx.lr_schedule.factor(step), step, clip_factor(ctx.cfg, out.grad_norm));
   layout.update_expert_bias(out.run.moe);
   return out;
 }

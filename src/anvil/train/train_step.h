@@ -8,7 +8,6 @@
 #include <memory>
 
 #include "anvil/model/activation_checkpoint.h"
-#include "anvil/ops/adamw.h"
 #include "anvil/train/checkpoint.h"
 #include "anvil/train/config.h"
 #include "anvil/train/forward_backward.h"
@@ -18,8 +17,8 @@
 
 namespace anvil {
 
-// The [optimizer] keys as AdamW's settings (checked), and the [lr_scheduler] keys as the learning-rate schedule.
-AdamWConfig adamw_config(const JobConfig& cfg);
+// The [lr_scheduler] keys as the learning-rate schedule (of optimizer.lr; every
+// learning rate takes its factor).
 LrSchedule lr_schedule(const JobConfig& cfg);
 
 // The step's micro-batch buffers (tokens and targets, (local_batch_size,
@@ -46,7 +45,6 @@ struct StepContext {
   const ParallelDims& par;
   ParallelizedModel& layout;
   const AcPolicy& ac;
-  AdamWConfig& adamw;  // its lr is set for each step
   const LrSchedule& lr_schedule;
   ForwardBackwardHooks hooks;                    // the stop signal's agreement, asked between micro-batches
   std::function<void()> after_forward_backward;  // a test hook (a rank dying mid-step); may be empty

@@ -379,7 +379,6 @@ TrainResult train(const JobConfig& cfg) {
 
   ParallelizedModel layout(cfg, args, par, dt);
   layout.print_comm_closed_form();
-  AdamWConfig adamw = adamw_config(cfg);
   const LrSchedule lr = lr_schedule(cfg);
   // The checkpoint loads before the logs open, so a refused resume writes nothing.
   double resumed_loss = std::nan("");
@@ -404,7 +403,7 @@ TrainResult train(const JobConfig& cfg) {
   logger.measure_untracked(0, mfu.predicted_peak_bytes);
   int64_t step = first_step;
   const StepContext step_ctx{
-      cfg, par, layout, ac, adamw, lr, ForwardBackwardHooks{{}, [&] { return stop.requested(par); }}, [&] {
+      cfg, par, layout, ac, lr, ForwardBackwardHooks{{}, [&] { return stop.requested(par); }}, [&] {
         if (kill_step == step) std::raise(SIGKILL);   // test hooks: this rank dies mid-step,
         if (stall_step == step) std::raise(SIGSTOP);  // or hangs there
       }};
