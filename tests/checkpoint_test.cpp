@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,25 +45,35 @@ std::vector<std::string> losses(const fs::path& metrics) {
   return out;
 }
 
+// A run of `steps` steps in dir/whole, and the same run stopped at steps / 2
+// and resumed in dir/split (saving every `interval` steps): the two log the
+// same losses, the printed doubles exactly. Returns the split run's
+// checkpoint flags.
+std::string expect_resumed_run_equals_whole(const fs::path& dir, const std::string& common, int steps, int interval) {
+  Output whole = run(common + " --training.steps " + std::to_string(steps) + " --job.dump_folder " +
+                     (dir / "whole").string());
+  EXPECT_EQ(whole.exit_code, 0) << whole.text;
+  const std::string ck = " --checkpoint.enable --checkpoint.interval " + std::to_string(interval) +
+                         " --job.dump_folder " + (dir / "split").string();
+  Output first = run(common + " --training.steps " + std::to_string(steps / 2) + ck);
+  EXPECT_EQ(first.exit_code, 0) << first.text;
+  Output second = run(common + " --training.steps " + std::to_string(steps) + ck);
+  EXPECT_EQ(second.exit_code, 0) << second.text;
+  EXPECT_NE(second.text.find("resumed from"), std::string::npos) << second.text;
+  const auto a = losses(dir / "whole" / "metrics.jsonl"), b = losses(dir / "split" / "metrics.jsonl");
+  EXPECT_EQ(a.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(b.size(), static_cast<size_t>(steps));
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  return ck;
+}
+
 }  // namespace
 
 TEST(Checkpoint, ResumedRunEqualsUninterruptedRunBitForBit) {
   for (const std::string dtype : {"float32", "bfloat16"}) {
     SCOPED_TRACE(dtype);
     const fs::path dir = workdir("resume_" + dtype);
-    const std::string common = args(dir, dtype);
-    Output whole = run(common + " --training.steps 20 --job.dump_folder " + (dir / "whole").string());
-    ASSERT_EQ(whole.exit_code, 0) << whole.text;
-    const std::string ck = " --checkpoint.enable --checkpoint.interval 5 --job.dump_folder " + (dir / "split").string();
-    Output first = run(common + " --training.steps 10" + ck);
-    ASSERT_EQ(first.exit_code, 0) << first.text;
-    Output second = run(common + " --training.steps 20" + ck);
-    ASSERT_EQ(second.exit_code, 0) << second.text;
-    EXPECT_NE(second.text.find("resumed from"), std::string::npos) << second.text;
-    const auto a = losses(dir / "whole" / "metrics.jsonl"), b = losses(dir / "split" / "metrics.jsonl");
-    ASSERT_EQ(a.size(), 20u);
-    ASSERT_EQ(b.size(), 20u);
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;  // the printed doubles, exactly
+    expect_resumed_run_equals_whole(dir, args(dir, dtype), 20, 5);
   }
 }
 
@@ -70,19 +81,8 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedRunBitForBit) {
 // under the other optimizer is refused, saying how to go on.
 TEST(Checkpoint, AMuonRunResumesBitForBitAndRefusesToResumeUnderAdamW) {
   const fs::path dir = workdir("muon");
-  const std::string common = args(dir, "bfloat16") + " --optimizer.name Muon";
-  Output whole = run(common + " --training.steps 8 --job.dump_folder " + (dir / "whole").string());
-  ASSERT_EQ(whole.exit_code, 0) << whole.text;
-  const std::string ck = " --checkpoint.enable --checkpoint.interval 4 --job.dump_folder " + (dir / "split").string();
-  Output first = run(common + " --training.steps 4" + ck);
-  ASSERT_EQ(first.exit_code, 0) << first.text;
-  Output second = run(common + " --training.steps 8" + ck);
-  ASSERT_EQ(second.exit_code, 0) << second.text;
-  EXPECT_NE(second.text.find("resumed from"), std::string::npos) << second.text;
-  const auto a = losses(dir / "whole" / "metrics.jsonl"), b = losses(dir / "split" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 8u);
-  ASSERT_EQ(b.size(), 8u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  const std::string ck =
+      expect_resumed_run_equals_whole(dir, args(dir, "bfloat16") + " --optimizer.name Muon", 8, 4);
   Output adamw = run(args(dir, "bfloat16") + " --training.steps 12" + ck);
   EXPECT_EQ(adamw.exit_code, 1) << adamw.text;
   EXPECT_NE(adamw.text.find("holds the state of optimizer.name = \"Muon\", and this run sets \"AdamW\"; a run "

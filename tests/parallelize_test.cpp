@@ -95,8 +95,12 @@ TEST(ParallelizedModel, MomentsAppearAtTheFirstOptimizerStepAndTheNormIsTheGradi
   EXPECT_FALSE(layout.model().params().grad_flat().defined());
 }
 
-TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
-  const JobConfig cfg = small_config();
+// A layout under `optimizer` trained a step and saved to `folder`; another,
+// from another seed, loaded from the save: the same weights, and after a
+// second step from there (the optimizer's state restored too) the same again.
+void expect_checkpoint_restores_bit_for_bit(const std::string& optimizer, const fs::path& folder) {
+  JobConfig cfg = small_config();
+  cfg.optimizer.name = optimizer;
   const ModelArgs args = job_model_args(cfg);
   const ParallelDims par = setup_parallel(cfg, args);
   const MicroBatches first = random_batches(2, 2, 32, args.vocab_size, 2);
@@ -104,14 +108,16 @@ TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
 
   ParallelizedModel a(cfg, args, par, DType::f32);
   step(a, first, 1);
-  Checkpointer ckpt((testing::scratch_root() / "parallelize_test_ckpt").string(), 0);
+  fs::remove_all(folder);
+  Checkpointer ckpt(folder.string(), 0);
   a.save_checkpoint(ckpt, 1, /*model_only=*/false, DType::f32, [&] {
     return CheckpointMeta{nlohmann::json::object(), {}, "", "llama3/debugmodel", {}};
   });
   ckpt.wait();
 
   // Another seed, so only the checkpoint can make the two agree.
-  const JobConfig other = small_config(7);
+  JobConfig other = small_config(7);
+  other.optimizer.name = optimizer;
   ParallelizedModel b(other, args, par, DType::f32);
   ASSERT_FALSE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
   const nlohmann::json state = b.load_checkpoint(ckpt, 1);
@@ -121,6 +127,10 @@ TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
   const double norm_a = step(a, second, 2), norm_b = step(b, second, 2);
   EXPECT_EQ(norm_a, norm_b);
   EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
+}
+
+TEST(ParallelizedModel, ACheckpointRestoresWeightsAndMomentsBitForBit) {
+  expect_checkpoint_restores_bit_for_bit("AdamW", testing::scratch_root() / "parallelize_test_ckpt");
 }
 
 // Muon's state: one fp32 momentum per element of its matrices, AdamW's two
@@ -151,38 +161,19 @@ TEST(MuonLayout, StateIsOneMomentumPerMatrixElementAndTwoMomentsPerOtherElement)
 }
 
 TEST(MuonLayout, ACheckpointRestoresWeightsAndMomentumBitForBitAndRefusesAnotherOptimizer) {
-  JobConfig cfg = small_config();
-  cfg.optimizer.name = "Muon";
-  const ModelArgs args = job_model_args(cfg);
-  const ParallelDims par = setup_parallel(cfg, args);
-  const MicroBatches first = random_batches(2, 2, 32, args.vocab_size, 2);
-  const MicroBatches second = random_batches(2, 2, 32, args.vocab_size, 3);
-  ParallelizedModel a(cfg, args, par, DType::f32);
-  step(a, first, 1);
   const fs::path folder = testing::scratch_root() / "parallelize_test_muon_ckpt";
-  fs::remove_all(folder);
-  Checkpointer ckpt(folder.string(), 0);
-  a.save_checkpoint(ckpt, 1, /*model_only=*/false, DType::f32, [&] {
-    return CheckpointMeta{nlohmann::json::object(), {}, "", "llama3/debugmodel", {}};
-  });
-  ckpt.wait();
+  expect_checkpoint_restores_bit_for_bit("Muon", folder);
   // torch.optim.Muon's name for the state of a matrix; AdamW's for the embedding.
   const SafetensorsFile saved = load_safetensors((folder / "step-1" / "optimizer.safetensors").string());
   EXPECT_TRUE(saved.tensors.contains("model.layers.0.self_attn.q_proj.weight.momentum_buffer"));
   EXPECT_FALSE(saved.tensors.contains("model.layers.0.self_attn.q_proj.weight.exp_avg_sq"));
   EXPECT_TRUE(saved.tensors.contains("model.embed_tokens.weight.exp_avg_sq"));
 
-  JobConfig other = small_config(7);
-  other.optimizer.name = "Muon";
-  ParallelizedModel b(other, args, par, DType::f32);
-  ASSERT_FALSE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
-  b.load_checkpoint(ckpt, 1);
-  EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
-  const double norm_a = step(a, second, 2), norm_b = step(b, second, 2);
-  EXPECT_EQ(norm_a, norm_b);
-  EXPECT_TRUE(same_bytes(a.model().params().master_flat(), b.model().params().master_flat()));
-
-  ParallelizedModel adamw(small_config(), args, par, DType::f32);
+  const JobConfig cfg = small_config();
+  const ModelArgs args = job_model_args(cfg);
+  const ParallelDims par = setup_parallel(cfg, args);
+  ParallelizedModel adamw(cfg, args, par, DType::f32);
+  const Checkpointer ckpt(folder.string(), 0);
   try {
     adamw.load_checkpoint(ckpt, 1);
     ADD_FAILURE() << "a Muon checkpoint resumed under AdamW";
@@ -196,13 +187,13 @@ TEST(MuonLayout, ACheckpointRestoresWeightsAndMomentumBitForBitAndRefusesAnother
 
 // Each way the groups can be wrong gets one line naming the parameter and the fix.
 TEST(MuonLayout, GroupsThatLeaveAParameterWithoutOrWithTwoOptimizersOrGiveMuonAVectorAreRefused) {
-  const auto error_of = [](const std::string& key, const std::string& value) {
+  // The two lists' patterns ("" keeps the default) against the debug model's parameters.
+  const auto error_of = [](const std::string& muon_params, const std::string& adamw_params) {
     JobConfig cfg = small_config();
     cfg.optimizer.name = "Muon";
-    if (key == "muon_params") cfg.optimizer.muon_params = value;
-    if (key == "adamw_params") cfg.optimizer.adamw_params = value;
-    const ModelArgs args = job_model_args(cfg);
-    ParamStore ps(llama_param_specs(args), DType::f32, /*allocate=*/false);
+    if (!muon_params.empty()) cfg.optimizer.muon_params = muon_params;
+    if (!adamw_params.empty()) cfg.optimizer.adamw_params = adamw_params;
+    ParamStore ps(llama_param_specs(job_model_args(cfg)), DType::f32, /*allocate=*/false);
     try {
       (void)muon_matrices(optimizer_config(cfg), ps.specs());
     } catch (const Error& e) {
@@ -211,28 +202,17 @@ TEST(MuonLayout, GroupsThatLeaveAParameterWithoutOrWithTwoOptimizersOrGiveMuonAV
     return std::string();
   };
   EXPECT_EQ(error_of("", ""), "");
-  EXPECT_EQ(error_of("adamw_params", "model.embed_tokens.weight,lm_head.weight,*norm.weight"), "")
+  EXPECT_EQ(error_of("", "model.embed_tokens.weight,lm_head.weight,*norm.weight"), "")
       << "a dense model has no router to name";
-  EXPECT_EQ(error_of("adamw_params", "model.embed_tokens.weight,lm_head.weight"),
+  EXPECT_EQ(error_of("", "model.embed_tokens.weight,lm_head.weight"),
             "optimizer.name = \"Muon\": parameter model.layers.0.input_layernorm.weight matches neither "
             "optimizer.muon_params nor optimizer.adamw_params, so no optimizer would update it; add a pattern that "
             "names it to one of the two");
-  EXPECT_NE(error_of("muon_params", "model.layers.*").find("parameter model.layers.0.input_layernorm.weight matches "
-                                                           "both optimizer.muon_params and optimizer.adamw_params"),
+  EXPECT_NE(error_of("model.layers.*", "").find("parameter model.layers.0.input_layernorm.weight matches both "
+                                                 "optimizer.muon_params and optimizer.adamw_params"),
             std::string::npos);
-  const auto vector_error = [&] {
-    JobConfig cfg = small_config();
-    cfg.optimizer.name = "Muon";
-    cfg.optimizer.muon_params = "model.layers.*";
-    cfg.optimizer.adamw_params = "model.embed_tokens.weight,lm_head.weight,model.norm.weight";
-    ParamStore ps(llama_param_specs(job_model_args(cfg)), DType::f32, /*allocate=*/false);
-    try {
-      (void)muon_matrices(optimizer_config(cfg), ps.specs());
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  }();
+  const std::string vector_error =
+      error_of("model.layers.*", "model.embed_tokens.weight,lm_head.weight,model.norm.weight");
   EXPECT_NE(vector_error.find("parameter model.layers.0.input_layernorm.weight has 1 dimensions, and Muon "
                               "orthogonalises matrices only"),
             std::string::npos)

@@ -1,6 +1,7 @@
 // Checkpoints: everything a run needs to continue exactly — fp32 master
-// weights, AdamW's moments, the step, the data loader's position, the RNG
-// state and the configuration — in a folder per step, written atomically:
+// weights, the optimizer's state (AdamW's moments, Muon's momentum), the step,
+// the data loader's position, the RNG state and the configuration — in a
+// folder per step, written atomically:
 //   <folder>/step-<N>.tmp/ is filled and fsynced, then renamed to step-<N>/,
 // so a crash mid-save leaves the previous checkpoint as it was. Tensors are
 // stored by Hugging Face parameter name with their global shape (safetensors),

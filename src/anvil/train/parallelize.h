@@ -64,7 +64,7 @@ class ParallelizedModel {
   // Weights read as global tensors by `read` (a checkpoint's or a Hugging
   // Face folder's) into this rank's layout.
   void load_global_weights(const std::function<void(ParamStore&)>& read);
-  // Resumes from checkpoint `step`: weights and AdamW moments (created here),
+  // Resumes from checkpoint `step`: weights and the optimizer state (created here),
   // global tensors sliced to this rank. Returns the checkpoint's state.json.
   nlohmann::json load_checkpoint(const Checkpointer& checkpointer, int64_t step);
   // Saves checkpoint `step` as global tensors: every rank takes part in the

@@ -1,5 +1,5 @@
 // Where this rank's part of the model's per-parameter fp32 state — master
-// weights, gradients, AdamW's moments — sits in the whole model's global
+// weights, gradients, the optimizer's state — sits in the whole model's global
 // tensors, which checkpoints and Hugging Face folders hold. A rank's state
 // lies as the weights its optimizer updates; from the inside out:
 //

@@ -52,7 +52,7 @@ struct StepContext {
 
 // Step `step` on `batches`, which hold `step_tokens` of this rank's tokens:
 // forward and backward (forward, loss, backward of every micro-batch), the gradient
-// reductions, the loss over the ranks, the gradient norm, clipping and AdamW.
+// reductions, the loss over the ranks, the gradient norm, clipping and the optimizer.
 // A non-finite loss or norm throws, or skips the step under
 // training.skip_nonfinite_steps. (In a dry run the loss is 0 over every
 // target and the norm 0, both finite: the optimizer always runs.)
@@ -77,7 +77,7 @@ void release_after_one_off(bool one_off_ran);
 // checkpoint.folder under the dump folder, or null when checkpoints are off.
 std::unique_ptr<Checkpointer> make_checkpointer(const JobConfig& cfg);
 // Saves checkpoint `step` when it is due: model-only in export_dtype for the
-// last step under checkpoint.last_save_model_only, else weights and AdamW moments.
+// last step under checkpoint.last_save_model_only, else weights and the optimizer state.
 void save_checkpoint_if_due(const JobConfig& cfg, int64_t step, ParallelizedModel& layout, Checkpointer* checkpointer,
                             const std::function<CheckpointMeta()>& meta);
 

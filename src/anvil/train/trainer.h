@@ -1,4 +1,4 @@
-// The single-process training loop: data, model, AdamW with clipping and an LR
+// The single-process training loop: data, model, the optimizer (AdamW or Muon) with clipping and an LR
 // schedule, gradient accumulation, mixed precision, activation checkpointing,
 // metrics, and a clean stop on Ctrl-C or a non-finite loss.
 #pragma once
