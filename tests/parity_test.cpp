@@ -530,10 +530,16 @@ void check_document_parity(ModelArgs args, const std::string& label, int64_t mic
 // groups torch_llama.py chooses by its own rule, with PyTorch's Newton-Schulz
 // patched to skip its bf16 cast (scripts/torch_muon.py). Block-causal batches.
 // Every step's loss and every Muon matrix after the last step within `bound`;
-// the weights AdamW updates within kTrajectoryWeightBound, as in AdamW's own
-// rows: its update divides by the gradient's running RMS, so f32 noise in a
-// small gradient moves its weight by more (a mixture of experts' router,
-// measured 1.08e-6 here, where the Muon matrices were within 3.3e-7).
+// the weights AdamW updates (embedding, norms, head, router) within
+// kMuonRowAdamWBound: AdamW's update divides by the gradient's running RMS, so
+// f32 noise in a small gradient moves its weight further than Muon's does
+// (measured: 3.3e-7 for the debug model's head, 1.08e-6 for a MoE router, where
+// the Muon matrices were within 2.3e-7).
+// About 10x the worst AdamW-group weight measured in these rows (1.08e-6), and
+// below AdamW's own 10-step rows' kTrajectoryWeightBound, whose worst weights
+// (the attention projections, with the smallest gradients) are Muon's here.
+constexpr double kMuonRowAdamWBound = 1e-5;
+
 void check_muon_parity(const ModelArgs& args, const std::string& label, double bound) {
   ANVIL_NEED_ORACLES(python);
   JobConfig job;
@@ -588,11 +594,11 @@ void check_muon_parity(const ModelArgs& args, const std::string& label, double b
               "bound %.0e; the weights moved up to %.2e from the initial ones\n",
               label.c_str(), kDocSteps, worst_loss, anvil.losses.back(), torch.losses.back(), muon_weights.size(),
               worst_weight, name.c_str(), bound, adamw_weights.size(), worst_adamw, adamw_name.c_str(),
-              kTrajectoryWeightBound, moved);
+              kMuonRowAdamWBound, moved);
   EXPECT_EQ(anvil.final_weights.size(), torch.final_weights.size());
   EXPECT_LT(worst_loss, bound);
   EXPECT_LT(worst_weight, bound) << name;
-  EXPECT_LT(worst_adamw, kTrajectoryWeightBound) << adamw_name;
+  EXPECT_LT(worst_adamw, kMuonRowAdamWBound) << adamw_name;
   EXPECT_GT(moved, 100 * bound);
   fs::remove_all(dir);
 }
