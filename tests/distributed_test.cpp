@@ -128,6 +128,30 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
   }
 }
 
+// Muon's checkpoint holds every matrix's momentum_buffer whole, whatever the
+// layout's runs of it: saved at step 5 under FSDP 2, it resumes on one
+// process, under FSDP 4 (other runs, other owners) and in 2 pipeline stages
+// (each stage's matrices whole), each reaching the uninterrupted run's losses.
+TEST(Distributed, MuonCheckpointsMoveBetweenLayouts) {
+  const std::string batch = "--training.global_batch_size 4 --lr_scheduler.decay_ratio 0 " + anvil::testing::kMuon + " ";
+  const Output whole = runs().mpi(2, "muon_xl_whole", batch + "--training.local_batch_size 2");
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;
+  const Output saved = runs().mpi(
+      2, "muon_xl_saved", batch + "--training.local_batch_size 2 --checkpoint.interval 5 --training.steps 5");
+  ASSERT_EQ(saved.exit_code, 0) << saved.text;
+  const auto want = runs().losses("muon_xl_whole");
+  ASSERT_EQ(want.size(), 10u);
+  for (const char* target : {"single", "fsdp4", "pp2_1f1b"}) {
+    const anvil::testing::Layout& t = layout(target);
+    SCOPED_TRACE(t.name);
+    double worst = 0;
+    expect_resumes_to("muon_xl_saved", "muon_xl_to_" + t.name, t.ranks,
+                      batch + "--training.local_batch_size " + std::to_string(4 / t.dp) + " " + t.flags, want, worst);
+    std::printf("Muon FSDP 2 checkpoint resumed as %-8s: worst loss difference %.2e over steps 6-10\n", t.name.c_str(),
+                worst);
+  }
+}
+
 namespace {
 // The auxiliary-loss-free balance's expert biases, (n_layers·E), that a run's
 // checkpoint of `step` holds (state.json's model_state); none, and a failure

@@ -114,9 +114,9 @@ TEST(Train, BadInputGetsOneClearLine) {
                           "matches neither"),
             std::string::npos)
       << out.text;
-  out = run("estimate --optimizer.name Muon --parallelism.data_parallel_shard_degree 2");
+  out = run("estimate --optimizer.name Muon --parallelism.tensor_parallel_degree 2");
   EXPECT_EQ(out.exit_code, 1);
-  EXPECT_NE(out.text.find("optimizer.name = \"Muon\" runs on one process or under DDP so far"), std::string::npos)
+  EXPECT_NE(out.text.find("optimizer.name = \"Muon\" does not run under tensor parallelism yet"), std::string::npos)
       << out.text;
 }
 

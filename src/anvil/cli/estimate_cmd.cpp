@@ -113,7 +113,9 @@ nlohmann::ordered_json layout_estimate_json(const LayoutEstimate& est, const Mod
     rank["comm_bytes_per_step"] = {{"data_parallel", r.data_parallel_bytes},
                                    {"tensor_parallel", r.tensor_parallel_bytes},
                                    {"pipeline", r.pipeline_bytes},
-                                   {"expert_parallel", r.expert_parallel_bytes}};
+                                   {"expert_parallel", r.expert_parallel_bytes},
+                                   {"optimizer", r.optimizer_bytes}};
+    if (r.optimizer_flops > 0) rank["optimizer_flops_per_step"] = r.optimizer_flops;
     ranks.push_back(rank);
     dp = std::max(dp, r.data_parallel_bytes);
     pp = std::max(pp, r.pipeline_bytes);
@@ -193,10 +195,11 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
   std::printf("\n  %-16s", "with the cache");  // the allocator's cached blocks: what the process holds
   for (const RankEstimate* r : roles) std::printf(" %22s", human_bytes(r->memory.peak_reserved).c_str());
   std::printf("\n");
-  double dp = 0, pp = 0, tp = 0, ep = 0;
+  double dp = 0, pp = 0, tp = 0, ep = 0, opt = 0, opt_flops = 0;
   for (const RankEstimate& r : est.ranks)
     dp = std::max(dp, r.data_parallel_bytes), pp = std::max(pp, r.pipeline_bytes),
-    tp = std::max(tp, r.tensor_parallel_bytes), ep = std::max(ep, r.expert_parallel_bytes);
+    tp = std::max(tp, r.tensor_parallel_bytes), ep = std::max(ep, r.expert_parallel_bytes),
+    opt = std::max(opt, r.optimizer_bytes), opt_flops = std::max(opt_flops, r.optimizer_flops);
   if (dp > 0 || pp > 0 || tp > 0 || ep > 0)
     std::printf(
         "communication per rank per step: data parallel %s, tensor parallel %s, pipeline %s%s (sent and "
@@ -204,6 +207,12 @@ void print_table(const LayoutEstimate& est, const ModelArgs& args, const JobConf
         human_bytes(static_cast<size_t>(dp)).c_str(), human_bytes(static_cast<size_t>(tp)).c_str(),
         human_bytes(static_cast<size_t>(pp)).c_str(),
         ep > 0 ? (", experts' all-to-all " + human_bytes(static_cast<size_t>(ep))).c_str() : "");
+  if (opt_flops > 0) {
+    std::printf("Muon's Newton-Schulz: %.3g GFLOP per step on the busiest rank", opt_flops / 1e9);
+    if (opt > 0)
+      std::printf("; its gathers and scatters send %s per rank per step", human_bytes(static_cast<size_t>(opt)).c_str());
+    std::printf("\n");
+  }
 }
 
 // The dry run of the GPU path: the device's peaks, and the host's beside them.

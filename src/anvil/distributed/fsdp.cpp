@@ -47,6 +47,7 @@ FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* rep
         p.runs.emplace_back(sp.offset, len);
       at.push_back(p.numel);
       expert.push_back(sp.expert);
+      param_place_.push_back({static_cast<int>(gi), sp.expert ? 1 : 0, p.numel});
       p.numel += len;
     }
     parts[0].comm = &shard_;
@@ -72,6 +73,8 @@ FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* rep
     shard_total_ += shard_numel_.back();
     parts_.push_back(std::move(kept));
   }
+  ANVIL_ASSERT(param_place_.size() == specs.size(), "FSDP: the groups hold ", param_place_.size(), " of the ",
+               specs.size(), " parameters");
   master_ = Tensor::zeros({shard_total_}, DType::f32, MemCategory::parameters, "fsdp.master_shard");
   compute_ = model.compute_dtype() == DType::f32
                  ? master_
@@ -80,6 +83,12 @@ FsdpParams::FsdpParams(ParamStore& model, Communicator& shard, Communicator* rep
   full_grads_.resize(groups.size());
   open_backwards_.assign(groups.size(), 0);
   gathering_.resize(groups.size());
+}
+
+FsdpParams::ParamShards FsdpParams::param_shards(int param) const {
+  const ParamPlace& place = param_place_.at(static_cast<size_t>(param));
+  const Part& p = parts_[static_cast<size_t>(place.group)][static_cast<size_t>(place.part)];
+  return {p.comm, place.at, p.shard, shard_offset_[static_cast<size_t>(place.group)] + p.shard_at};
 }
 
 namespace {

@@ -65,6 +65,19 @@ class FsdpParams : public ParamGroupHooks {
   int64_t group_shard_numel(int g) const { return shard_numel_[static_cast<size_t>(g)]; }
   int64_t shard_offset(int g) const { return shard_offset_[static_cast<size_t>(g)]; }
 
+  // Where parameter `param` (an index into the model's specs) lies across the
+  // shards of its part (the dense weights', or the experts'): packed at
+  // element `at` of the part, whose rank q of `comm` holds elements
+  // [q·shard, (q + 1)·shard); this rank's slice of the part starts at
+  // `slice_offset` of master(). So rank q holds the parameter's elements
+  // [q·shard − at, (q + 1)·shard − at) ∩ [0, numel): one run, or none. Muon
+  // gathers whole matrices from these runs (train/optimizer.h).
+  struct ParamShards {
+    Communicator* comm;
+    int64_t at, shard, slice_offset;
+  };
+  ParamShards param_shards(int param) const;
+
   // Copies this rank's slices out of a full (flat) fp32 master buffer laid out
   // as ParamStore's, and refreshes the compute shard.
   void load_full_master(const Tensor& full_master);
@@ -131,6 +144,11 @@ class FsdpParams : public ParamGroupHooks {
   int n_;
   std::vector<int64_t> shard_numel_, shard_offset_;
   std::vector<std::vector<Part>> parts_;  // per group: the dense part, then the experts' if any
+  struct ParamPlace {
+    int group, part;
+    int64_t at;  // in the part's packing
+  };
+  std::vector<ParamPlace> param_place_;  // per parameter of the model's specs
   int64_t shard_total_ = 0;
   Tensor master_, compute_, grads_;
   std::vector<Tensor> gathered_;    // per group: the full compute weights while held

@@ -43,6 +43,8 @@ RankEstimate dry_run_rank(const JobConfig& cfg, const ModelArgs& args, int world
   const AcPolicy ac = activation_checkpoint_policy(cfg);
   ParallelizedModel layout(cfg, args, par, dt);
   out.data_parallel_bytes = layout.comm_bytes_closed_form();
+  out.optimizer_bytes = layout.optimizer_bytes_per_step();
+  out.optimizer_flops = layout.optimizer_flops_per_step();
   const LrSchedule lr = lr_schedule(cfg);
   const std::unique_ptr<Checkpointer> checkpointer = make_checkpointer(cfg);
   const MicroBatches batches = allocate_micro_batches(cfg, par.accum_steps, par.cp_size);
@@ -114,12 +116,15 @@ LayoutEstimate estimate_layout(const JobConfig& cfg, const ModelArgs& args, int 
   // first experts get one more row from each sequence whose routes do not
   // divide evenly). FSDP shards, tensor-parallel slices and data-parallel
   // replicas are the same size on every rank (both pad to a multiple of their
-  // degree), so one rank of each role stands for all.
-  std::map<std::tuple<int, bool, int>, RankEstimate> roles;
+  // degree), so one rank of each role stands for all; except under Muon,
+  // where a shard's runs of matrices and of the other parameters, and the
+  // matrices the rank owns, differ from rank to rank: each is its own role.
+  const bool muon = cfg.optimizer.name == "Muon";
+  std::map<std::tuple<int, bool, int, int>, RankEstimate> roles;
   for (int rank = 0; rank < world_size; ++rank) {
     const int pp = world_size > 1 ? layout.group_rank(rank, MeshGroup::pp) : 0;
     const int ep = layout.ep() > 1 ? layout.group_rank(rank, MeshGroup::ep) : 0;
-    const std::tuple<int, bool, int> role{pp, rank == 0, ep};
+    const std::tuple<int, bool, int, int> role{pp, rank == 0, ep, muon ? rank : 0};
     auto it = roles.find(role);
     if (it == roles.end()) it = roles.emplace(role, dry_run_rank(cfg, args, world_size, rank, nullptr, device)).first;
     RankEstimate r = it->second;

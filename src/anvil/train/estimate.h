@@ -44,6 +44,9 @@ struct RankEstimate {
   // run's communicators counted them in its second step (comm.h's comm_bytes).
   double data_parallel_bytes = 0, pipeline_bytes = 0, tensor_parallel_bytes = 0;
   double expert_parallel_bytes = 0;  // the experts' all-to-alls, under the dry run's routing case
+  // Muon: its gathers and scatters under FSDP, and the Newton-Schulz FLOPs of
+  // the matrices this rank owns (train/optimizer.h); zero under AdamW.
+  double optimizer_bytes = 0, optimizer_flops = 0;
 };
 
 struct LayoutEstimate {

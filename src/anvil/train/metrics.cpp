@@ -119,6 +119,7 @@ void MetricsLog::log(const StepLog& s) {
   j["untracked_bytes"] = s.untracked;
   j["data_loading_pct"] = s.data_pct;
   j["elapsed_s"] = s.elapsed_s;
+  if (s.optimizer_flops_per_step > 0) j["optimizer_flops_per_step"] = s.optimizer_flops_per_step;
   if (!s.device.is_cpu())  // the figures above are then the host's
     j["device"] = {{"name", s.device.str()},
                    {"max_active_bytes", s.device_memory.peak_total},
@@ -161,6 +162,8 @@ void MetricsLog::log(const StepLog& s) {
     j["tp_comm_bytes_per_step"] = s.tp_comm_bytes_per_step;
     j["pp_comm_bytes_per_step"] = s.pp_comm_bytes_per_step;
     j["ep_comm_bytes_per_step"] = s.ep_comm_bytes_per_step;
+    j["optimizer_comm_bytes_per_step"] = s.optimizer_comm_bytes_per_step;
+    j["optimizer_comm_bytes_closed_form"] = s.optimizer_comm_bytes_closed_form;
     j["comm_in_flight_s_per_step"] = s.comm_in_flight_s;
     j["comm_blocked_s_per_step"] = s.comm_blocked_s;
     j["comm_hidden_pct"] = s.comm_hidden_pct;

@@ -45,6 +45,10 @@ struct StepLog {
   double tp_comm_bytes_per_step = 0;  // tensor-parallel collectives (activations), measured
   double pp_comm_bytes_per_step = 0;  // pipeline sends and receives, measured
   double ep_comm_bytes_per_step = 0;  // expert parallelism's all-to-alls, measured
+  // Muon: its Newton-Schulz FLOPs on this rank per step, and under FSDP its
+  // all-to-alls' bytes, measured and as the layout gives them.
+  double optimizer_flops_per_step = 0;
+  double optimizer_comm_bytes_per_step = 0, optimizer_comm_bytes_closed_form = 0;
   // A mixture-of-experts model: the load-balancing loss (the interval's last
   // step) and the routes per expert of each layer over the interval.
   int64_t moe_experts = 0;

@@ -2,9 +2,14 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "anvil/core/error.h"
+#include "anvil/core/profiler.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/fsdp.h"
 #include "anvil/train/config.h"
 
 namespace anvil {
@@ -82,20 +87,58 @@ CheckpointOptimizer checkpoint_optimizer(const OptimizerConfig& cfg) {
 }
 
 RankOptimizer::RankOptimizer(const OptimizerConfig& cfg, const std::vector<ParamSpec>& specs, Tensor& master,
-                             Tensor* compute_copy)
+                             Tensor* compute_copy, const FsdpParams* fsdp)
     : cfg_(cfg), master_(master), compute_copy_(compute_copy) {
   if (cfg_.kind != OptimizerKind::muon) return;
   const std::vector<bool> muon = muon_matrices(cfg_, specs);
+  std::map<std::pair<int, Communicator*>, size_t> exchange_of;  // {FSDP group, shard group} → exchanges_
+  std::map<Communicator*, int64_t> matrices_of;                 // per shard group: its matrices so far
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& s = specs[i];
-    ANVIL_CHECK(s.offset + s.numel() <= master.numel(), "Muon: parameter ", s.name, " lies outside the master weights");
-    if (muon[i]) {
-      muon_.push_back({s.offset, s.numel(), muon_numel_, s.shape[0], s.shape[1]});
-      muon_numel_ += s.numel();
-    } else {
-      adamw_.push_back({s.offset, s.numel(), adamw_numel_});
-      adamw_numel_ += s.numel();
+    Matrix m;
+    Run run{s.offset, s.numel(), 0, 0};
+    if (fsdp) {  // this rank's run of the parameter, and every rank's
+      const FsdpParams::ParamShards sh = fsdp->param_shards(static_cast<int>(i));
+      for (int q = 0; q < sh.comm->size(); ++q) {
+        const int64_t lo = std::clamp<int64_t>(q * sh.shard - sh.at, 0, s.numel());
+        const int64_t hi = std::clamp<int64_t>((q + 1) * sh.shard - sh.at, 0, s.numel());
+        m.runs.emplace_back(lo, hi - lo);
+      }
+      const int me = sh.comm->rank();
+      const auto [lo, len] = m.runs[static_cast<size_t>(me)];
+      run = {len > 0 ? sh.slice_offset + (sh.at + lo - me * sh.shard) : 0, len, 0, lo};  // none: an empty run
+      if (sh.comm->size() > 1) m.comm = sh.comm;  // else held whole here, as without FSDP
     }
+    ANVIL_CHECK(run.offset + run.numel <= master.numel(), "Muon: parameter ", s.name,
+                " lies outside the master weights");
+    if (!muon[i]) {
+      run.state_offset = adamw_numel_;
+      adamw_numel_ += run.numel;
+      adamw_.push_back(run);
+      continue;
+    }
+    run.state_offset = muon_numel_;
+    muon_numel_ += run.numel;
+    m.rows = s.shape[0];
+    m.cols = s.shape[1];
+    m.mine = run;
+    bool owned = true;
+    if (m.comm) {
+      const int n = m.comm->size(), me = m.comm->rank();
+      m.owner = static_cast<int>(matrices_of[m.comm]++ % n);
+      owned = m.owner == me;
+      // What this rank sends: its run of u to the owner, or o's runs to the other ranks.
+      int64_t elements = owned ? s.numel() - m.runs[static_cast<size_t>(me)].second : run.numel;
+      exchange_bytes_ += static_cast<uint64_t>(elements) * sizeof(float);
+      const auto key = std::pair{s.group, m.comm};
+      if (!exchange_of.contains(key)) {
+        exchange_of[key] = exchanges_.size();
+        exchanges_.push_back({m.comm, {}});
+      }
+      exchanges_[exchange_of[key]].matrices.push_back(muon_.size());
+    }
+    if (owned) ns_flops_ += newton_schulz_flops(cfg_.muon, m.rows, m.cols);
+    muon_.push_back(std::move(m));
   }
 }
 
@@ -110,6 +153,10 @@ void RankOptimizer::create_state() {
   second_ = Tensor::zeros({adamw_numel_}, DType::f32, MemCategory::optimizer_state, "adamw.exp_avg_sq");
 }
 
+Tensor RankOptimizer::compute_copy_of(const Run& r) const {
+  return compute_copy_ ? compute_copy_->slice(r.offset, r.numel) : Tensor();
+}
+
 void RankOptimizer::step(double lr_factor, int64_t step, const Tensor& grads, float clip) {
   if (!has_state()) create_state();
   AdamWConfig adamw = cfg_.adamw;
@@ -120,21 +167,102 @@ void RankOptimizer::step(double lr_factor, int64_t step, const Tensor& grads, fl
   }
   MuonConfig muon = cfg_.muon;
   muon.lr *= lr_factor;
-  auto bf16_copy = [&](const Entry& e) {
-    return compute_copy_ ? compute_copy_->slice(e.offset, e.numel) : Tensor();
-  };
-  for (const Entry& e : muon_) {
-    Tensor p = master_.slice(e.offset, e.numel).view({e.rows, e.cols});
-    Tensor m = momentum_.slice(e.state_offset, e.numel).view({e.rows, e.cols});
-    Tensor copy = bf16_copy(e);
-    muon_step(muon, p, grads.slice(e.offset, e.numel).view({e.rows, e.cols}), m, copy.defined() ? &copy : nullptr,
+  for (const Matrix& x : muon_) {
+    if (x.comm) continue;  // traded below
+    const Run& r = x.mine;
+    Tensor p = master_.slice(r.offset, r.numel).view({x.rows, x.cols});
+    Tensor m = momentum_.slice(r.state_offset, r.numel).view({x.rows, x.cols});
+    Tensor copy = compute_copy_of(r);
+    muon_step(muon, p, grads.slice(r.offset, r.numel).view({x.rows, x.cols}), m, copy.defined() ? &copy : nullptr,
               clip);
   }
-  for (const Entry& e : adamw_) {
-    Tensor p = master_.slice(e.offset, e.numel);
-    Tensor m = first_.slice(e.state_offset, e.numel), v = second_.slice(e.state_offset, e.numel);
-    Tensor copy = bf16_copy(e);
-    adamw_step(adamw, step, p, grads.slice(e.offset, e.numel), m, v, copy.defined() ? &copy : nullptr, clip);
+  for (const Exchange& e : exchanges_) exchange_step(muon, e, grads, clip);
+  for (const Run& r : adamw_) {
+    if (r.numel == 0) continue;
+    Tensor p = master_.slice(r.offset, r.numel);
+    Tensor m = first_.slice(r.state_offset, r.numel), v = second_.slice(r.state_offset, r.numel);
+    Tensor copy = compute_copy_of(r);
+    adamw_step(adamw, step, p, grads.slice(r.offset, r.numel), m, v, copy.defined() ? &copy : nullptr, clip);
+  }
+}
+
+void RankOptimizer::exchange_step(const MuonConfig& muon, const Exchange& e, const Tensor& grads, float clip) {
+  Communicator& comm = *e.comm;
+  const auto n = static_cast<size_t>(comm.size());
+  const int me = comm.rank();
+  // The send buffer: this rank's runs, grouped by owner in rank order; the
+  // receive buffer: every rank's runs of this rank's matrices, grouped by
+  // sender. Each matrix in the model's order within its group.
+  std::vector<int64_t> send_rows(n, 0), recv_rows(n, 0);
+  for (const size_t k : e.matrices) {
+    const Matrix& x = muon_[k];
+    send_rows[static_cast<size_t>(x.owner)] += x.mine.numel;
+    if (x.owner == me)
+      for (size_t q = 0; q < n; ++q) recv_rows[q] += x.runs[q].second;
+  }
+  std::vector<int64_t> send_at(n, 0), recv_at(n, 0);
+  int64_t send_total = 0, recv_total = 0;
+  for (size_t q = 0; q < n; ++q) {
+    send_at[q] = send_total;
+    send_total += send_rows[q];
+    recv_at[q] = recv_total;
+    recv_total += recv_rows[q];
+  }
+  Tensor send = Tensor::empty({send_total}, DType::f32, MemCategory::communication, "muon.exchange.send");
+  Tensor recv = Tensor::empty({recv_total}, DType::f32, MemCategory::communication, "muon.exchange.recv");
+  // u over this rank's runs, each where its owner's block of `send` puts it.
+  std::vector<int64_t> send_pos(e.matrices.size());
+  for (size_t j = 0; j < e.matrices.size(); ++j) {
+    const Matrix& x = muon_[e.matrices[j]];
+    const size_t owner = static_cast<size_t>(x.owner);
+    send_pos[j] = send_at[owner];
+    send_at[owner] += x.mine.numel;
+    if (x.mine.numel == 0) continue;
+    Tensor m = momentum_.slice(x.mine.state_offset, x.mine.numel);
+    Tensor u = send.slice(send_pos[j], x.mine.numel);
+    muon_momentum(muon, grads.slice(x.mine.offset, x.mine.numel), clip, m, u);
+  }
+  auto trade = [&](const Tensor& out, const std::vector<int64_t>& out_rows, const Tensor& in,
+                   const std::vector<int64_t>& in_rows, const char* label) {
+    uint64_t bytes = 0;
+    for (size_t q = 0; q < n; ++q)
+      if (static_cast<int>(q) != me) bytes += static_cast<uint64_t>(out_rows[q]) * sizeof(float);
+    const ScopedPhase phase(SpanCategory::communication, label, -1);
+    const int id = tracker_.start(label, -1, CommOp::all_to_all, bytes, static_cast<int>(n));
+    {
+      const CommTracker::Blocked blocked(tracker_);
+      comm.all_to_all_v(out, out_rows, in, in_rows);
+    }
+    tracker_.done(id);
+  };
+  trade(send, send_rows, recv, recv_rows, "muon.gather");
+  // Each matrix this rank owns: assembled whole from its runs, orthogonalised,
+  // and o's runs written back where u's came from.
+  for (const size_t k : e.matrices) {
+    const Matrix& x = muon_[k];
+    if (x.owner != me) continue;
+    Tensor u = Tensor::empty({x.rows, x.cols}, DType::f32, MemCategory::workspace, "muon.update");
+    const Tensor u_flat = u.view({x.rows * x.cols});
+    for (size_t q = 0; q < n; ++q)
+      if (x.runs[q].second > 0) u_flat.slice(x.runs[q].first, x.runs[q].second).copy_from(recv.slice(recv_at[q], x.runs[q].second));
+    Tensor o = Tensor::empty({x.rows, x.cols}, DType::f32, MemCategory::workspace, "muon.orthogonal");
+    newton_schulz(muon, u, o);
+    const Tensor o_flat = o.view({x.rows * x.cols});
+    for (size_t q = 0; q < n; ++q) {
+      const auto [begin, len] = x.runs[q];
+      if (len > 0) recv.slice(recv_at[q], len).copy_from(o_flat.slice(begin, len));
+      recv_at[q] += len;
+    }
+  }
+  // o's runs come back where u's went.
+  trade(recv, recv_rows, send, send_rows, "muon.scatter");
+  for (size_t j = 0; j < e.matrices.size(); ++j) {
+    const Matrix& x = muon_[e.matrices[j]];
+    if (x.mine.numel == 0) continue;
+    Tensor p = master_.slice(x.mine.offset, x.mine.numel);
+    Tensor copy = compute_copy_of(x.mine);
+    muon_apply(muon, muon_adjusted_lr(muon, x.rows, x.cols), send.slice(send_pos[j], x.mine.numel), p,
+               copy.defined() ? &copy : nullptr);
   }
 }
 
@@ -144,10 +272,13 @@ std::pair<Tensor, Tensor> RankOptimizer::state_in_master_layout() {
   const int64_t n = master_.numel();
   Tensor first = Tensor::zeros({n}, DType::f32, MemCategory::workspace, "optimizer.state_in_master_layout");
   Tensor second = Tensor::zeros({n}, DType::f32, MemCategory::workspace, "optimizer.state_in_master_layout");
-  for (const Entry& e : muon_) first.slice(e.offset, e.numel).copy_from(momentum_.slice(e.state_offset, e.numel));
-  for (const Entry& e : adamw_) {
-    first.slice(e.offset, e.numel).copy_from(first_.slice(e.state_offset, e.numel));
-    second.slice(e.offset, e.numel).copy_from(second_.slice(e.state_offset, e.numel));
+  for (const Matrix& x : muon_) {
+    const Run& r = x.mine;
+    first.slice(r.offset, r.numel).copy_from(momentum_.slice(r.state_offset, r.numel));
+  }
+  for (const Run& r : adamw_) {
+    first.slice(r.offset, r.numel).copy_from(first_.slice(r.state_offset, r.numel));
+    second.slice(r.offset, r.numel).copy_from(second_.slice(r.state_offset, r.numel));
   }
   return {first, second};
 }
@@ -159,10 +290,13 @@ void RankOptimizer::set_state_from_master_layout(const Tensor& first, const Tens
     if (second.raw() != second_.raw()) second_.copy_from(second);
     return;
   }
-  for (const Entry& e : muon_) momentum_.slice(e.state_offset, e.numel).copy_from(first.slice(e.offset, e.numel));
-  for (const Entry& e : adamw_) {
-    first_.slice(e.state_offset, e.numel).copy_from(first.slice(e.offset, e.numel));
-    second_.slice(e.state_offset, e.numel).copy_from(second.slice(e.offset, e.numel));
+  for (const Matrix& x : muon_) {
+    const Run& r = x.mine;
+    momentum_.slice(r.state_offset, r.numel).copy_from(first.slice(r.offset, r.numel));
+  }
+  for (const Run& r : adamw_) {
+    first_.slice(r.state_offset, r.numel).copy_from(first.slice(r.offset, r.numel));
+    second_.slice(r.state_offset, r.numel).copy_from(second.slice(r.offset, r.numel));
   }
 }
 

@@ -8,6 +8,18 @@
 // State, per parameter: AdamW's two fp32 moments (8 bytes); Muon's one fp32
 // momentum (4 bytes). Under Muon each kind is one buffer packed over the
 // parameters that have it, so the state is exactly those bytes.
+//
+// Under FSDP (and HSDP, and context parallelism, whose shards span dp_shard ×
+// cp) a rank holds one run of each parameter's elements, or none. Everything
+// in Muon but Newton-Schulz is elementwise and runs on the run; Newton-Schulz
+// needs the matrix whole, so each matrix has one owner among the ranks of its
+// shard group (round-robin over the matrices, in the model's order), and per
+// FSDP group and shard group the ranks trade in one all-to-all: every rank
+// sends its runs of u (the momentum's update) to their owners, each owner
+// orthogonalises its matrices whole, and a second all-to-all sends each rank
+// its runs of o back. Per step a shard group sends 8·Σ(numel − the owner's run)
+// bytes over all its matrices, 8·P·(n − 1)/n for P Muon parameters evenly
+// sharded over n ranks (docs/muon.md); the state stays sharded.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,6 +27,7 @@
 #include <vector>
 
 #include "anvil/core/tensor.h"
+#include "anvil/distributed/comm_tracker.h"
 #include "anvil/model/params.h"
 #include "anvil/ops/adamw.h"
 #include "anvil/ops/muon.h"
@@ -22,6 +35,8 @@
 
 namespace anvil {
 
+class Communicator;
+class FsdpParams;
 struct JobConfig;
 
 enum class OptimizerKind : uint8_t { adamw, muon };
@@ -49,11 +64,13 @@ CheckpointOptimizer checkpoint_optimizer(const OptimizerConfig& cfg);
 
 class RankOptimizer {
  public:
-  // `master`: the fp32 weights this rank updates, laid out as `specs` (each
-  // parameter whole: one process or DDP); `compute_copy`: their bf16 copy in
-  // mixed precision, or null. All outlive the optimizer.
+  // `master`: the fp32 weights this rank updates: laid out as `specs` (each
+  // parameter whole: one process, DDP, a pipeline's stages), or under FSDP
+  // (`fsdp`, the shards of the model whose parameters `specs` are) its shard.
+  // `compute_copy`: their bf16 copy in mixed precision, or null. All outlive
+  // the optimizer.
   RankOptimizer(const OptimizerConfig& cfg, const std::vector<ParamSpec>& specs, Tensor& master,
-                Tensor* compute_copy);
+                Tensor* compute_copy, const FsdpParams* fsdp = nullptr);
 
   const OptimizerConfig& config() const { return cfg_; }
   // One step on `grads` (shaped as the master weights), scaled by `clip`, at
@@ -71,17 +88,46 @@ class RankOptimizer {
   std::pair<Tensor, Tensor> state_in_master_layout();
   void set_state_from_master_layout(const Tensor& first, const Tensor& second);
 
+  // Per step, on this rank: Newton-Schulz's FLOPs (its owned matrices), and
+  // the bytes its two all-to-alls send to the other ranks (zero unless
+  // sharded). Both are known at construction.
+  double newton_schulz_flops_per_step() const { return ns_flops_; }
+  uint64_t exchange_bytes_per_step() const { return exchange_bytes_; }
+  // The all-to-alls' bytes and times since the last take.
+  CommStats take_comm_stats() { return tracker_.take(); }
+
  private:
-  // A parameter's place in the master weights and in its kind's state buffer.
-  struct Entry {
-    int64_t offset = 0, numel = 0, state_offset = 0;
-    int64_t rows = 0, cols = 0;  // Muon's matrices
+  // This rank's run of a parameter: where it lies in the master weights, its
+  // length, where in its kind's state buffer, and its first element in the
+  // parameter (0 when held whole).
+  struct Run {
+    int64_t offset = 0, numel = 0, state_offset = 0, begin = 0;
   };
+  struct Matrix {
+    int64_t rows = 0, cols = 0;
+    Run mine;
+    Communicator* comm = nullptr;  // its shard group; null when this rank holds it whole
+    int owner = 0;                 // the rank of comm that orthogonalises it
+    std::vector<std::pair<int64_t, int64_t>> runs;  // per rank of comm: {begin, numel}
+  };
+  // Matrices traded in one pair of all-to-alls: one FSDP group's, over one shard group.
+  struct Exchange {
+    Communicator* comm = nullptr;
+    std::vector<size_t> matrices;  // into muon_, in the model's order
+  };
+  void exchange_step(const MuonConfig& muon, const Exchange& x, const Tensor& grads, float clip);
+  Tensor compute_copy_of(const Run& r) const;
+
   OptimizerConfig cfg_;
   Tensor& master_;
   Tensor* compute_copy_;
-  std::vector<Entry> muon_, adamw_;
+  std::vector<Matrix> muon_;
+  std::vector<Run> adamw_;
+  std::vector<Exchange> exchanges_;  // the sharded matrices' (each held whole is stepped alone)
   int64_t muon_numel_ = 0, adamw_numel_ = 0;
+  double ns_flops_ = 0;
+  uint64_t exchange_bytes_ = 0;
+  CommTracker tracker_;
   // AdamW: exp_avg and exp_avg_sq over the master weights. Muon: the
   // momentum packed over its matrices, and AdamW's moments packed over the rest.
   Tensor first_, second_, momentum_;

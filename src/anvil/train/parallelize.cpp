@@ -133,15 +133,15 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
                             : nullptr;
   const OptimizerConfig optimizer = optimizer_config(cfg);
   if (optimizer.kind == OptimizerKind::muon) {
-    // Newton-Schulz needs each matrix whole; a rank holds its matrices whole
-    // only on one process or under DDP (a layout of its own: docs/muon.md).
-    ANVIL_CHECK(state_layout_->is_global(), "optimizer.name = \"Muon\" runs on one process or under DDP so far; ",
-                "this layout shards the weights (", par.description,
-                "). Set optimizer.name = \"AdamW\", or train with parallelism.data_parallel_replicate_degree alone");
+    // Newton-Schulz needs each matrix whole: the optimizer gathers FSDP's
+    // runs of it to an owner rank (optimizer.h); a tp slice it cannot yet.
+    ANVIL_CHECK(!tp_, "optimizer.name = \"Muon\" does not run under tensor parallelism yet (",
+                par.description, "): its matrices would need gathering over the tp group too. Set "
+                "optimizer.name = \"AdamW\", or parallelism.tensor_parallel_degree = 1");
     ANVIL_CHECK(master().device().is_cpu(), "optimizer.name = \"Muon\" trains on the CPU so far; set job.device = "
                 "\"cpu\" or optimizer.name = \"AdamW\"");
   }
-  optimizer_ = std::make_unique<RankOptimizer>(optimizer, ps.specs(), master(), compute_copy);
+  optimizer_ = std::make_unique<RankOptimizer>(optimizer, ps.specs(), master(), compute_copy, fsdp_.get());
 }
 
 ParallelizedModel::~ParallelizedModel() = default;
@@ -154,6 +154,13 @@ void ParallelizedModel::print_comm_closed_form() const {
   if (par_.distributed())
     std::printf("anvil: data-parallel traffic per rank per step, closed form: %s\n",
                 human_bytes(static_cast<size_t>(comm_closed_form_)).c_str());
+  if (optimizer_->config().kind == OptimizerKind::muon) {
+    std::printf("anvil: Muon's Newton-Schulz on this rank: %.3g GFLOP per step", optimizer_flops_per_step() / 1e9);
+    if (fsdp_)
+      std::printf(" (the matrices it owns); gathering them and scattering their updates sends %s per step",
+                  human_bytes(static_cast<size_t>(optimizer_bytes_per_step())).c_str());
+    std::printf("\n");
+  }
 }
 
 Tensor& ParallelizedModel::master() { return fsdp_ ? fsdp_->master() : model_->params().master_flat(); }
@@ -346,6 +353,14 @@ double ParallelizedModel::grad_norm() {
 
 void ParallelizedModel::optimizer_step(double lr_factor, int64_t step, float clip) {
   optimizer_->step(lr_factor, step, grads(), clip);
+}
+
+uint64_t ParallelizedModel::take_optimizer_comm_bytes() { return optimizer_->take_comm_stats().bytes; }
+
+double ParallelizedModel::optimizer_flops_per_step() const { return optimizer_->newton_schulz_flops_per_step(); }
+
+double ParallelizedModel::optimizer_bytes_per_step() const {
+  return static_cast<double>(optimizer_->exchange_bytes_per_step());
 }
 
 void ParallelizedModel::update_expert_bias(const MoeReport& moe) {

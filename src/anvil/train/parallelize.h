@@ -40,6 +40,8 @@ struct StepComm {
   uint64_t tp_bytes = 0;    // tensor-parallel collectives (activations), counted by the tp communicator
   uint64_t pp_bytes = 0;    // over the pp group: boundary tensors and their gradients, loss and norm sums
   uint64_t ep_bytes = 0;    // expert parallelism's all-to-alls over the dp group: routed rows, their gradients, counts
+  uint64_t optimizer_bytes = 0;  // Muon's all-to-alls over a shard group: matrices to their owners and back (set
+                                 // after the optimizer step: take_optimizer_comm_bytes)
 };
 
 // A loss sum and its token count summed over the data-parallel ranks (as f32,
@@ -100,6 +102,12 @@ class ParallelizedModel {
   void load_model_state(const nlohmann::json& state);
   void release_grads();
   StepComm take_comm_stats();
+  // The bytes the optimizer's own collectives sent since the last take (Muon's, under FSDP).
+  uint64_t take_optimizer_comm_bytes();
+  // Per step on this rank: the optimizer's Newton-Schulz FLOPs and the bytes
+  // its all-to-alls send (Muon; zero under AdamW), from the layout.
+  double optimizer_flops_per_step() const;
+  double optimizer_bytes_per_step() const;
 
  private:
   // The gradients this rank's optimizer updates.

@@ -107,6 +107,7 @@ void StepLogger::add_comm(const StepComm& c) {
   interval_tp_bytes_ += c.tp_bytes;
   interval_pp_bytes_ += c.pp_bytes;
   interval_ep_bytes_ += c.ep_bytes;
+  interval_optimizer_bytes_ += c.optimizer_bytes;
 }
 
 void StepLogger::add_moe(const MoeReport& r) {
@@ -185,12 +186,16 @@ void StepLogger::write(int64_t step, double loss, double grad_norm, double lr) {
     log.tp_comm_bytes_per_step = static_cast<double>(interval_tp_bytes_) / steps;
     log.pp_comm_bytes_per_step = static_cast<double>(interval_pp_bytes_) / steps;
     log.ep_comm_bytes_per_step = static_cast<double>(interval_ep_bytes_) / steps;
+    log.optimizer_comm_bytes_per_step = static_cast<double>(interval_optimizer_bytes_) / steps;
+    log.optimizer_comm_bytes_closed_form = optimizer_bytes_closed_form_;
   }
+  log.optimizer_flops_per_step = optimizer_flops_;
   interval_comm_ = {};
   interval_steps_ = 0;
   interval_tp_bytes_ = 0;
   interval_pp_bytes_ = 0;
   interval_ep_bytes_ = 0;
+  interval_optimizer_bytes_ = 0;
   gather_rank_figures(par_, log);
   print_step_line(log, cfg_.metrics.verbose);
   if (metrics_) metrics_->log(log);

@@ -41,6 +41,12 @@ class StepLogger {
   void add_data_seconds(double s) { data_seconds_ += s; }
   // A step's communication (counted also for a step that is then interrupted).
   void add_comm(const StepComm& c);
+  // The optimizer's work per step on this rank, as the layout gives it
+  // (ParallelizedModel::optimizer_flops_per_step, optimizer_bytes_per_step).
+  void set_optimizer_figures(double flops_per_step, double bytes_per_step) {
+    optimizer_flops_ = flops_per_step;
+    optimizer_bytes_closed_form_ = bytes_per_step;
+  }
   // What this rank keeps between steps, with this step's gradients: the
   // figure the ZeRO closed forms predict. Called right after the optimizer.
   // Resident bytes the allocator does not see (the resident set minus the
@@ -75,6 +81,8 @@ class StepLogger {
   PeakFlops peak_;
   double flops_per_token_;
   double comm_closed_form_;
+  double optimizer_flops_ = 0, optimizer_bytes_closed_form_ = 0;
+  uint64_t interval_optimizer_bytes_ = 0;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<TensorBoardWriter> tb_;
   Clock::time_point t_start_, t_interval_;

@@ -93,6 +93,7 @@ StepOutcome run_train_step(const StepContext& ctx, const MicroBatches& batches, 
     return out;
   }
   layout.optimizer_step(ctx.lr_schedule.factor(step), step, clip_factor(ctx.cfg, out.grad_norm));
+  out.comm.optimizer_bytes = layout.take_optimizer_comm_bytes();
   layout.update_expert_bias(out.run.moe);
   return out;
 }

@@ -385,6 +385,7 @@ TrainResult train(const JobConfig& cfg) {
   const int64_t first_step =
       restore(cfg, args, layout, checkpointer.get(), resume, par.rank0(), data.loader(), resumed_loss);
   StepLogger logger(cfg, par, mfu.peak, mfu.flops_per_token, layout.comm_bytes_closed_form());
+  logger.set_optimizer_figures(layout.optimizer_flops_per_step(), layout.optimizer_bytes_per_step());
   CommDeadlines deadlines(cfg, checkpointer.get());
   print_destinations(cfg, logger, checkpointer.get(), first_step);
   if (first_step > tc.steps) {
