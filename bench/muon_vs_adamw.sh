@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Does Muon train? The 25M model on the main job's corpus (Shakespeare's works
+# and its 2048-token tokenizer, scripts/train.sh makes both), STEPS steps under
+# AdamW and under Muon at three learning rates each, then a table of every
+# run's last training losses and its validation loss, and `anvil report` of
+# each optimizer's best run (lowest validation loss). No pass condition: it
+# measures.
+#
+#   bench/muon_vs_adamw.sh            # 300 steps of 8 × 512 tokens, 6 runs
+#   STEPS=100 BATCH=4 SEQ=256 bench/muon_vs_adamw.sh
+#
+# Muon runs with adjust_lr_fn = "match_rms_adamw" (Moonlight's choice: its
+# update's RMS matched to AdamW's, so one learning rate means the same for
+# both) and the same three learning rates as AdamW; its AdamW groups (the
+# embedding, the head, the norms) take AdamW's middle one. Newton-Schulz in
+# bf16, as torch.optim.Muon ships it. The runs go to outputs/muon_vs_adamw/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-300}
+BATCH=${BATCH:-8}
+SEQ=${SEQ:-512}
+LRS=${LRS:-"1e-3 2e-3 4e-3"}
+out=outputs/muon_vs_adamw
+[ -x build/anvil ] || { echo "build/anvil is missing: run scripts/train.sh (or cmake --build build) first" >&2; exit 1; }
+[ -f data/tokenizers/shakespeare-2048/tokenizer.json ] || {
+  echo "the main job's tokenizer is missing: run scripts/train.sh once first" >&2
+  exit 1
+}
+mkdir -p "$out"
+mid=$(echo "$LRS" | awk '{print $2}')
+common=(configs/llama3_25m.toml --model.tokenizer_path data/tokenizers/shakespeare-2048/tokenizer.json
+  --training.steps "$STEPS" --training.local_batch_size "$BATCH" --training.seq_len "$SEQ"
+  --lr_scheduler.warmup_steps $((STEPS / 10)) --metrics.log_freq 5 --checkpoint.enable false
+  --validation.enable true --validation.dataset_path data/shakespeare/validation --validation.freq "$STEPS"
+  --validation.steps 20 --metrics.enable_tensorboard false)
+for lr in $LRS; do
+  echo "== AdamW lr $lr"
+  build/anvil train "${common[@]}" --optimizer.name AdamW --optimizer.lr "$lr" --job.dump_folder "$out/adamw_$lr" \
+    >"$out/adamw_$lr.log" 2>&1
+  echo "== Muon lr $lr (AdamW groups at $mid)"
+  build/anvil train "${common[@]}" --optimizer.name Muon --optimizer.muon_lr "$lr" \
+    --optimizer.muon_adjust_lr_fn match_rms_adamw --optimizer.lr "$mid" --job.dump_folder "$out/muon_$lr" \
+    >"$out/muon_$lr.log" 2>&1
+done
+python3 - "$out" $LRS <<'EOF'
+import json, sys
+out, lrs = sys.argv[1], sys.argv[2:]
+print("| optimizer | lr | train loss, mean of the last 10 logged steps | validation loss | tok/s |")
+print("|---|---|---|---|---|")
+best = {}
+for opt in ("adamw", "muon"):
+    for lr in lrs:
+        lines = [json.loads(l) for l in open(f"{out}/{opt}_{lr}/metrics.jsonl")]
+        train = [l for l in lines if "loss" in l]
+        val = [l["validation_loss"] for l in lines if "validation_loss" in l]
+        last = sum(l["loss"] for l in train[-10:]) / len(train[-10:])
+        tps = sum(l["tokens_per_s"] for l in train[1:]) / max(1, len(train) - 1)
+        v = val[-1] if val else float("nan")
+        print(f"| {'AdamW' if opt == 'adamw' else 'Muon'} | {lr} | {last:.4f} | {v:.4f} | {tps:,.0f} |")
+        if opt not in best or v < best[opt][1]:
+            best[opt] = (lr, v)
+with open(f"{out}/best.txt", "w") as f:
+    for opt, (lr, v) in best.items():
+        f.write(f"{opt}_{lr}\n")
+EOF
+while read -r run; do
+  build/anvil report "$out/$run" --output "$out/$run.report.html" >/dev/null
+  echo "best $run: $out/$run.report.html"
+done <"$out/best.txt"
