@@ -130,8 +130,9 @@ TEST(Distributed, CheckpointsMoveBetweenLayouts) {
 
 // Muon's checkpoint holds every matrix's momentum_buffer whole, whatever the
 // layout's runs of it: saved at step 5 under FSDP 2, it resumes on one
-// process, under FSDP 4 (other runs, other owners) and in 2 pipeline stages
-// (each stage's matrices whole), each reaching the uninterrupted run's losses.
+// process, under FSDP 4 (other runs, other owners), in 2 pipeline stages
+// (each stage's matrices whole) and under TP 2 (each rank half of every
+// matrix), each reaching the uninterrupted run's losses.
 TEST(Distributed, MuonCheckpointsMoveBetweenLayouts) {
   const std::string batch = "--training.global_batch_size 4 --lr_scheduler.decay_ratio 0 " + anvil::testing::kMuon + " ";
   const Output whole = runs().mpi(2, "muon_xl_whole", batch + "--training.local_batch_size 2");
@@ -141,7 +142,7 @@ TEST(Distributed, MuonCheckpointsMoveBetweenLayouts) {
   ASSERT_EQ(saved.exit_code, 0) << saved.text;
   const auto want = runs().losses("muon_xl_whole");
   ASSERT_EQ(want.size(), 10u);
-  for (const char* target : {"single", "fsdp4", "pp2_1f1b"}) {
+  for (const char* target : {"single", "fsdp4", "pp2_1f1b", "tp2"}) {
     const anvil::testing::Layout& t = layout(target);
     SCOPED_TRACE(t.name);
     double worst = 0;

@@ -20,6 +20,7 @@
 #include "anvil/estimate/flops.h"
 #include "anvil/estimate/gpu_estimate.h"
 #include "anvil/estimate/gpu_hardware.h"
+#include "anvil/ops/muon.h"
 #include "anvil/estimate/gpu_search.h"
 #include "anvil/estimate/gpu_seeds.h"
 #include "anvil/ops/attention.h"
@@ -282,6 +283,45 @@ TEST(GpuPlan, ShardedStatesFallAsOneOverTheShardCount) {
   // What is not sharded does not move: the gathered weights and the activations.
   EXPECT_DOUBLE_EQ(m8.gathered_params, m32.gathered_params);
   EXPECT_DOUBLE_EQ(m8.activations, m32.activations);
+}
+
+// Muon: one fp32 momentum per element of the blocks' matrices (4 bytes
+// against AdamW's 8) over the shards; its step at least Newton-Schulz's FLOPs
+// at the GPU's peak over the N ranks that share the matrices (the planner's
+// GEMM rates are below the peak), and its share falling as N grows.
+TEST(GpuPlan, MuonKeepsOneMomentumPerMatrixElementAndPaysNewtonSchulzOverTheShards) {
+  const GpuHardware& hw = gpu_hardware("h100-80g");
+  const ModelArgs a = model_flavor("llama3", "8B");
+  const double D = static_cast<double>(a.dim), Dq = static_cast<double>(a.n_heads * a.head_dim()),
+               Dkv = static_cast<double>(a.n_kv_heads * a.head_dim()), F = static_cast<double>(a.ffn_hidden_dim());
+  const double L = static_cast<double>(a.n_layers);
+  const double matrices = L * (2 * D * Dq + 2 * D * Dkv + 3 * D * F);
+  const double params = static_cast<double>(a.num_params());
+  const MuonConfig muon;
+  const double ns_flops = L * (2 * newton_schulz_flops(muon, static_cast<int64_t>(Dq), a.dim) +
+                               2 * newton_schulz_flops(muon, static_cast<int64_t>(Dkv), a.dim) +
+                               3 * newton_schulz_flops(muon, a.ffn_hidden_dim(), a.dim));
+  double previous_delta = 0;
+  for (const int64_t n : {8, 16}) {
+    SCOPED_TRACE("FSDP " + std::to_string(n));
+    GpuRunSpec s = llama3_8b_fsdp(n);
+    const GpuStepEstimate adamw = estimate_gpu_run(s, hw);
+    s.muon = true;
+    const GpuStepEstimate m = estimate_gpu_run(s, hw);
+    EXPECT_NEAR(m.stages[0].optimizer, (8 * params - 4 * matrices) / static_cast<double>(n), 1e-6 * params);
+    EXPECT_NEAR(adamw.stages[0].optimizer, 8 * params / static_cast<double>(n), 1e-6 * params);
+    const double delta = m.optimizer_seconds - adamw.optimizer_seconds;
+    EXPECT_GE(delta, ns_flops / static_cast<double>(n) / hw.peak_bf16_flops);
+    if (previous_delta > 0) {
+      EXPECT_LT(delta, previous_delta);
+    }
+    previous_delta = delta;
+    std::printf("Llama 3 8B, FSDP %lld: Muon's step %.3f s (AdamW's %.3f s; Newton-Schulz %.1f TFLOP a GPU, %.3f s at "
+                "the peak); optimizer state %.2f GiB a GPU (AdamW's %.2f)\n",
+                static_cast<long long>(n), m.optimizer_seconds, adamw.optimizer_seconds,
+                ns_flops / static_cast<double>(n) / 1e12, ns_flops / static_cast<double>(n) / hw.peak_bf16_flops,
+                m.stages[0].optimizer / (1 << 30), adamw.stages[0].optimizer / (1 << 30));
+  }
 }
 
 TEST(GpuPlan, KeptOutputsGrowByOneLogitsTensorPerMicroBatch) {

@@ -224,7 +224,10 @@ inline const std::vector<Layout>& layouts() {
          {"none"},
          1,
          "--parallelism.enable_sequence_parallel false",
-         kMoe}}},
+         kMoe},
+        // Muon: each rank owns every other matrix, gathers both ranks' slices of it and sends each its slice back.
+        {"Muon", {"none"}, 1, "", kMuon, false, kMuonBound},
+        {"qwen3/debugmodel_moe, Muon", {"none"}, 1, "", kMoe + " " + kMuon, false, kMuonBound}}},
       {"tp4", 4, 1, 4, "--parallelism.tensor_parallel_degree 4", {{"", kEveryAc}}},
       // With accumulation the sequence-parallel norm gradients of the second
       // micro-batch must not re-sum the first's.
@@ -236,7 +239,9 @@ inline const std::vector<Layout>& layouts() {
        {{"", kEveryAc},
         {"accumulation 2", {"none"}, 2},
         {"qwen3/debugmodel, accumulation 2", {"none"}, 2, "", "--model.name qwen3"},
-        {"qwen3/debugmodel_moe, accumulation 2", {"none"}, 2, "", kMoe}}},
+        {"qwen3/debugmodel_moe, accumulation 2", {"none"}, 2, "", kMoe},
+        // Muon: a matrix's tp slice gathered from its FSDP runs, then the slices over the tp group, to one owner.
+        {"Muon", {"none"}, 1, "", kMuon, false, kMuonBound}}},
       // DDP composes with TP as FSDP does (its buckets hold each tp rank's slices).
       {"ddp2_tp2",
        4,

@@ -100,7 +100,7 @@ TEST(Train, BadInputGetsOneClearLine) {
             0u)
       << out.text;
   EXPECT_NE(out.text.find("FSDP ranks with activation_checkpoint.mode = \"full\""), std::string::npos) << out.text;
-  // Muon's settings and layouts.
+  // Muon's settings and groups.
   out = run("train --optimizer.name Muon --optimizer.muon_adjust_lr_fn match_rms");
   EXPECT_EQ(out.exit_code, 1);
   EXPECT_NE(out.text.find("optimizer.muon_adjust_lr_fn"), std::string::npos) << out.text;
@@ -113,10 +113,6 @@ TEST(Train, BadInputGetsOneClearLine) {
   EXPECT_NE(out.text.find("anvil: error: optimizer.name = \"Muon\": parameter model.layers.0.input_layernorm.weight "
                           "matches neither"),
             std::string::npos)
-      << out.text;
-  out = run("estimate --optimizer.name Muon --parallelism.tensor_parallel_degree 2");
-  EXPECT_EQ(out.exit_code, 1);
-  EXPECT_NE(out.text.find("optimizer.name = \"Muon\" does not run under tensor parallelism yet"), std::string::npos)
       << out.text;
 }
 

@@ -64,6 +64,8 @@ GpuRunSpec model_spec(const JobConfig& cfg, double mean_document_tokens) {
   s.local_batch = cfg.training.local_batch_size;
   s.ac = activation_checkpoint_policy(cfg);
   s.mean_document_tokens = mean_document_tokens;
+  s.muon = cfg.optimizer.name == "Muon";
+  s.muon_ns_steps = cfg.optimizer.muon_ns_steps;
   return s;
 }
 
@@ -310,7 +312,7 @@ int gpu_estimate_command(const JobConfig& cfg, const std::string& hardware, int6
     std::printf("\n");
   };
   row("parameters (fp32)", &GpuStageMemory::parameters);
-  row("optimizer (AdamW)", &GpuStageMemory::optimizer);
+  row(spec.muon ? "optimizer (Muon)" : "optimizer (AdamW)", &GpuStageMemory::optimizer);
   row("gradients (fp32)", &GpuStageMemory::gradients);
   row("grad accumulators", &GpuStageMemory::grad_accumulators);
   row("gathered (bf16)", &GpuStageMemory::gathered_params);

@@ -27,6 +27,12 @@ constexpr double kF32 = 4;   // bytes of an fp32 value (master weights, AdamW st
 // g, m and v and writes p, m and v once: 28.
 constexpr double kForeachAdamwBytesPerParam = 80 + 12;
 constexpr double kFusedAdamwBytesPerParam = 28 + 12;
+// Muon per fp32 element of a matrix's shard, bytes of HBM traffic beside
+// Newton-Schulz: the momentum (read g and m, write m and u: 16), u into the
+// gather's send buffer and the owner's runs out of its receive buffer into
+// the whole matrix (8 + 8, the scatter the same again: 32), the update (read
+// p and o, write p: 12), and clipping's 12.
+constexpr double kMuonBytesPerParam = 16 + 32 + 12 + 12;
 
 // What one pipeline stage holds (pp == 1: the whole model).
 struct StageShape {
@@ -483,6 +489,63 @@ StageParams stage_params(const RunTerms& r, const StageShape& st) {
 // group per block beside the block's; without it they are in the block's.
 bool experts_apart(const RunTerms& r) { return r.sp.ep > 1; }
 
+// Muon's matrices in a block, per tp rank, every expert's (the units of
+// StageParams::state): the attention's four projections and the feed-forward's
+// three (each expert's three). A stage's: times its blocks.
+double layer_matrix_params(const RunTerms& r) {
+  const Dims& d = r.d;
+  const double attention = 2 * d.D * d.Dq + 2 * d.D * d.Dkv;
+  const double feed_forward = d.moe ? 3 * d.D * d.Fe * d.E : 3 * d.D * d.F;
+  return (attention + feed_forward) / r.t;
+}
+double muon_matrix_params(const RunTerms& r, const StageShape& st) {
+  return r.sp.muon ? static_cast<double>(st.layers) * layer_matrix_params(r) : 0;
+}
+
+// The largest of a block's matrices, whole (rows, cols).
+std::pair<double, double> largest_matrix(const RunTerms& r) {
+  const Dims& d = r.d;
+  const double ff = d.moe ? d.Fe : d.F;
+  return ff * d.D >= d.Dq * d.D ? std::pair{ff, d.D} : std::pair{d.Dq, d.D};
+}
+
+// Muon's step on one GPU: Newton-Schulz on the matrices it owns (the
+// dp_shard · cp × tp ranks holding parts of a block's matrices take them in
+// turn, so each does 1/(N·t) of the work, whole matrices at their global
+// shapes, bf16 GEMMs at the measured rates), its elementwise passes over
+// its shard (kMuonBytesPerParam), and the two all-to-alls per block and
+// level: over the shard group 8·M·(n − 1)/n² bytes a rank for M matrix
+// elements (per tp rank) sharded over n, then over the tp group each slice's
+// holder (1/n of them) sending 8·(M/n)·(t − 1)/t (docs/muon.md). Under expert
+// parallelism the experts' shard group is dp_shard · cp / ep ranks of its own.
+double muon_seconds(const RunTerms& r, const StageShape& st) {
+  const GpuRunSpec& sp = r.sp;
+  if (!sp.muon || st.layers == 0) return 0;
+  const Dims& d = r.d;
+  const Rates& rt = r.rt;
+  const double steps = static_cast<double>(sp.muon_ns_steps), L = static_cast<double>(st.layers);
+  // NS_k on the wide form a × b (a ≤ b): per step X·Xᵀ, G·G and H·X.
+  auto ns = [&](double rows, double cols) {
+    const double a = std::min(rows, cols), b = std::max(rows, cols);
+    return steps * (rt.gemm(a, b, a) + rt.gemm(a, a, a) + rt.gemm(a, a, b));
+  };
+  const double attention = 2 * ns(d.Dq, d.D) + 2 * ns(d.Dkv, d.D);
+  const double feed_forward = d.moe ? d.E * (3 * ns(d.Fe, d.D)) : 3 * ns(d.F, d.D);
+  const double newton_schulz = L * (attention + feed_forward) / (r.N * r.t);
+  const double matrices = muon_matrix_params(r, st);
+  const double passes = rt.mem(kMuonBytesPerParam * matrices / r.N);
+  auto all_to_alls = [&](double elements, double n, const Link& link) {
+    if (n <= 1) return 0.0;
+    return 2 * kF32 * elements * (n - 1) / (n * n) / link.busbw + 2 * L * link.latency;
+  };
+  const double experts = experts_apart(r) ? L * 3 * d.D * d.Fe * d.E / r.t / static_cast<double>(sp.ep) : 0;
+  const double dense = matrices - (experts_apart(r) ? L * 3 * d.D * d.Fe * d.E / r.t : 0);
+  double traffic = all_to_alls(dense, r.N, r.shard) +
+                   all_to_alls(experts, r.N / static_cast<double>(sp.ep), r.expert_shard);
+  if (r.t > 1) traffic += 2 * kF32 * (matrices / r.N) * (r.t - 1) / r.t / r.tp_link.busbw + 2 * L * r.tp_link.latency;
+  return newton_schulz + passes + traffic;
+}
+
 // Context parallelism's buffers in a block's backward: the whole sequences'
 // keys and values gathered (bf16; torchtitan repeats GQA's KV heads before
 // SDPA, so Dq wide) and their gradients accumulated in fp32 before the
@@ -510,7 +573,9 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   mem.has_head = st.head;
   mem.in_flight = in_flight;
   mem.parameters = kF32 * state / N;
-  mem.optimizer = 2 * kF32 * state / N;
+  // Muon keeps one fp32 momentum per matrix element, AdamW two moments per other element.
+  const double matrices = sp.muon ? muon_matrix_params(r, st) : 0;
+  mem.optimizer = kF32 * (2 * state - matrices) / N;
   mem.gradients = kF32 * state / N;
   // The all-gather stream's pool: at most two all-gathers in flight (FSDP2),
   // so the two largest groups' flat bf16 buffers stay cached.
@@ -619,6 +684,17 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
   {
     Candidate c;  // AdamW's step: sqrt(exp_avg_sq) is one fp32 temporary the size of the shards
     c.parts.working = kF32 * state / N;
+    // Muon's: a block's send and receive buffers (this rank's runs of its
+    // matrices, and every rank's of those it owns: 2/N of the block's matrix
+    // elements, fp32), and on the owner the largest matrix's u and o (fp32)
+    // with Newton-Schulz's bf16 iterates, their f32 product and the r × r Gram
+    // matrices (ops/muon.cpp's buffers).
+    if (sp.muon && st.layers > 0) {
+      const auto [rows, cols] = largest_matrix(r);
+      const double rr = std::min(rows, cols);
+      c.parts.working = std::max(c.parts.working, 2 * kF32 * matrices / static_cast<double>(st.layers) / N +
+                                                      (3 * kF32 + 2 * kBf16) * rows * cols + 2 * kBf16 * rr * rr);
+    }
     c.parts.kept_outputs = kept_all;
     c.parts.peak_at = "optimizer step";
     c.total = mem.parameters + mem.optimizer + mem.pp_buffers + c.parts.working + kept_all + own_pool_grads;
@@ -862,7 +938,10 @@ StageTime stage_time(const RunTerms& r, const StageShape& st) {
     out.fsdp_mem = rt.mem(gathers * 2 * kBf16 * psi +
                           (sp.pp > 1 ? (kBf16 + kF32) * psi + (kBf16 + 2 * kF32) * psi * (m - 1) + 2 * kF32 * psi
                                      : (kBf16 + kF32) * psi));
-  out.optimizer = rt.mem((r.v010 ? kFusedAdamwBytesPerParam : kForeachAdamwBytesPerParam) * state / N);
+  // AdamW over the parameters Muon does not take (all of them without Muon), then Muon's step.
+  const double adamw_bytes = r.v010 ? kFusedAdamwBytesPerParam : kForeachAdamwBytesPerParam;
+  const double matrices = sp.muon ? muon_matrix_params(r, st) : 0;
+  out.optimizer = rt.mem(adamw_bytes * (state - matrices) / N) + muon_seconds(r, st);
   // FSDP traffic per step: gathers of bf16 weights (forward, and again in
   // backward after resharding, except the root and the last block), a
   // reduce-scatter of fp32 gradients, HSDP's all-reduce of the shards; one

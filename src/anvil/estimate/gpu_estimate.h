@@ -72,6 +72,14 @@ struct GpuRunSpec {
   // (flops.h's block_causal_share scales attention's time; FLOPs per token and
   // MFU stay torchtitan's); 0: the causal work (documents no shorter than a sequence).
   double mean_document_tokens = 0;
+  // The optimizer: AdamW for every parameter (torchtitan's fused AdamW), or
+  // Muon over the blocks' matrices (attention and feed-forward projections,
+  // each expert's) with AdamW for the rest, as Anvil runs it (train/optimizer.h):
+  // each matrix gathered to one owner rank of its shard × tp group,
+  // orthogonalised whole with muon_ns_steps Newton-Schulz steps in bf16, its
+  // update scattered back (docs/muon.md).
+  bool muon = false;
+  int64_t muon_ns_steps = 5;
 
   int64_t gpus() const { return dp_shard * dp_replicate * cp * tp * pp; }
   // One GPU without FSDP: fp32 parameters, gradients and AdamW state, each
@@ -92,7 +100,7 @@ struct GpuStageMemory {
   bool has_embedding = false, has_head = false;
   int in_flight = 1;             // micro-batches whose activations the stage holds at once
   double parameters = 0;         // fp32 shards of the parameters (FSDP)
-  double optimizer = 0;          // AdamW exp_avg and exp_avg_sq, fp32 shards
+  double optimizer = 0;          // AdamW exp_avg and exp_avg_sq (Muon: one momentum per matrix element), fp32 shards
   double gradients = 0;          // fp32 gradient shards (reduce-scatter outputs: the reduce-scatter stream's pool)
   double grad_accumulators = 0;  // unsharded fp32 gradients FSDP accumulates while gradient sync is off (PP)
   double gathered_params = 0;    // bf16 unsharded parameters held at the peak

@@ -19,7 +19,10 @@
 // orthogonalises its matrices whole, and a second all-to-all sends each rank
 // its runs of o back. Per step a shard group sends 8·Σ(numel − the owner's run)
 // bytes over all its matrices, 8·P·(n − 1)/n for P Muon parameters evenly
-// sharded over n ranks (docs/muon.md); the state stays sharded.
+// sharded over n ranks (docs/muon.md); the state stays sharded. Under tensor
+// parallelism the tensor a rank's runs make whole is its tp slice: the ranks
+// holding a matrix's slices whole trade them over the tp group in the same
+// way, to the matrix's tp owner, which orthogonalises the global matrix.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -69,8 +72,9 @@ class RankOptimizer {
   // (`fsdp`, the shards of the model whose parameters `specs` are) its shard.
   // `compute_copy`: their bf16 copy in mixed precision, or null. All outlive
   // the optimizer.
+  // `tp`: the tp group when `specs` are this rank's tensor-parallel slices.
   RankOptimizer(const OptimizerConfig& cfg, const std::vector<ParamSpec>& specs, Tensor& master,
-                Tensor* compute_copy, const FsdpParams* fsdp = nullptr);
+                Tensor* compute_copy, const FsdpParams* fsdp = nullptr, Communicator* tp = nullptr);
 
   const OptimizerConfig& config() const { return cfg_; }
   // One step on `grads` (shaped as the master weights), scaled by `clip`, at
@@ -104,18 +108,28 @@ class RankOptimizer {
     int64_t offset = 0, numel = 0, state_offset = 0, begin = 0;
   };
   struct Matrix {
-    int64_t rows = 0, cols = 0;
-    Run mine;
-    Communicator* comm = nullptr;  // its shard group; null when this rank holds it whole
-    int owner = 0;                 // the rank of comm that orthogonalises it
+    ParamSpec spec;  // this rank's tensor of it: its tp slice (spec.slice), or the whole matrix
+    Run mine;        // this rank's run of that tensor
+    Communicator* comm = nullptr;  // its FSDP shard group; null when this rank holds its tensor whole
+    int owner = 0;                 // the rank of comm that assembles the tensor whole
     std::vector<std::pair<int64_t, int64_t>> runs;  // per rank of comm: {begin, numel}
+    Communicator* tp = nullptr;    // the tp group when the matrix is a tp slice; null when whole
+    int tp_owner = 0;              // the rank of tp that orthogonalises the global matrix
   };
-  // Matrices traded in one pair of all-to-alls: one FSDP group's, over one shard group.
+  // Matrices traded together: one FSDP group's, over one shard group and tp group.
   struct Exchange {
     Communicator* comm = nullptr;
+    Communicator* tp = nullptr;
     std::vector<size_t> matrices;  // into muon_, in the model's order
   };
   void exchange_step(const MuonConfig& muon, const Exchange& x, const Tensor& grads, float clip);
+  // Over the tp group: each held[j] (the tensor of matrix j this rank holds
+  // whole, or undefined) goes to the matrix's tp owner, which orthogonalises
+  // the global matrix; held[j] becomes this rank's slice of the result.
+  void orthogonalise_over_tp(const MuonConfig& muon, const Exchange& x, std::vector<Tensor>& held);
+  // One all-to-all of `comm`, tracked (its bytes, its time blocked) under `label`.
+  void trade(Communicator& comm, const Tensor& out, const std::vector<int64_t>& out_rows, const Tensor& in,
+             const std::vector<int64_t>& in_rows, const char* label);
   Tensor compute_copy_of(const Run& r) const;
 
   OptimizerConfig cfg_;

@@ -134,14 +134,12 @@ ParallelizedModel::ParallelizedModel(const JobConfig& cfg, const ModelArgs& args
   const OptimizerConfig optimizer = optimizer_config(cfg);
   if (optimizer.kind == OptimizerKind::muon) {
     // Newton-Schulz needs each matrix whole: the optimizer gathers FSDP's
-    // runs of it to an owner rank (optimizer.h); a tp slice it cannot yet.
-    ANVIL_CHECK(!tp_, "optimizer.name = \"Muon\" does not run under tensor parallelism yet (",
-                par.description, "): its matrices would need gathering over the tp group too. Set "
-                "optimizer.name = \"AdamW\", or parallelism.tensor_parallel_degree = 1");
+    // runs of it, and then the tp slices, to an owner rank (optimizer.h).
     ANVIL_CHECK(master().device().is_cpu(), "optimizer.name = \"Muon\" trains on the CPU so far; set job.device = "
                 "\"cpu\" or optimizer.name = \"AdamW\"");
   }
-  optimizer_ = std::make_unique<RankOptimizer>(optimizer, ps.specs(), master(), compute_copy, fsdp_.get());
+  optimizer_ = std::make_unique<RankOptimizer>(optimizer, ps.specs(), master(), compute_copy, fsdp_.get(),
+                                               tp_ ? &par.mesh->tp() : nullptr);
 }
 
 ParallelizedModel::~ParallelizedModel() = default;
@@ -156,7 +154,7 @@ void ParallelizedModel::print_comm_closed_form() const {
                 human_bytes(static_cast<size_t>(comm_closed_form_)).c_str());
   if (optimizer_->config().kind == OptimizerKind::muon) {
     std::printf("anvil: Muon's Newton-Schulz on this rank: %.3g GFLOP per step", optimizer_flops_per_step() / 1e9);
-    if (fsdp_)
+    if (fsdp_ || tp_)
       std::printf(" (the matrices it owns); gathering them and scattering their updates sends %s per step",
                   human_bytes(static_cast<size_t>(optimizer_bytes_per_step())).c_str());
     std::printf("\n");
