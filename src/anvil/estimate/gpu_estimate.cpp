@@ -682,8 +682,8 @@ StageMemory stage_memory(const RunTerms& r, const StageShape& st, int stage, int
     cands.push_back(c);
   }
   {
-    Candidate c;  // AdamW's step: sqrt(exp_avg_sq) is one fp32 temporary the size of the shards
-    c.parts.working = kF32 * state / N;
+    Candidate c;  // AdamW's step: sqrt(exp_avg_sq) is one fp32 temporary the size of its shards
+    c.parts.working = kF32 * (state - matrices) / N;
     // Muon's: a block's send and receive buffers (this rank's runs of its
     // matrices, and every rank's of those it owns: 2/N of the block's matrix
     // elements, fp32), and on the owner the largest matrix's u and o (fp32)
