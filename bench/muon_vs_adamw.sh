@@ -6,8 +6,9 @@
 # each optimizer's best run (lowest validation loss). No pass condition: it
 # measures.
 #
-#   bench/muon_vs_adamw.sh            # 300 steps of 8 × 512 tokens, 6 runs
-#   STEPS=100 BATCH=4 SEQ=256 bench/muon_vs_adamw.sh
+#   bench/muon_vs_adamw.sh            # 300 steps of 2 × 256 tokens, 6 runs (about 50 minutes on 2 cores)
+#   STEPS=300 BATCH=8 SEQ=512 bench/muon_vs_adamw.sh   # the 25M config's batch (about 3 hours)
+#   NS_F32=1 bench/muon_vs_adamw.sh   # and Muon's best learning rate again with Newton-Schulz in f32
 #
 # Muon runs with adjust_lr_fn = "match_rms_adamw" (Moonlight's choice: its
 # update's RMS matched to AdamW's, so one learning rate means the same for
@@ -17,8 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-300}
-BATCH=${BATCH:-8}
-SEQ=${SEQ:-512}
+BATCH=${BATCH:-2}
+SEQ=${SEQ:-256}
 LRS=${LRS:-"1e-3 2e-3 4e-3"}
 out=outputs/muon_vs_adamw
 [ -x build/anvil ] || { echo "build/anvil is missing: run scripts/train.sh (or cmake --build build) first" >&2; exit 1; }
@@ -63,6 +64,22 @@ with open(f"{out}/best.txt", "w") as f:
     for opt, (lr, v) in best.items():
         f.write(f"{opt}_{lr}\n")
 EOF
+if [ "${NS_F32:-0}" = 1 ]; then
+  lr=$(sed -n 's/^muon_//p' "$out/best.txt")
+  echo "== Muon lr $lr, Newton-Schulz in f32"
+  build/anvil train "${common[@]}" --optimizer.name Muon --optimizer.muon_lr "$lr" \
+    --optimizer.muon_adjust_lr_fn match_rms_adamw --optimizer.lr "$mid" --optimizer.muon_ns_dtype float32 \
+    --job.dump_folder "$out/muon_${lr}_f32" >"$out/muon_${lr}_f32.log" 2>&1
+  python3 - "$out/muon_$lr" "$out/muon_${lr}_f32" <<'EOF'
+import json, sys
+for d in sys.argv[1:]:
+    lines = [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
+    train = [l["loss"] for l in lines if "loss" in l]
+    val = [l["validation_loss"] for l in lines if "validation_loss" in l]
+    print(f"{d}: train loss, mean of the last 10 logged steps {sum(train[-10:]) / len(train[-10:]):.4f}, "
+          f"validation loss {val[-1] if val else float('nan'):.4f}")
+EOF
+fi
 while read -r run; do
   build/anvil report "$out/$run" --output "$out/$run.report.html" >/dev/null
   echo "best $run: $out/$run.report.html"
