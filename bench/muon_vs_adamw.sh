@@ -63,6 +63,24 @@ for opt in ("adamw", "muon"):
 with open(f"{out}/best.txt", "w") as f:
     for opt, (lr, v) in best.items():
         f.write(f"{opt}_{lr}\n")
+# The two best runs' curves: the training loss at every 25th step (the mean of the logged steps up to it since the last row).
+curves = {}
+for opt, (lr, v) in best.items():
+    lines = [json.loads(l) for l in open(f"{out}/{opt}_{lr}/metrics.jsonl")]
+    curves[opt] = {l["step"]: l["loss"] for l in lines if "loss" in l}
+steps = sorted(set(curves["adamw"]) & set(curves["muon"]))
+print()
+print(f"| step | AdamW lr {best['adamw'][0]} | Muon lr {best['muon'][0]} |")
+print("|---|---|---|")
+rows = [s for s in steps if s % 25 == 0 or s == steps[-1]]
+prev = 0
+for r in rows:
+    window = [s for s in steps if prev < s <= r]
+    a = sum(curves["adamw"][s] for s in window) / len(window)
+    m = sum(curves["muon"][s] for s in window) / len(window)
+    print(f"| {r} | {a:.4f} | {m:.4f} |")
+    prev = r
+print(f"| validation | {best['adamw'][1]:.4f} | {best['muon'][1]:.4f} |")
 EOF
 if [ "${NS_F32:-0}" = 1 ]; then
   lr=$(sed -n 's/^muon_//p' "$out/best.txt")
