@@ -421,20 +421,28 @@ void RankOptimizer::orthogonalise_over_tp(const MuonConfig& muon, const Exchange
     }
 }
 
+void RankOptimizer::copy_state(const Tensor& first, const Tensor& second, bool into_packed) {
+  auto copy = [&](const Tensor& packed, const Tensor& laid_out, const Run& r) {
+    Tensor p = packed.slice(r.state_offset, r.numel), l = laid_out.slice(r.offset, r.numel);
+    if (into_packed)
+      p.copy_from(l);
+    else
+      l.copy_from(p);
+  };
+  for (const Matrix& x : muon_) copy(momentum_, first, x.mine);
+  for (const Run& r : adamw_) {
+    copy(first_, first, r);
+    copy(second_, second, r);
+  }
+}
+
 std::pair<Tensor, Tensor> RankOptimizer::state_in_master_layout() {
   if (!has_state()) create_state();
   if (cfg_.kind == OptimizerKind::adamw) return {first_, second_};
   const int64_t n = master_.numel();
   Tensor first = Tensor::zeros({n}, DType::f32, MemCategory::workspace, "optimizer.state_in_master_layout");
   Tensor second = Tensor::zeros({n}, DType::f32, MemCategory::workspace, "optimizer.state_in_master_layout");
-  for (const Matrix& x : muon_) {
-    const Run& r = x.mine;
-    first.slice(r.offset, r.numel).copy_from(momentum_.slice(r.state_offset, r.numel));
-  }
-  for (const Run& r : adamw_) {
-    first.slice(r.offset, r.numel).copy_from(first_.slice(r.state_offset, r.numel));
-    second.slice(r.offset, r.numel).copy_from(second_.slice(r.state_offset, r.numel));
-  }
+  copy_state(first, second, /*into_packed=*/false);
   return {first, second};
 }
 
@@ -445,14 +453,7 @@ void RankOptimizer::set_state_from_master_layout(const Tensor& first, const Tens
     if (second.raw() != second_.raw()) second_.copy_from(second);
     return;
   }
-  for (const Matrix& x : muon_) {
-    const Run& r = x.mine;
-    momentum_.slice(r.state_offset, r.numel).copy_from(first.slice(r.offset, r.numel));
-  }
-  for (const Run& r : adamw_) {
-    first_.slice(r.state_offset, r.numel).copy_from(first.slice(r.offset, r.numel));
-    second_.slice(r.state_offset, r.numel).copy_from(second.slice(r.offset, r.numel));
-  }
+  copy_state(first, second, /*into_packed=*/true);
 }
 
 }  // namespace anvil

@@ -131,6 +131,8 @@ class RankOptimizer {
   void trade(Communicator& comm, const Tensor& out, const std::vector<int64_t>& out_rows, const Tensor& in,
              const std::vector<int64_t>& in_rows, const char* label);
   Tensor compute_copy_of(const Run& r) const;
+  // Muon's packed state to (into_packed false) or from buffers laid out as the master weights.
+  void copy_state(const Tensor& first, const Tensor& second, bool into_packed);
 
   OptimizerConfig cfg_;
   Tensor& master_;
