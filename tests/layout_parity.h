@@ -928,6 +928,13 @@ inline void expect_matches_single_process(const ParityCase& c) {
     EXPECT_EQ(sent.size(), 10u);
     for (const auto& [step, bytes] : sent) EXPECT_EQ(bytes, closed.at(step)) << "step " << step << ": Muon's traffic";
     if (!sent.empty()) std::printf("%s: Muon's all-to-alls sent %.0f bytes per step\n", c.name().c_str(), sent.begin()->second);
+    // And the formula apart from the code's own count: P matrix elements evenly sharded over n ranks send
+    // 8·P·(n − 1)/n² bytes a rank (docs/muon.md); debugmodel's blocks shard evenly over 2.
+    if (layout.name == "fsdp2" && v.model == kMuon) {
+      const ModelArgs a = model_flavor("llama3", "debugmodel");
+      const double P = static_cast<double>(a.n_layers * (a.params_per_layer() - 2 * a.dim));
+      for (const auto& [step, bytes] : sent) EXPECT_EQ(bytes, 8 * P * (2 - 1) / 4) << "step " << step;
+    }
   }
   // A mixture of experts: every step's routes per layer and expert, summed over
   // the ranks and stages, are the single process's exactly (a token routed
